@@ -1,0 +1,85 @@
+"""Throughput of `RolloutClient` vs direct engine `generate`, in one run (tokens/s and ratio).
+
+Same engine, same prompt ids, same number of generated tokens (EOS ignored); concurrency 1 and 32.
+Three paths: the engine handle directly, `client.completions.create` with token ids, and
+`client.chat.completions.create` (chat template, tool-less). Prints a table; asserts nothing.
+
+    .venv/bin/python bench/client_overhead.py [--max-tokens 64] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from fullasync.client import RolloutService
+from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.models import build_tiny_model, load_tokenizer
+from fullasync.runtime import init_ray
+
+MESSAGES = [{"role": "user", "content": "Write the numbers from one to fifty in words."}]
+
+
+async def wave(make_one, concurrency: int) -> tuple[int, float]:
+    """Tokens and seconds of one wave of `concurrency` concurrent requests."""
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(make_one(i) for i in range(concurrency))))
+    return tokens, time.perf_counter() - start
+
+
+async def interleaved(paths: dict, concurrency: int, rounds: int) -> dict[str, float]:
+    """Tokens/s per path; the paths take turns wave by wave so drift hits all alike."""
+    totals = {name: [0, 0.0] for name in paths}
+    for _ in range(rounds):
+        for name, make_one in paths.items():
+            tokens, seconds = await wave(make_one, concurrency)
+            totals[name][0] += tokens
+            totals[name][1] += seconds
+    return {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
+
+
+async def main(max_tokens: int, rounds: int) -> None:
+    model_path = str(build_tiny_model())
+    init_ray()
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path))
+    service = RolloutService([engine], load_tokenizer(model_path))
+    prompt_ids = service.chat_tokens.prompt_ids(MESSAGES, None)
+    sampling = SamplingOptions(ignore_eos=True)
+
+    async def direct(i: int) -> int:
+        result = await engine.generate(GenerateRequest(f"direct-{time.monotonic_ns()}-{i}", tuple(prompt_ids), max_tokens, sampling))
+        return len(result.output_ids)
+
+    async def completions(i: int) -> int:
+        response = await service.client().completions.create(
+            model="policy", prompt=prompt_ids, max_tokens=max_tokens, extra_body={"ignore_eos": True}
+        )
+        return response.usage.completion_tokens
+
+    async def chat(i: int) -> int:
+        response = await service.client().chat.completions.create(
+            model="policy", messages=MESSAGES, max_tokens=max_tokens, extra_body={"ignore_eos": True}
+        )
+        return response.usage.completion_tokens
+
+    paths = {"engine": direct, "completions": completions, "chat": chat}
+    for concurrency in (1, 32):  # warm-up: the first batches of each shape are slow
+        await interleaved(paths, concurrency, 1)
+    print(f"max_tokens={max_tokens} rounds={rounds}")
+    print(f"{'concurrency':>11} {'engine tok/s':>13} {'completions':>12} {'ratio':>6} {'chat':>9} {'ratio':>6}")
+    for concurrency in (1, 32):
+        rates = await interleaved(paths, concurrency, rounds)
+        base = rates["engine"]
+        print(f"{concurrency:>11} {base:>13.0f} {rates['completions']:>12.0f} {rates['completions'] / base:>6.2f} "
+              f"{rates['chat']:>9.0f} {rates['chat'] / base:>6.2f}")
+    await engine.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(main(args.max_tokens, args.rounds))

@@ -1,0 +1,74 @@
+"""Chat template rendering and the token ids that continue an episode without re-tokenization.
+
+Owns: prompt token ids for a chat call. A call that continues the previous turn of its episode
+gets `previous prompt + previous output ids` (exactly what the model saw and sampled) followed by
+the ids of the text the template inserts between turns (turn closing, tool results, the next
+generation prompt). Only that inserted text is tokenized, so earlier turns never drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class TurnState:
+    """What a later call needs to extend one returned assistant turn."""
+
+    messages: tuple[dict[str, Any], ...]  # the conversation up to and including that assistant turn
+    tools: tuple[dict[str, Any], ...] | None
+    token_ids: tuple[int, ...]  # prompt + output ids of that call
+    ended_with_eos: bool  # the output's last token closes the turn (EOS)
+
+
+class ChatTokenizer:
+    """Wraps a HF tokenizer with a chat template; all methods are pure functions of their input."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat_template; chat completions need one")
+        self.tokenizer = tokenizer
+        self.eos_token_id: int = tokenizer.eos_token_id
+        self.eos_text: str = tokenizer.decode([self.eos_token_id])
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        except Exception as error:  # jinja raises many types; the user needs to know the template refused
+            raise InvalidRequestError(f"the chat template could not render these messages: {error}", "messages") from error
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Any) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """Fresh tokenization of a whole conversation, ending with the generation prompt."""
+        return self.encode(self.render(messages, tools, generation_prompt=True))
+
+    def continuation_ids(self, turn: TurnState, new_messages: list[dict[str, Any]]) -> list[int] | None:
+        """Ids to append to `turn.token_ids` so the model sees `turn.messages + new_messages`.
+
+        None when the template does not render the conversation as a pure extension (then the
+        caller tokenizes afresh, and the call becomes a new training sequence).
+        """
+        tools = list(turn.tools) if turn.tools else None
+        history = list(turn.messages)
+        before = self.render(history[:-1], tools, generation_prompt=True)
+        with_turn = self.render(history, tools, generation_prompt=False)
+        extended = self.render(history + new_messages, tools, generation_prompt=True)
+        if not with_turn.startswith(before) or not extended.startswith(with_turn):
+            return None
+        assistant_section = with_turn[len(before) :]
+        closing_at = assistant_section.rfind(self.eos_text)
+        if closing_at < 0:
+            return None
+        if turn.ended_with_eos:
+            closing_at += len(self.eos_text)
+        return self.encode(assistant_section[closing_at:] + extended[len(with_turn) :])

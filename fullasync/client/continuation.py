@@ -1,0 +1,70 @@
+"""Generation that survives weight pushes: an aborted request is resubmitted with its tokens so far.
+
+Owns: the resubmission loop. After `finish_reason == "abort"` it waits (bounded) for the engine to
+resume, then sends prompt + tokens generated so far with the remaining budget, and stitches ids,
+log-probs and per-token versions. The caller's `max_tokens` bounds the total, whatever the number
+of interruptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.engines.router import EngineRouter
+from fullasync.errors import EngineResumeTimeoutError
+from fullasync.types import FinishReason
+
+
+@dataclass
+class StitchedGeneration:
+    """The tokens of one logical generation, possibly produced by several engine requests."""
+
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_versions: list[int] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: FinishReason = FinishReason.LENGTH
+    stop_reason: int | str | None = None
+    num_resumes: int = 0
+    engine: str = ""
+
+
+async def generate_with_resume(
+    router: EngineRouter,
+    episode_id: str,
+    request_id: str,
+    prompt_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingOptions,
+    resume_timeout_s: float,
+) -> StitchedGeneration:
+    """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts."""
+    done = StitchedGeneration()
+    while True:
+        remaining = max_tokens - len(done.output_ids)
+        request = GenerateRequest(
+            request_id=f"{request_id}-{done.num_resumes}",
+            prompt_ids=tuple(prompt_ids) + tuple(done.output_ids),
+            max_tokens=remaining,
+            sampling=sampling,
+        )
+        result = await router.generate(request, episode_id)
+        done.output_ids += result.output_ids
+        done.output_logprobs += result.output_logprobs
+        done.output_versions += result.output_versions
+        done.top_logprobs += result.top_logprobs
+        done.engine = result.engine
+        if result.finish_reason is not FinishReason.ABORT:
+            done.finish_reason, done.stop_reason = result.finish_reason, result.stop_reason
+            return done
+        if len(done.output_ids) >= max_tokens:
+            done.finish_reason = FinishReason.LENGTH
+            return done
+        engine = router.pick(episode_id)
+        if not await engine.wait_resumed(resume_timeout_s):
+            raise EngineResumeTimeoutError(
+                f"engine {engine.name} did not resume within {resume_timeout_s:.0f} s after interrupting "
+                f"request {request_id}; raise client resume_timeout_s or check the weight sync"
+            )
+        done.num_resumes += 1

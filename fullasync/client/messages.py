@@ -1,0 +1,118 @@
+"""Validation and normalisation of OpenAI-style chat messages and tool schemas.
+
+Owns: turning whatever a harness passes (dicts, openai pydantic objects) into plain dicts the chat
+template renders, and rejecting malformed input with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fullasync.errors import InvalidRequestError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _as_dict(value: Any, where: str) -> dict[str, Any]:
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{where} must be an object (dict), got {type(value).__name__}", param=where)
+    return dict(value)
+
+
+def _text_content(content: Any, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            part = _as_dict(part, f"{where}[{i}]")
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequestError(
+                    f"{where}[{i}] must be a text part {{'type': 'text', 'text': ...}}; only text is supported",
+                    param=where,
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidRequestError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    call = _as_dict(call, where)
+    function = _as_dict(call.get("function"), f"{where}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError(f"{where}.function.name must be a non-empty string", param=where)
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments)
+    if not isinstance(arguments, str):
+        raise InvalidRequestError(f"{where}.function.arguments must be a JSON string", param=where)
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError as error:
+        raise InvalidRequestError(f"{where}.function.arguments is not valid JSON: {error}", param=where) from error
+    return {"id": call.get("id", ""), "type": "function", "function": {"name": name, "arguments": parsed}}
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """Plain-dict copies of `messages`; raises `InvalidRequestError` naming the bad message."""
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of message objects", param="messages")
+    result = []
+    for i, raw in enumerate(messages):
+        where = f"messages[{i}]"
+        message = _as_dict(raw, where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequestError(f"{where}.role must be one of {ROLES}, got {role!r}", param="messages")
+        out: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        out["content"] = _text_content(message.get("content"), f"{where}.content")
+        tool_calls = message.get("tool_calls")
+        if tool_calls:
+            if role != "assistant":
+                raise InvalidRequestError(f"{where}: only assistant messages carry tool_calls", param="messages")
+            out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(tool_calls)]
+        elif out["content"] is None and role != "assistant":
+            raise InvalidRequestError(f"{where} ({role}) needs a string content", param="messages")
+        if role == "tool" and message.get("tool_call_id") is not None:
+            out["tool_call_id"] = message["tool_call_id"]
+        result.append(out)
+    return result
+
+
+def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Plain-dict copies of OpenAI function tools, or None when there are none."""
+    if tools is None:
+        return None
+    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
+        raise InvalidRequestError("tools must be a list of {'type': 'function', 'function': {...}}", param="tools")
+    result = []
+    for i, raw in enumerate(tools):
+        tool = _as_dict(raw, f"tools[{i}]")
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict):
+            raise InvalidRequestError(
+                f"tools[{i}] must look like {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}",
+                param="tools",
+            )
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise InvalidRequestError(f"tools[{i}].function.name must be a non-empty string", param="tools")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON-schema object", param="tools")
+        result.append({"type": "function", "function": dict(function)})
+    return result or None
+
+
+def same_assistant_turn(sent: dict[str, Any], recorded: dict[str, Any]) -> bool:
+    """Whether a harness's assistant message is the one the client returned (content and calls)."""
+    if sent.get("role") != "assistant":
+        return False
+    if (sent.get("content") or "") != (recorded.get("content") or ""):
+        return False
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in sent.get("tool_calls", [])]
+    expected = [(c["function"]["name"], c["function"]["arguments"]) for c in recorded.get("tool_calls", [])]
+    return calls == expected

@@ -1,0 +1,146 @@
+"""Builds real `openai` response objects from stitched generations.
+
+Owns: the mapping from token-level results to `ChatCompletion` / `Completion` (text, tool calls,
+log-probs, usage, optional token ids in vLLM's field names).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from openai.types import Completion, CompletionChoice, CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageToolCall
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
+from openai.types.completion_choice import Logprobs
+
+from fullasync.client.chat_tokens import ChatTokenizer
+from fullasync.client.continuation import StitchedGeneration
+from fullasync.client.tool_parsers import ParsedToolCall
+
+
+def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> str:
+    """Decoded output without special tokens, cut before a matched stop string (as OpenAI does)."""
+    text = chat_tokens.decode(generation.output_ids)
+    if isinstance(generation.stop_reason, str):
+        cut = text.find(generation.stop_reason)
+        if cut >= 0:
+            text = text[:cut]
+    return text
+
+
+def tool_call_objects(calls: list[ParsedToolCall]) -> list[ChatCompletionMessageToolCall]:
+    return [
+        ChatCompletionMessageToolCall(
+            id=f"call_{uuid.uuid4().hex[:24]}",
+            type="function",
+            function={"name": call.name, "arguments": json.dumps(call.arguments)},
+        )
+        for call in calls
+    ]
+
+
+def _token_texts(chat_tokens: ChatTokenizer, ids: list[int]) -> list[str]:
+    return [chat_tokens.tokenizer.decode([i]) for i in ids]
+
+
+def chat_logprobs(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> ChoiceLogprobs:
+    tokens = _token_texts(chat_tokens, generation.output_ids)
+    content = []
+    for i, (token, logprob) in enumerate(zip(tokens, generation.output_logprobs)):
+        alternatives = generation.top_logprobs[i] if generation.top_logprobs else {}
+        top = [
+            TopLogprob(token=text, logprob=lp, bytes=list(text.encode()))
+            for text, lp in zip(_token_texts(chat_tokens, list(alternatives)), alternatives.values())
+        ]
+        content.append(
+            ChatCompletionTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top)
+        )
+    return ChoiceLogprobs(content=content)
+
+
+def chat_choice(
+    index: int,
+    content: str | None,
+    tool_calls: list[ChatCompletionMessageToolCall],
+    generation: StitchedGeneration,
+    logprobs: ChoiceLogprobs | None,
+    token_ids: bool,
+) -> Choice:
+    finish = "tool_calls" if tool_calls else generation.finish_reason.value
+    message = ChatCompletionMessage(role="assistant", content=content, tool_calls=tool_calls or None)
+    choice = Choice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
+    if token_ids:
+        choice.token_ids = list(generation.output_ids)  # vLLM's field name (`return_token_ids`)
+    return choice
+
+
+def usage(prompt_tokens: int, generations: list[StitchedGeneration]) -> CompletionUsage:
+    completion_tokens = sum(len(g.output_ids) for g in generations)
+    return CompletionUsage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens * len(generations) + completion_tokens,
+    )
+
+
+def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: list, generations: list[StitchedGeneration], token_ids: bool) -> Any:
+    response = cls(
+        id=f"{'chatcmpl' if cls is ChatCompletion else 'cmpl'}-{uuid.uuid4().hex}",
+        object=kind,
+        created=int(time.time()),
+        model=model,
+        choices=choices,
+        usage=usage(len(prompt_ids), generations),
+    )
+    if token_ids:
+        response.prompt_token_ids = list(prompt_ids)  # vLLM's field name (`return_token_ids`)
+    return response
+
+
+def chat_completion(model: str, prompt_ids: list[int], choices: list[Choice], generations: list[StitchedGeneration], token_ids: bool) -> ChatCompletion:
+    return _envelope(ChatCompletion, "chat.completion", model, prompt_ids, choices, generations, token_ids)
+
+
+def completion(
+    chat_tokens: ChatTokenizer,
+    model: str,
+    prompt_ids: list[int],
+    generations: list[StitchedGeneration],
+    with_logprobs: bool,
+    token_ids: bool,
+) -> Completion:
+    choices = []
+    for index, generation in enumerate(generations):
+        text = visible_text(chat_tokens, generation)
+        logprobs = None
+        if with_logprobs:
+            tokens = _token_texts(chat_tokens, generation.output_ids)
+            offsets, offset = [], 0
+            for token in tokens:
+                offsets.append(offset)
+                offset += len(token)
+            top = [
+                dict(zip(_token_texts(chat_tokens, list(alt)), alt.values())) for alt in generation.top_logprobs
+            ] or None
+            logprobs = Logprobs(
+                tokens=tokens, token_logprobs=list(generation.output_logprobs), text_offset=offsets, top_logprobs=top
+            )
+        choice = CompletionChoice(index=index, text=text, finish_reason=generation.finish_reason.value, logprobs=logprobs)
+        if token_ids:
+            choice.token_ids = list(generation.output_ids)
+        choices.append(choice)
+    return _envelope(Completion, "text_completion", model, prompt_ids, choices, generations, token_ids)
+
+
+def message_dict(content: str | None, tool_calls: list[ParsedToolCall]) -> dict[str, Any]:
+    """The assistant turn as the episode remembers it (normalised like incoming messages)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": "", "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in tool_calls
+        ]
+    return message

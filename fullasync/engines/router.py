@@ -1,0 +1,44 @@
+"""Routes requests over several engines: least-loaded, sticky per episode.
+
+Owns: the choice of engine for a request and the in-flight count it is based on.
+Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its
+prefix cache is reused; `release(episode_id)` forgets the binding when the episode ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult
+
+
+class EngineRouter:
+    """Sends each request to the bound engine of its episode, or binds the least-loaded one."""
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        if not engines:
+            raise ValueError("EngineRouter needs at least one engine")
+        self.engines = list(engines)
+        self._load = {e.name: 0 for e in self.engines}
+        self._by_episode: dict[str, Engine] = {}
+
+    def pick(self, episode_id: str) -> Engine:
+        engine = self._by_episode.get(episode_id)
+        if engine is None:
+            engine = min(self.engines, key=lambda e: self._load[e.name])
+            self._by_episode[episode_id] = engine
+        return engine
+
+    def release(self, episode_id: str) -> None:
+        self._by_episode.pop(episode_id, None)
+
+    def load(self, engine_name: str) -> int:
+        return self._load[engine_name]
+
+    async def generate(self, request: GenerateRequest, episode_id: str) -> GenerateResult:
+        engine = self.pick(episode_id)
+        self._load[engine.name] += 1
+        try:
+            return await engine.generate(request)
+        finally:
+            self._load[engine.name] -= 1

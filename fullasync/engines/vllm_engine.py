@@ -1,0 +1,283 @@
+"""vLLM's `AsyncLLM` hosted in a Ray actor, and the in-process handle that speaks the `Engine` protocol.
+
+Owns: engine start-up, generation with per-token weight versions, pause/resume, in-place weight
+reload, and turning a dead actor into an error that names the engine.
+Does not own: routing between engines (`router.py`), the pause→push→resume sequence (`weight_sync.py`),
+or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
+
+Per-token versions come from vLLM itself: the engine core labels every batch of outputs with the
+weight version in force when it was sampled (`update_weight_version`), and the final output of a
+request carries the spans. A request paused with mode "keep" therefore reports the old version for
+tokens sampled before the push and the new one after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from fullasync.errors import EngineDiedError
+from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode
+from fullasync.types import FinishReason
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """How to start one vLLM engine."""
+
+    model_path: str  # local HF model directory
+    served_model_name: str = "policy"  # the name clients pass as `model`
+    dtype: str = "float32"  # weights/activations dtype in the engine; float32 matches a float32 trainer
+    max_model_len: int = 2048  # context length (prompt + output)
+    max_num_seqs: int = 128  # concurrent sequences per engine
+    enable_prefix_caching: bool = True  # reuse KV of shared prefixes (multi-turn, resumed requests)
+    logprobs_mode: str = "processed_logprobs"  # log-probs after temperature/top-p, i.e. of the sampling policy
+    seed: int = 0  # engine sampling seed
+    extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to AsyncEngineArgs as is
+    start_timeout_s: float = 300.0  # bound on engine start-up
+    call_timeout_s: float = 120.0  # bound on control calls (pause, resume, update, version)
+    generate_timeout_s: float = 1800.0  # bound on one generate call
+
+
+def _sampling_params(request: GenerateRequest) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    opts = request.sampling
+    return SamplingParams(
+        max_tokens=request.max_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=opts.top_k if opts.top_k > 0 else 0,
+        stop=list(opts.stop) or None,
+        stop_token_ids=list(opts.stop_token_ids) or None,
+        ignore_eos=opts.ignore_eos,
+        seed=opts.seed,
+        logprobs=opts.num_top_logprobs,
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=bool(opts.stop),
+        structured_outputs=StructuredOutputsParams(regex=opts.regex) if opts.regex else None,
+    )
+
+
+def _versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> tuple[int, ...]:
+    if not spans:
+        return (fallback,) * num_tokens
+    versions: list[int] = []
+    for span in spans:
+        versions += [int(span.version)] * (span.end - span.start)
+    if len(versions) != num_tokens:
+        raise RuntimeError(f"vLLM weight-version spans cover {len(versions)} of {num_tokens} tokens")
+    return tuple(versions)
+
+
+def _reload_closure(named_tensors: list[tuple[str, Any]]) -> Any:
+    """A function vLLM runs on each worker: reload weights in place (works with repacked CPU layers)."""
+
+    def reload(worker: Any) -> None:
+        worker.reload_weights(weights_iterator=iter(named_tensors))
+
+    return reload
+
+
+class VLLMEngineActor:
+    """Hosts one `AsyncLLM`; every method runs on the actor's event loop."""
+
+    def __init__(self, config: VLLMEngineConfig, name: str) -> None:
+        self.config = config
+        self.name = name
+        self._llm: Any = None
+        self._version = 0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
+        self._tied_embeddings = False
+
+    async def start(self, initial_version: int = 0) -> None:
+        from transformers import AutoConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        args = AsyncEngineArgs(
+            model=cfg.model_path,
+            served_model_name=cfg.served_model_name,
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            logprobs_mode=cfg.logprobs_mode,
+            seed=cfg.seed,
+            **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
+        self._version = initial_version
+        await self._llm.update_weight_version(str(initial_version))
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[dict[int, float]] = []
+        finish_reason, stop_reason, spans = None, None, None
+        want_top = request.sampling.num_top_logprobs > 0
+        self._progress[request.request_id] = 0
+        try:
+            stream = self._llm.generate(
+                {"prompt_token_ids": list(request.prompt_ids)}, _sampling_params(request), request.request_id
+            )
+            async for out in stream:
+                completion = out.outputs[0]
+                new_ids = list(completion.token_ids)
+                output_ids += new_ids
+                self._progress[request.request_id] = len(output_ids)
+                for token_id, entry in zip(new_ids, completion.logprobs or ()):
+                    logprobs.append(entry[token_id].logprob)
+                    if want_top:
+                        top.append({tid: lp.logprob for tid, lp in entry.items()})
+                if completion.finish_reason is not None:
+                    finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
+                    spans = completion.weight_versions
+        finally:
+            del self._progress[request.request_id]
+        if finish_reason is None:
+            raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
+        return GenerateResult(
+            request_id=request.request_id,
+            output_ids=tuple(output_ids),
+            output_logprobs=tuple(logprobs),
+            output_versions=_versions_from_spans(spans, len(output_ids), self._version),
+            finish_reason=FinishReason(finish_reason),
+            stop_reason=stop_reason,
+            top_logprobs=tuple(top),
+            engine=self.name,
+        )
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._llm.abort(request_ids)
+
+    async def pause(self, mode: PauseMode) -> None:
+        self._resumed.clear()
+        await self._llm.pause_generation(mode=PauseMode(mode).value, clear_cache=False)
+
+    async def resume(self) -> None:
+        await self._llm.resume_generation()
+        self._resumed.set()
+
+    async def wait_resumed(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._resumed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def is_paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
+        """Reload weights in place and label what follows with `version`; the engine must be paused."""
+        if self._resumed.is_set():
+            raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
+        tensors = dict(named_tensors)
+        if self._tied_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+            # vLLM's CPU output layer keeps its own packed copy of tied embeddings; it is
+            # refreshed only when lm_head.weight is among the loaded weights.
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        await self._llm.collective_rpc(_reload_closure(list(tensors.items())))
+        await self._llm.reset_prefix_cache()
+        self._version = version
+        await self._llm.update_weight_version(str(version))
+
+    async def version(self) -> int:
+        return self._version
+
+    async def num_in_flight(self) -> int:
+        return len(self._progress)
+
+    async def in_flight_tokens(self) -> dict[str, int]:
+        """Tokens generated so far by each in-flight request (progress of long generations)."""
+        return dict(self._progress)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+class RayEngine:
+    """In-process handle to a `VLLMEngineActor`; implements `Engine` with timeouts on every call."""
+
+    def __init__(self, actor: Any, name: str, config: VLLMEngineConfig) -> None:
+        self.actor = actor
+        self.name = name
+        self.config = config
+
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        timeout = self.config.call_timeout_s if timeout_s is None else timeout_s
+        ref = getattr(self.actor, method).remote(*args)
+        try:
+            return await asyncio.wait_for(ref, timeout)
+        except RayActorError as error:
+            raise EngineDiedError(f"engine {self.name} died during {method}: {error}") from error
+        except (TimeoutError, GetTimeoutError) as error:
+            ray.cancel(ref)
+            raise TimeoutError(f"engine {self.name}: {method} took longer than {timeout:.0f} s") from error
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self._call("generate", request, timeout_s=self.config.generate_timeout_s)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._call("abort", request_ids)
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self._call("pause", PauseMode(mode))
+
+    async def resume(self) -> None:
+        await self._call("resume")
+
+    async def wait_resumed(self, timeout_s: float) -> bool:
+        return await self._call("wait_resumed", timeout_s, timeout_s=timeout_s + self.config.call_timeout_s)
+
+    async def update_weights(self, named_tensors: object, version: int) -> None:
+        await self._call("update_weights", named_tensors, version)
+
+    async def version(self) -> int:
+        return await self._call("version")
+
+    async def num_in_flight(self) -> int:
+        return await self._call("num_in_flight")
+
+    async def in_flight_tokens(self) -> dict[str, int]:
+        return await self._call("in_flight_tokens")
+
+    async def shutdown(self) -> None:
+        await self._call("shutdown")
+        ray.kill(self.actor)
+
+
+async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, initial_version: int = 0) -> list[RayEngine]:
+    """Start `num_engines` engine actors in the running Ray cluster and wait until all serve."""
+    if num_engines < 1:
+        raise ValueError(f"num_engines must be >= 1, got {num_engines}")
+    if not os.path.isdir(config.model_path):
+        raise FileNotFoundError(f"model_path {config.model_path!r} is not a directory with a HF model")
+    remote_cls = ray.remote(VLLMEngineActor)
+    engines = []
+    for index in range(num_engines):
+        name = f"engine-{index}-{uuid.uuid4().hex[:6]}"
+        actor = remote_cls.options(
+            name=name, num_cpus=0, max_concurrency=4096, runtime_env={"env_vars": engine_env_vars()}
+        ).remote(config, name)
+        engines.append(RayEngine(actor, name, config))
+    await asyncio.gather(
+        *(e._call("start", initial_version, timeout_s=config.start_timeout_s) for e in engines)
+    )
+    return engines

@@ -1,0 +1,201 @@
+"""The records every component exchanges: model calls, trajectories, groups, training sequences.
+
+Owns: the data contracts and their invariants (checked at construction).
+Does not own: how records are produced (client, rollouter) or consumed (trainer).
+Imports no torch, vLLM or Ray, so the contracts load anywhere.
+
+Alignment rule, stated once: in a `ModelCall`, `output_ids`, `output_logprobs` and
+`output_versions` are aligned index by index (one entry per generated token). In a
+`TrainingSequence`, `token_ids`, `loss_mask`, `logprobs` and `versions` are aligned likewise.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+PROMPT_VERSION = -1
+"""Version recorded for tokens the model did not sample (prompt, template, environment)."""
+
+
+class FinishReason(str, enum.Enum):
+    """Why a model call stopped. `abort` never reaches a recorded call: the client resumes it."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One completed model call of an episode, after any resumptions were stitched together."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_versions: tuple[int, ...]
+    finish_reason: FinishReason
+    num_resumes: int = 0
+    engine: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.output_logprobs) != n or len(self.output_versions) != n:
+            raise ValueError(
+                f"ModelCall arrays must be aligned: {n} output_ids, {len(self.output_logprobs)} "
+                f"output_logprobs, {len(self.output_versions)} output_versions"
+            )
+        if not self.prompt_ids:
+            raise ValueError("ModelCall.prompt_ids is empty: a model call needs at least one prompt token")
+        if any(v < 0 for v in self.output_versions):
+            raise ValueError("ModelCall.output_versions must be >= 0 (the weight version that sampled each token)")
+        if any(b < a for a, b in zip(self.output_versions, self.output_versions[1:])):
+            raise ValueError(f"ModelCall.output_versions must be non-decreasing, got {self.output_versions}")
+        if any(math.isnan(lp) or lp > 0.0 for lp in self.output_logprobs):
+            raise ValueError("ModelCall.output_logprobs must be finite-or--inf log-probabilities <= 0")
+        if self.finish_reason is FinishReason.ABORT:
+            raise ValueError("ModelCall cannot finish with 'abort': aborted calls are resumed before recording")
+        if self.num_resumes < 0:
+            raise ValueError("ModelCall.num_resumes must be >= 0")
+
+    @property
+    def all_ids(self) -> tuple[int, ...]:
+        """Prompt followed by output: the context a following call extends."""
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """One token sequence for the trainer; `prompt_length` tokens of context come first."""
+
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    prompt_length: int
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if not (len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n):
+            raise ValueError("TrainingSequence arrays must be aligned with token_ids")
+        if not 0 < self.prompt_length <= n:
+            raise ValueError(f"TrainingSequence.prompt_length must be in [1, {n}], got {self.prompt_length}")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("TrainingSequence.loss_mask holds only 0 and 1")
+        if any(self.loss_mask[: self.prompt_length]):
+            raise ValueError("TrainingSequence: prompt tokens must have loss_mask 0")
+        for mask, version in zip(self.loss_mask, self.versions):
+            if (mask == 1) != (version != PROMPT_VERSION):
+                raise ValueError("TrainingSequence: sampled tokens carry a version >= 0, others PROMPT_VERSION")
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def _freeze_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """The ordered model calls of one episode, its reward and metadata."""
+
+    calls: tuple[ModelCall, ...]
+    reward: float
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calls", tuple(self.calls))
+        object.__setattr__(self, "metadata", _freeze_mapping(self.metadata))
+        if not self.calls:
+            raise ValueError("Trajectory has no model calls: record at least one call through the client")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"Trajectory.reward must be a finite float, got {self.reward!r}")
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(c.output_ids) for c in self.calls)
+
+    def to_sequences(self) -> list[TrainingSequence]:
+        """Training sequences of this episode.
+
+        Calls merge into one sequence while each call's prompt extends the previous call's
+        prompt + output exactly; the inserted tokens in between (template, tool results) get
+        loss-mask 0. A call that does not extend starts a new sequence.
+        """
+        sequences: list[TrainingSequence] = []
+        builder: _SequenceBuilder | None = None
+        for call in self.calls:
+            if builder is None or not builder.extends(call):
+                if builder is not None:
+                    sequences.append(builder.build())
+                builder = _SequenceBuilder(call.prompt_ids)
+            builder.add(call)
+        assert builder is not None
+        sequences.append(builder.build())
+        return sequences
+
+
+class _SequenceBuilder:
+    """Accumulates calls whose prompts extend each other into one training sequence."""
+
+    def __init__(self, prompt_ids: Sequence[int]) -> None:
+        self.prompt_length = len(prompt_ids)
+        self.token_ids: list[int] = list(prompt_ids)
+        self.loss_mask = [0] * len(prompt_ids)
+        self.logprobs = [0.0] * len(prompt_ids)
+        self.versions = [PROMPT_VERSION] * len(prompt_ids)
+
+    def extends(self, call: ModelCall) -> bool:
+        n = len(self.token_ids)
+        return len(call.prompt_ids) >= n and tuple(call.prompt_ids[:n]) == tuple(self.token_ids)
+
+    def add(self, call: ModelCall) -> None:
+        inserted = call.prompt_ids[len(self.token_ids) :]
+        self.token_ids += inserted
+        self.loss_mask += [0] * len(inserted)
+        self.logprobs += [0.0] * len(inserted)
+        self.versions += [PROMPT_VERSION] * len(inserted)
+        self.token_ids += call.output_ids
+        self.loss_mask += [1] * len(call.output_ids)
+        self.logprobs += call.output_logprobs
+        self.versions += call.output_versions
+
+    def build(self) -> TrainingSequence:
+        return TrainingSequence(
+            token_ids=tuple(self.token_ids),
+            loss_mask=tuple(self.loss_mask),
+            logprobs=tuple(self.logprobs),
+            versions=tuple(self.versions),
+            prompt_length=self.prompt_length,
+        )
+
+
+@dataclass(frozen=True)
+class TrajectoryGroup:
+    """The trajectories sampled for one dataset row (the unit of group-relative advantages)."""
+
+    row_id: str
+    trajectories: tuple[Trajectory, ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trajectories", tuple(self.trajectories))
+        object.__setattr__(self, "metadata", _freeze_mapping(self.metadata))
+        if not self.trajectories:
+            raise ValueError(f"TrajectoryGroup {self.row_id!r} is empty: a group needs at least one trajectory")
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(t.reward for t in self.trajectories)
+
+    @property
+    def min_version(self) -> int:
+        """The oldest weight version that sampled any token in the group (-1 if none sampled)."""
+        versions = [v for t in self.trajectories for c in t.calls for v in c.output_versions]
+        return min(versions) if versions else PROMPT_VERSION

@@ -1,0 +1,64 @@
+"""Prompt ids for multi-turn chat: exact reuse of earlier ids, tool-call parsing, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from fullasync.client.chat_tokens import ChatTokenizer, TurnState
+from fullasync.client.messages import normalize_messages, normalize_tools
+from fullasync.client.tool_parsers import HermesToolParser, make_tool_parser
+from fullasync.errors import InvalidRequestError
+
+
+def test_continuation_appends_only_the_inserted_text(tokenizer):
+    chat = ChatTokenizer(tokenizer)
+    history = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt = chat.prompt_ids(history, None)
+    # an output whose tokens differ from how its text would re-tokenize: one token per character
+    output = [tokenizer.convert_tokens_to_ids(c) for c in "four"] + [chat.eos_token_id]
+    assert output[:-1] != chat.encode("four")
+    turn = TurnState(tuple(history) + ({"role": "assistant", "content": "four"},), None, tuple(prompt + output), True)
+    glue = chat.continuation_ids(turn, [{"role": "user", "content": "And 3 + 3?"}])
+    ids = list(turn.token_ids) + glue
+    assert ids[: len(turn.token_ids)] == list(turn.token_ids)  # earlier ids kept exactly
+    assert tokenizer.decode(glue) == "\n<|im_start|>user\nAnd 3 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    full = history + [{"role": "assistant", "content": "four"}, {"role": "user", "content": "And 3 + 3?"}]
+    assert tokenizer.decode(ids) == chat.render(full, None, generation_prompt=True)
+
+
+def test_continuation_closes_a_turn_that_ended_without_eos(tokenizer):
+    chat = ChatTokenizer(tokenizer)
+    history = [{"role": "user", "content": "hi"}]
+    output = chat.encode("hello th")  # cut by max_tokens: no EOS sampled
+    turn = TurnState(tuple(history) + ({"role": "assistant", "content": "hello th"},), None,
+                     tuple(chat.prompt_ids(history, None) + output), False)
+    glue = chat.continuation_ids(turn, [{"role": "user", "content": "go on"}])
+    assert tokenizer.decode(glue).startswith("<|im_end|>\n<|im_start|>user\ngo on")
+
+
+def test_hermes_parser_splits_content_and_calls():
+    parser = make_tool_parser("hermes")
+    content, calls = parser.parse('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>')
+    assert content == "Let me add." and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1})]
+    content, calls = HermesToolParser().parse("<tool_call>{not json}</tool_call>")
+    assert calls == [] and content == "<tool_call>{not json}</tool_call>"
+    with pytest.raises(ValueError, match="unknown tool parser 'xml'"):
+        make_tool_parser("xml")
+
+
+def test_messages_from_openai_objects_and_string_arguments_normalize_alike():
+    from openai.types.chat import ChatCompletionMessage
+
+    message = ChatCompletionMessage(
+        role="assistant", content=None,
+        tool_calls=[{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}],
+    )
+    (normalized,) = normalize_messages([message])
+    assert normalized["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    with pytest.raises(InvalidRequestError, match="arguments is not valid JSON"):
+        normalize_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+    with pytest.raises(InvalidRequestError, match="only assistant messages carry tool_calls"):
+        normalize_messages([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}])
+    assert normalize_tools(None) is None
+    with pytest.raises(InvalidRequestError, match="tools must be a list"):
+        normalize_tools("add")

@@ -1,0 +1,104 @@
+"""The client continues generations interrupted by weight pushes (real vLLM engine, tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.engines.protocol import PauseMode
+
+TOLERANCE = 1e-4  # float32 engine vs float32 torch forward; seen ~3e-6
+
+
+async def wait_for_tokens(engine, prefix: str, at_least: int, not_request: str | None = None) -> str:
+    """Poll the engine until an in-flight request of this episode has produced `at_least` tokens."""
+    for _ in range(20000):
+        for request_id, count in (await engine.in_flight_tokens()).items():
+            if request_id.startswith(prefix) and request_id != not_request and count >= at_least:
+                return request_id
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"no request of {prefix} reached {at_least} tokens")
+
+
+async def generate_with_pushes(engine, policy, tokenizer, num_pushes: int, max_tokens: int = 200):
+    client = RolloutService([engine], tokenizer, ClientConfig()).client()
+    task = asyncio.create_task(
+        client.chat.completions.create(
+            model="policy",
+            messages=[{"role": "user", "content": "Tell me a long story about numbers."}],
+            max_tokens=max_tokens,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    weights = [dict(policy.current)]
+    request_id = None
+    for push in range(num_pushes):
+        request_id = await wait_for_tokens(engine, client.episode.id, 15, not_request=request_id)
+        state = policy.perturbed(seed=100 + push)
+        await policy.push(state)
+        weights.append(dict(policy.current))
+    response = await task
+    return client, response, weights
+
+
+def split_by_version(versions):
+    segments, start = [], 0
+    for i in range(1, len(versions) + 1):
+        if i == len(versions) or versions[i] != versions[start]:
+            segments.append((versions[start], start, i))
+            start = i
+    return segments
+
+
+@pytest.mark.parametrize("num_pushes", [1, 3])
+async def test_interrupted_generation_is_one_response_with_per_token_versions(engine, policy, tokenizer, num_pushes):
+    version_before = await engine.version()
+    client, response, weights = await generate_with_pushes(engine, policy, tokenizer, num_pushes)
+    (call,) = client.episode.calls
+    assert len(call.output_ids) == 200
+    assert len(call.output_logprobs) == len(call.output_ids) == len(call.output_versions)
+    assert call.num_resumes == num_pushes
+    assert response.usage.completion_tokens == 200
+    assert response.choices[0].finish_reason == "length"
+    assert response.choices[0].message.content == tokenizer.decode(list(call.output_ids), skip_special_tokens=True)
+    segments = split_by_version(call.output_versions)
+    assert [v for v, _, _ in segments] == list(range(version_before, version_before + num_pushes + 1))
+    assert all(end - start >= 15 for _, start, end in segments[:-1])
+    # every segment was sampled by the weights of its version: compare with a torch forward
+    for index, (_, start, end) in enumerate(segments):
+        reference = policy.token_logprobs(weights[index], call.prompt_ids, call.output_ids)
+        other = policy.token_logprobs(weights[index - 1] if index else weights[1], call.prompt_ids, call.output_ids)
+        got = call.output_logprobs[start:end]
+        assert max(abs(a - b) for a, b in zip(got, reference[start:end])) < TOLERANCE
+        assert max(abs(a - b) for a, b in zip(got, other[start:end])) > 100 * TOLERANCE  # the check can tell
+
+
+async def test_keep_mode_switches_version_inside_one_request(engine, policy, tokenizer):
+    client = RolloutService([engine], tokenizer).client()
+    task = asyncio.create_task(
+        client.completions.create(model="policy", prompt="Count: 1 2 3", max_tokens=120, extra_body={"ignore_eos": True})
+    )
+    await wait_for_tokens(engine, client.episode.id, 15)
+    await policy.push(policy.perturbed(seed=7), mode=PauseMode.KEEP)
+    await task
+    (call,) = client.episode.calls
+    assert call.num_resumes == 0
+    segments = split_by_version(call.output_versions)
+    assert len(segments) == 2 and segments[1][0] == segments[0][0] + 1
+    assert len(call.output_ids) == 120
+
+
+async def test_pushed_weights_match_torch_forward_with_tied_embeddings(engine, policy, tokenizer):
+    assert policy.model.config.tie_word_embeddings
+    state = policy.perturbed(seed=11)
+    assert "lm_head.weight" not in state  # the engine must refresh its packed output layer itself
+    timing = await policy.push(state)
+    assert timing.version == await engine.version()
+    client = RolloutService([engine], tokenizer).client()
+    await client.completions.create(model="policy", prompt="The weights changed; 12 + 30 =", max_tokens=40, seed=3)
+    (call,) = client.episode.calls
+    reference = policy.token_logprobs(policy.current, call.prompt_ids, call.output_ids)
+    assert max(abs(a - b) for a, b in zip(call.output_logprobs, reference)) < TOLERANCE
+    assert set(call.output_versions) == {timing.version}

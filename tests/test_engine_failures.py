@@ -1,0 +1,58 @@
+"""A dead engine surfaces as an error that names it; the router balances and sticks per episode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+
+from fullasync.client import RolloutService
+from fullasync.engines.protocol import GenerateRequest
+from fullasync.engines.router import EngineRouter
+from fullasync.engines.vllm_engine import RayEngine, VLLMEngineActor, VLLMEngineConfig
+from fullasync.errors import EngineDiedError
+
+
+async def test_dead_engine_error_names_the_engine(ray_cluster, tiny_model_path, tokenizer):
+    config = VLLMEngineConfig(model_path=tiny_model_path, call_timeout_s=30)
+    actor = ray.remote(VLLMEngineActor).options(num_cpus=0).remote(config, "engine-doomed")
+    engine = RayEngine(actor, "engine-doomed", config)
+    assert await engine.num_in_flight() == 0  # alive before
+    ray.kill(actor)
+    client = RolloutService([engine], tokenizer).client()
+    with pytest.raises(EngineDiedError, match="engine engine-doomed died"):
+        await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert client.episode.calls == []
+
+
+class CountingEngine:
+    """Edge fake: records which requests reached it (routing is what is under test)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: list[str] = []
+        self.release = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest):
+        self.seen.append(request.request_id)
+        await self.release.wait()
+
+
+async def test_router_is_least_loaded_and_sticky_per_episode():
+    engines = [CountingEngine("a"), CountingEngine("b")]
+    router = EngineRouter(engines)
+    request = GenerateRequest("r", (1,), 1)
+    tasks = [asyncio.create_task(router.generate(request, episode)) for episode in ("e1", "e2", "e3", "e4")]
+    await asyncio.sleep(0)
+    assert [router.load("a"), router.load("b")] == [2, 2]
+    assert router.pick("e1").name == "a" and router.pick("e2").name == "b" and router.pick("e3").name == "a"
+    sticky = asyncio.create_task(router.generate(request, "e2"))
+    await asyncio.sleep(0)
+    assert router.load("b") == 3  # e2 stays on b although a is as loaded
+    router.release("e2")
+    assert router.pick("e2").name == "a"
+    for engine in engines:
+        engine.release.set()
+    await asyncio.gather(*tasks, sticky)
+    assert [router.load("a"), router.load("b")] == [0, 0]
