@@ -10,6 +10,8 @@ import os
 
 import ray
 
+from patches import ray_loopback
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -20,6 +22,7 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"])
         return
+    ray_loopback.apply()
     os.environ.setdefault("VLLM_HOST_IP", LOOPBACK)
     os.environ.setdefault("MASTER_ADDR", LOOPBACK)
     ray.init(

@@ -40,6 +40,7 @@ class ModelCall:
     output_versions: tuple[int, ...]
     finish_reason: FinishReason
     num_resumes: int = 0
+    resubmitted_tokens: int = 0  # output tokens sent again as prompt when resuming after aborts
     engine: str = ""
 
     def __post_init__(self) -> None:
@@ -59,8 +60,8 @@ class ModelCall:
             raise ValueError("ModelCall.output_logprobs must be finite-or--inf log-probabilities <= 0")
         if self.finish_reason is FinishReason.ABORT:
             raise ValueError("ModelCall cannot finish with 'abort': aborted calls are resumed before recording")
-        if self.num_resumes < 0:
-            raise ValueError("ModelCall.num_resumes must be >= 0")
+        if self.num_resumes < 0 or self.resubmitted_tokens < 0:
+            raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0")
 
     @property
     def all_ids(self) -> tuple[int, ...]:

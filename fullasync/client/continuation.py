@@ -27,6 +27,7 @@ class StitchedGeneration:
     finish_reason: FinishReason = FinishReason.LENGTH
     stop_reason: int | str | None = None
     num_resumes: int = 0
+    resubmitted_tokens: int = 0
     engine: str = ""
 
 
@@ -68,3 +69,4 @@ async def generate_with_resume(
                 f"request {request_id}; raise client resume_timeout_s or check the weight sync"
             )
         done.num_resumes += 1
+        done.resubmitted_tokens += len(done.output_ids)

@@ -181,6 +181,7 @@ class RolloutClient:
                 output_versions=tuple(generation.output_versions),
                 finish_reason=generation.finish_reason,
                 num_resumes=generation.num_resumes,
+                resubmitted_tokens=generation.resubmitted_tokens,
                 engine=generation.engine,
             )
         )

@@ -1,0 +1,113 @@
+"""The run configuration: dataclasses that are also Hydra structured configs.
+
+Owns: every knob of a training run (each field's comment is its help text), the meaning of
+`mode`, and the cross-field checks run at start-up; each error names the field and the fix.
+Does not own: the trainer's own knobs (`fullasync.trainer.config.TrainerConfig`, nested here).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fullasync.engines.protocol import PauseMode
+from fullasync.trainer.config import TrainerConfig
+
+BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
+
+
+class Mode(str, enum.Enum):
+    SYNC = "sync"  # generate a batch with the current weights, then train on it (on-policy baseline)
+    ONE_STEP_OFF = "one_step_off"  # generate batch k+1 while training on batch k; push between batches
+    FULLY_ASYNC = "fully_async"  # generate continuously; tokens at most max_staleness versions old
+
+
+@dataclass
+class ModelSection:
+    path: str = BUILTIN_MODEL  # local HF model directory, or builtin:arithmetic (built offline, cached)
+    served_name: str = "policy"  # the `model` name harnesses pass to the client
+
+
+@dataclass
+class EngineSection:
+    num_engines: int = 1  # vLLM engines (Ray actors)
+    dtype: str = "float32"  # engine dtype; float32 matches the trainer's log-probs
+    max_model_len: int = 1024  # context length (prompt + output)
+    max_num_seqs: int = 128  # concurrent sequences per engine
+
+
+@dataclass
+class RolloutSection:
+    n: int = 8  # episodes per dataset row (group size)
+    batch_size: int = 8  # groups per train step
+    max_running_rows: int = 16  # rows generating at once (bounded further by the staleness rule)
+    episode_timeout_s: float = 300.0  # an episode running longer is cancelled and counted as failed
+    filter_zero_variance: bool = False  # drop groups whose rewards are all equal (counted as filtered)
+    resume_timeout_s: float = 300.0  # how long an interrupted generation waits for the engines to resume
+
+
+@dataclass
+class DataSection:
+    task: str = "arithmetic"  # built-in task providing data and rollout_fn; "" when both are given below
+    rollout_fn: str = ""  # dotted path `pkg.module:function` of `async def rollout_fn(client, row)`
+    train_dataset: str = ""  # dotted path to a function returning an iterable of rows (or a datasets.Dataset)
+    val_dataset: str = ""  # same, for validation rows
+    epochs: int = 1  # passes over the training rows (when total_steps is 0)
+
+
+@dataclass
+class RunConfig:
+    mode: Mode = Mode.FULLY_ASYNC  # sync | one_step_off | fully_async
+    max_staleness: int = -1  # fully_async: max trainer_version − token_version; -1 = mode default (sync 0, one_step_off 1, fully_async 2)
+    partial_rollout: bool = True  # fully_async: interrupt generations at a push and resume them under new weights
+    total_steps: int = 0  # train steps to run; 0 = until the rows of all epochs are consumed
+    val_every: int = 0  # validate every this many steps (0 = only before and after training)
+    val_samples_per_row: int = 4  # episodes per validation row (accuracy = mean reward)
+    output_dir: str = "outputs/run"  # metrics.jsonl and checkpoints go here
+    save_checkpoint: bool = False  # save the final policy in HF format under output_dir/checkpoint
+    tensorboard: bool = False  # also log to TensorBoard under output_dir/tensorboard
+    wandb_project: str = ""  # also log to Weights & Biases (when installed)
+    seed: int = 0  # seeds sampling in the engines and the trainer
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: EngineSection = field(default_factory=EngineSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    data: DataSection = field(default_factory=DataSection)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4))
+
+    @property
+    def staleness(self) -> int:
+        """The effective max_staleness for the mode."""
+        if self.max_staleness >= 0:
+            return self.max_staleness
+        return {Mode.SYNC: 0, Mode.ONE_STEP_OFF: 1, Mode.FULLY_ASYNC: 2}[Mode(self.mode)]
+
+    @property
+    def push_mode(self) -> PauseMode:
+        """How in-flight generations meet a weight push."""
+        if Mode(self.mode) is Mode.FULLY_ASYNC and self.partial_rollout:
+            return PauseMode.ABORT  # interrupted, resumed under the new weights
+        return PauseMode.WAIT  # finished under the weights they started with
+
+    def validate(self) -> None:
+        """Cross-field checks; each error says which field and how to fix it."""
+        mode = Mode(self.mode)
+        if mode is Mode.SYNC and self.max_staleness not in (-1, 0):
+            raise ValueError(f"max_staleness={self.max_staleness} contradicts mode=sync (on-policy); "
+                             "drop max_staleness or use mode=fully_async")
+        if mode is Mode.ONE_STEP_OFF and self.max_staleness not in (-1, 1):
+            raise ValueError(f"max_staleness={self.max_staleness} contradicts mode=one_step_off (always 1); "
+                             "drop max_staleness or use mode=fully_async")
+        if self.max_staleness < -1:
+            raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (or -1 for the mode default)")
+        for name in ("n", "batch_size", "max_running_rows"):
+            if getattr(self.rollout, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
+        if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
+            raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
+                             "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
+        if self.total_steps < 0 or self.data.epochs < 1:
+            raise ValueError("total_steps must be >= 0 and data.epochs >= 1")
+        if not self.data.task and not (self.data.rollout_fn and self.data.train_dataset):
+            raise ValueError("set data.task=arithmetic, or give data.rollout_fn and data.train_dataset "
+                             "(dotted paths `package.module:name`)")
+        self.trainer.validate()

@@ -1,0 +1,191 @@
+"""Rollouter: streams dataset rows through `rollout_fn` n times each and queues the groups.
+
+Owns: admission (through `StalenessManager`), running the episodes of a row concurrently with a
+timeout, turning their results into a `TrajectoryGroup`, the zero-variance filter, and the
+ledger of what became of every row. An exception or timeout in `rollout_fn` is recorded with its
+traceback and counted; it never stops the run. Does not own: engines, the queue's storage, training.
+
+Components: a dispatcher task (admits rows in dataset order) and one task per running row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+import traceback
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.client import RolloutClient, RolloutService
+from fullasync.rollout.staleness import StalenessManager
+from fullasync.types import Trajectory, TrajectoryGroup
+
+RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]]
+
+
+class RowOutcome(str, enum.Enum):
+    """What became of a dataset row; every admitted row ends in exactly one of these."""
+
+    QUEUED = "queued"  # its group is on the queue (becomes TRAINED or TOO_STALE later)
+    TRAINED = "trained"
+    FILTERED = "filtered"  # zero reward variance, filter on
+    FAILED = "failed"  # every episode raised or timed out
+    TOO_STALE = "too_stale"  # dropped by the queue: oldest token beyond max_staleness
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How the rollouter runs episodes."""
+
+    n: int = 8  # episodes per row (the group size)
+    max_running_rows: int = 16  # rows generating at once (episodes at once = rows × n)
+    episode_timeout_s: float = 300.0  # an episode running longer is cancelled and counted as failed
+    filter_zero_variance: bool = False  # drop groups whose rewards are all equal (no GRPO signal)
+    keep_tracebacks: int = 20  # most recent failure tracebacks kept for the report
+
+
+@dataclass(frozen=True)
+class EpisodeFailure:
+    row_id: str
+    episode: int
+    error: str
+    traceback: str
+
+
+class Rollouter:
+    """Runs until the rows are exhausted or `stop()`; `wait_idle()` drains running rows."""
+
+    def __init__(self, rollout_fn: RolloutFn, service: RolloutService, queue: Any, staleness: StalenessManager,
+                 settings: RolloutSettings) -> None:
+        self.rollout_fn = rollout_fn
+        self.service = service
+        self.queue = queue
+        self.staleness = staleness
+        self.settings = settings
+        self.outcomes: dict[str, RowOutcome] = {}
+        self.episode_failures = 0
+        self.recent_failures: deque[EpisodeFailure] = deque(maxlen=settings.keep_tracebacks)
+        self._wake = asyncio.Event()  # set when capacity may have changed
+        self._admitting = True
+        self._row_tasks: set[asyncio.Task] = set()
+        self._dispatcher: asyncio.Task | None = None
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self._created = time.monotonic()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, rows: Iterable[tuple[str, Any]]) -> None:
+        """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run."""
+        self._dispatcher = asyncio.create_task(self._dispatch(iter(rows)), name="rollouter-dispatch")
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._dispatcher, *self._row_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    @property
+    def exhausted(self) -> bool:
+        """No more rows to admit and none running."""
+        return self._dispatcher is not None and self._dispatcher.done() and not self._row_tasks
+
+    def check(self) -> None:
+        """Re-raise a crash of the dispatcher (a bug, not a rollout failure) instead of hanging."""
+        if self._dispatcher is not None and self._dispatcher.done() and not self._dispatcher.cancelled():
+            self._dispatcher.result()
+
+    def on_version(self) -> None:
+        """The trainer's version advanced: more rows may be admissible."""
+        self._wake.set()
+
+    def pause_admission(self) -> None:
+        self._admitting = False
+
+    def resume_admission(self) -> None:
+        self._admitting = True
+        self._wake.set()
+
+    async def wait_idle(self, timeout_s: float) -> None:
+        """Wait until no row is running (used to pause generation for validation)."""
+        if self._row_tasks:
+            await asyncio.wait_for(asyncio.gather(*self._row_tasks, return_exceptions=True), timeout_s)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def outcome_counts(self) -> Counter:
+        return Counter(outcome.value for outcome in self.outcomes.values())
+
+    def idle_fraction(self) -> float:
+        """Share of wall time with no row generating."""
+        busy = self._busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
+        return 1.0 - busy / max(time.monotonic() - self._created, 1e-9)
+
+    def mark(self, row_id: str, outcome: RowOutcome) -> None:
+        self.outcomes[row_id] = outcome
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _dispatch(self, rows: Any) -> None:
+        for row_id, row in rows:
+            if row_id in self.outcomes:
+                raise ValueError(f"row id {row_id!r} appears twice; row ids must be unique")
+            while not (self._admitting and self.staleness.try_start()):
+                self._wake.clear()
+                await self._wake.wait()
+            self._set_running(+1)
+            task = asyncio.create_task(self._run_row(row_id, row), name=f"row-{row_id}")
+            self._row_tasks.add(task)
+            task.add_done_callback(self._row_tasks.discard)
+
+    def _set_running(self, delta: int) -> None:
+        now = time.monotonic()
+        running = len(self._row_tasks) + (1 if delta > 0 else 0)
+        if delta > 0 and self._busy_since is None:
+            self._busy_since = now
+        elif delta < 0 and running == 0 and self._busy_since is not None:
+            self._busy_s += now - self._busy_since
+            self._busy_since = None
+
+    async def _run_row(self, row_id: str, row: Any) -> None:
+        produced = False
+        try:
+            results = await asyncio.gather(*(self._run_episode(row_id, i, row) for i in range(self.settings.n)))
+            trajectories = [t for t in results if t is not None]
+            if not trajectories:
+                self.mark(row_id, RowOutcome.FAILED)
+            elif self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
+                self.mark(row_id, RowOutcome.FILTERED)
+            else:
+                group = TrajectoryGroup(row_id=row_id, trajectories=tuple(trajectories),
+                                        metadata={"failed_episodes": self.settings.n - len(trajectories)})
+                await self.queue.put.remote(group)
+                self.mark(row_id, RowOutcome.QUEUED)
+                produced = True
+        finally:
+            self.staleness.finish(produced_group=produced)
+            self._set_running(-1)
+            self._wake.set()
+
+    async def _run_episode(self, row_id: str, index: int, row: Any) -> Trajectory | None:
+        client = self.service.client(f"{row_id}/{index}")
+        try:
+            result = await asyncio.wait_for(self.rollout_fn(client, row), self.settings.episode_timeout_s)
+            if isinstance(result, Trajectory):
+                return result
+            if isinstance(result, (int, float)) and not isinstance(result, bool):
+                return client.trajectory(float(result))
+            raise TypeError(f"rollout_fn must return a float reward or a Trajectory, got {type(result).__name__}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a harness failure is data, not a crash: record and go on
+            self.episode_failures += 1
+            self.recent_failures.append(
+                EpisodeFailure(row_id, index, f"{type(error).__name__}: {error}", traceback.format_exc())
+            )
+            return None
+        finally:
+            client.close()

@@ -1,0 +1,78 @@
+"""Admission control: how many more rows the rollouter may start without exceeding the staleness bound.
+
+Owns: the formula, computed by one small pure method under a lock, with the trainer version
+injected as a callable.
+
+With `B` = groups per train step, `k` = max_staleness and `v` = the trainer's current version,
+the rows started so far (accepted + running + finished-but-dropped are all "started") obey
+
+    started ≤ (k + v + 1) · B
+
+so a group started now is consumed by a train step at most k versions later: it is part of
+batch number ⌈started / B⌉ ≤ k + v + 1, trained at version ≤ k + v, while its first token was
+sampled at version ≥ v. Rows that end without a group (failed, filtered, dropped) free their
+slot, since they will not occupy a batch. Independently, at most `max_running` rows run at once.
+
+For k = 0 this is synchronous on-policy training: batch v + 1 starts only after version v + 1.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+def admission_capacity(max_staleness: int, version: int, batch_size: int, started: int, running: int,
+                       max_running: int) -> int:
+    """Rows that may start now (the formula of the module docstring; never negative)."""
+    by_staleness = (max_staleness + version + 1) * batch_size - started
+    by_concurrency = max_running - running
+    return max(0, min(by_staleness, by_concurrency))
+
+
+@dataclass
+class StalenessCounts:
+    started: int = 0  # rows admitted and not released (running, queued or trained)
+    running: int = 0  # rows whose episodes are still generating
+
+
+class StalenessManager:
+    """Thread-safe counters plus the formula; the version source is injected."""
+
+    def __init__(self, max_staleness: int, batch_size: int, max_running: int, version: Callable[[], int]) -> None:
+        if max_staleness < 0 or batch_size < 1 or max_running < 1:
+            raise ValueError("max_staleness >= 0, batch_size >= 1 and max_running >= 1 are required")
+        self.max_staleness = max_staleness
+        self.batch_size = batch_size
+        self.max_running = max_running
+        self._version = version
+        self._lock = threading.Lock()
+        self.counts = StalenessCounts()
+
+    def capacity(self) -> int:
+        with self._lock:
+            return admission_capacity(self.max_staleness, self._version(), self.batch_size,
+                                      self.counts.started, self.counts.running, self.max_running)
+
+    def try_start(self) -> bool:
+        """Admit one row if the bound allows it."""
+        with self._lock:
+            if admission_capacity(self.max_staleness, self._version(), self.batch_size,
+                                  self.counts.started, self.counts.running, self.max_running) < 1:
+                return False
+            self.counts.started += 1
+            self.counts.running += 1
+            return True
+
+    def finish(self, produced_group: bool) -> None:
+        """A row's episodes ended; without a group its slot is released."""
+        with self._lock:
+            self.counts.running -= 1
+            if not produced_group:
+                self.counts.started -= 1
+
+    def release(self) -> None:
+        """A queued group was dropped (too stale) and will never be trained."""
+        with self._lock:
+            self.counts.started -= 1

@@ -1,0 +1,117 @@
+"""The starting policy of the built-in task: a short supervised warm-up on deliberately noisy labels.
+
+Owns: building (once, cached next to the tiny models) a policy that knows the answer format and
+roughly what a sum is, but answers correctly only about a third of the time: each training label
+is the true sum with probability `label_accuracy`, otherwise the sum ±1 or ±2. RL then has a clear,
+checkable margin to gain. Plain PyTorch on CPU, deterministic for a given spec; about a minute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fullasync.models import TinyModelSpec, build_tiny_model, default_cache_root, load_tokenizer
+from fullasync.tasks.arithmetic import ArithmeticTask, messages
+
+WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
+MARKER = "fullasync_warmup.json"
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """What determines the warm-started policy."""
+
+    model: TinyModelSpec = TinyModelSpec(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    task: ArithmeticTask = ArithmeticTask()
+    label_accuracy: float = 0.3  # share of warm-up labels that are the true sum
+    steps: int = 400  # optimizer steps
+    batch_size: int = 64
+    lr: float = 1e-3
+    seed: int = 0
+
+    def key(self) -> str:
+        text = json.dumps([WARMUP_FORMAT, dataclasses.asdict(self), self.model.key()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
+    """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
+    target = root / "models" / f"arith-warm-{spec.key()}"
+    if (target / MARKER).exists():
+        return target
+    base = build_tiny_model(spec.model, cache_dir=cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    try:
+        _train(spec, base, staging)
+        (staging / MARKER).write_text(json.dumps(dataclasses.asdict(spec), default=str))
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / MARKER).exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    tokenizer = load_tokenizer(base)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    rng = random.Random(spec.seed)
+    rows = spec.task.rows("train")
+    prompts = [
+        tokenizer.apply_chat_template(messages(row), tokenize=True, add_generation_prompt=True, return_dict=False)
+        for row in rows
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    for step in range(spec.steps):
+        picks = [rng.randrange(len(rows)) for _ in range(spec.batch_size)]
+        examples = [(list(prompts[i]), _noisy_label(tokenizer, rows[i]["answer"], spec, rng)) for i in picks]
+        input_ids, attention, labels = _pad(examples)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 100 == 0 or step == spec.steps - 1:
+            print(f"[warm-up] step {step:>4}/{spec.steps} loss {loss.item():.3f}", flush=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    for name in os.listdir(out_dir):
+        os.chmod(out_dir / name, 0o644)
+
+
+def _noisy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) -> list[int]:
+    if rng.random() >= spec.label_accuracy:
+        answer = min(spec.task.max_sum, max(0, answer + rng.choice((-2, -1, 1, 2))))
+    return tokenizer.encode(str(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def _pad(examples):
+    import torch
+
+    length = max(len(p) + len(a) for p, a in examples)
+    input_ids = torch.zeros(len(examples), length, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, -100)
+    for row, (prompt, answer) in enumerate(examples):
+        sequence = prompt + answer
+        input_ids[row, : len(sequence)] = torch.tensor(sequence)
+        attention[row, : len(sequence)] = 1
+        labels[row, len(prompt) : len(sequence)] = torch.tensor(answer)
+    return input_ids, attention, labels

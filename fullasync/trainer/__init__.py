@@ -1,0 +1,36 @@
+"""The trainer: verl's FSDP2 TrainingWorker behind an async API, and the batches it trains on.
+
+- `TrainerConfig` (`config.py`): optimiser, loss, advantage and worker settings.
+- `build_batch` / `TrainBatch` (`batch.py`): trajectory groups → verl's padded layout with
+  per-group outcome advantages, behaviour log-probs and per-token versions.
+- `VerlTrainer` (`verl_trainer.py`): start, compute_logprobs, train_step, export_weights,
+  save_checkpoint, shutdown.
+
+`TrainerConfig` loads without torch, Ray or verl; the other names are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fullasync.trainer.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from fullasync.trainer.batch import TrainBatch, build_batch
+    from fullasync.trainer.verl_trainer import VerlTrainer
+
+_LAZY = {
+    "TrainBatch": "fullasync.trainer.batch",
+    "build_batch": "fullasync.trainer.batch",
+    "VerlTrainer": "fullasync.trainer.verl_trainer",
+}
+
+__all__ = ["TrainBatch", "TrainerConfig", "VerlTrainer", "build_batch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'fullasync.trainer' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

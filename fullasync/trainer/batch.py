@@ -1,0 +1,289 @@
+"""Trajectory groups → the padded tensor batch verl's TrainingWorker trains on.
+
+Owns: flattening groups into training sequences, outcome advantages per group with verl's
+advantage-estimator registry, verl's padded layout, and sharding a batch over data-parallel
+workers. Pure functions of their inputs: no Ray, no model. Does not own: log-prob recomputation
+or the loss (the trainer workers).
+
+Layout, stated once: `prompts` is left-padded and `responses` right-padded, as in verl; every
+per-token tensor (`response_mask`, `advantages`, `behaviour_logprobs`, `versions`) has shape
+(num_sequences, response_length) and is aligned to `responses`. "Response" means everything
+after a sequence's first prompt: sampled tokens (mask 1) and tokens the environment or template
+inserted between calls (mask 0).
+
+Advantages are computed per trajectory, not per sequence: a trajectory's response row is the
+concatenation of its sequences' responses, so a multi-sequence trajectory is one sample of its
+group and every one of its sequences carries the trajectory's reward and advantages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fullasync.types import PROMPT_VERSION, TrainingSequence, TrajectoryGroup
+
+PADDING_ROW = -1  # row_index / group_index / trajectory_index of rows added only to fill shapes
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Sequences in verl's padded layout plus what the rollout recorded per token (see module doc)."""
+
+    prompts: torch.Tensor  # (N, P) long, left-padded
+    responses: torch.Tensor  # (N, R) long, right-padded
+    attention_mask: torch.Tensor  # (N, P + R) long, 1 on real tokens
+    position_ids: torch.Tensor  # (N, P + R) long
+    response_mask: torch.Tensor  # (N, R) long, 1 on tokens the policy sampled (the loss mask)
+    advantages: torch.Tensor  # (N, R) float32, 0 where response_mask is 0
+    behaviour_logprobs: torch.Tensor  # (N, R) float32, the rollout's log-probs, 0 where response_mask is 0
+    versions: torch.Tensor  # (N, R) long, weight version that sampled each token, PROMPT_VERSION elsewhere
+    rewards: torch.Tensor  # (N,) float32, reward of the sequence's trajectory
+    group_index: torch.Tensor  # (N,) long, position of the sequence's group in the input; PADDING_ROW for fill
+    trajectory_index: torch.Tensor  # (N,) long, trajectory number over the whole input; PADDING_ROW for fill
+    row_index: torch.Tensor  # (N,) long, row in the batch build_batch returned; PADDING_ROW for fill
+
+    def __post_init__(self) -> None:
+        n, prompt_width = self.prompts.shape
+        response_shape = self.responses.shape
+        if response_shape[0] != n:
+            raise ValueError(f"TrainBatch: {n} prompts but {response_shape[0]} responses")
+        for name in ("response_mask", "advantages", "behaviour_logprobs", "versions"):
+            if getattr(self, name).shape != response_shape:
+                raise ValueError(f"TrainBatch.{name} must be aligned with responses {tuple(response_shape)}")
+        full_shape = (n, prompt_width + response_shape[1])
+        for name in ("attention_mask", "position_ids"):
+            if tuple(getattr(self, name).shape) != full_shape:
+                raise ValueError(f"TrainBatch.{name} must have shape {full_shape}")
+        for name in ("rewards", "group_index", "trajectory_index", "row_index"):
+            if tuple(getattr(self, name).shape) != (n,):
+                raise ValueError(f"TrainBatch.{name} must have shape ({n},)")
+
+    @property
+    def num_sequences(self) -> int:
+        return self.prompts.shape[0]
+
+    @property
+    def response_length(self) -> int:
+        return self.responses.shape[1]
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> TrainBatch:
+        """The batch restricted to `rows` (in that order)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+
+    def with_fill_rows(self, count: int, pad_token_id: int = 0) -> TrainBatch:
+        """Append `count` rows that change nothing: one prompt and one response token, mask 0."""
+        if count == 0:
+            return self
+        n, width = count, self.response_length
+        fill = {
+            "prompts": torch.full((n, self.prompts.shape[1]), pad_token_id, dtype=torch.long),
+            "responses": torch.full((n, width), pad_token_id, dtype=torch.long),
+            "attention_mask": torch.zeros((n, self.attention_mask.shape[1]), dtype=torch.long),
+            "position_ids": torch.zeros((n, self.position_ids.shape[1]), dtype=torch.long),
+            "response_mask": torch.zeros((n, width), dtype=torch.long),
+            "advantages": torch.zeros((n, width)),
+            "behaviour_logprobs": torch.zeros((n, width)),
+            "versions": torch.full((n, width), PROMPT_VERSION, dtype=torch.long),
+            "rewards": torch.zeros(n),
+            "group_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
+            "trajectory_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
+            "row_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
+        }
+        prompt_width = self.prompts.shape[1]
+        fill["attention_mask"][:, prompt_width - 1 : prompt_width + 1] = 1
+        fill["position_ids"][:, prompt_width] = 1
+        return TrainBatch(**{k: torch.cat([getattr(self, k), v]) for k, v in fill.items()})
+
+
+def build_batch(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    advantage_estimator: str = "grpo",
+    norm_adv_by_std_in_grpo: bool = True,
+    gamma: float = 1.0,
+    pad_token_id: int = 0,
+) -> TrainBatch:
+    """Flatten `groups` into a `TrainBatch` with outcome advantages per group (verl estimator by name).
+
+    Sequences without any sampled token are left out (they would train nothing); their
+    trajectories still count in their group's statistics. Raises ValueError when no sequence
+    is left.
+    """
+    if not groups:
+        raise ValueError("build_batch needs at least one TrajectoryGroup")
+    per_trajectory = [t.to_sequences() for g in groups for t in g.trajectories]
+    group_of = [gi for gi, g in enumerate(groups) for _ in g.trajectories]
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    advantages = trajectory_advantages(
+        per_trajectory, rewards, group_of, advantage_estimator, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+        gamma=gamma,
+    )
+    rows = [
+        (sequence, advantage, ti)
+        for ti, (sequences, trajectory_advantage) in enumerate(zip(per_trajectory, advantages))
+        for sequence, advantage in zip(sequences, trajectory_advantage)
+        if sequence.num_trained_tokens > 0
+    ]
+    if not rows:
+        raise ValueError("build_batch: no sampled tokens in these groups (every model call had an empty output)")
+    batch = _pad_rows([(s, a) for s, a, _ in rows], pad_token_id)
+    trajectory_index = torch.tensor([ti for _, _, ti in rows], dtype=torch.long)
+    return dataclasses.replace(
+        batch,
+        rewards=torch.tensor([rewards[ti] for _, _, ti in rows], dtype=torch.float32),
+        group_index=torch.tensor([group_of[ti] for _, _, ti in rows], dtype=torch.long),
+        trajectory_index=trajectory_index,
+    )
+
+
+def trajectory_advantages(
+    per_trajectory: Sequence[Sequence[TrainingSequence]],
+    rewards: Sequence[float],
+    group_of: Sequence[int],
+    estimator_name: str,
+    *,
+    norm_adv_by_std_in_grpo: bool = True,
+    gamma: float = 1.0,
+) -> list[list[torch.Tensor]]:
+    """Per-token advantages of each sequence's response, from one estimator call over all trajectories.
+
+    Row t of the estimator's input is trajectory t's responses concatenated; its outcome reward
+    sits on its last sampled token; `index` is the group. Returns, per trajectory, one float32
+    tensor per sequence, aligned to that sequence's response.
+    """
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    response_masks = [[torch.tensor(s.loss_mask[s.prompt_length :]) for s in seqs] for seqs in per_trajectory]
+    row_masks = [torch.cat(masks) if masks else torch.zeros(0) for masks in response_masks]
+    width = max(1, max(len(m) for m in row_masks))
+    mask = torch.zeros((len(row_masks), width), dtype=torch.float32)
+    token_rewards = torch.zeros_like(mask)
+    for t, row in enumerate(row_masks):
+        mask[t, : len(row)] = row.float()
+        sampled = row.nonzero()
+        last = int(sampled[-1]) if len(sampled) else max(len(row) - 1, 0)
+        token_rewards[t, last] = rewards[t]
+    config = AlgoConfig(gamma=gamma, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, adv_estimator=estimator_name)
+    estimator = get_adv_estimator_fn(estimator_name)
+    inputs = {
+        "token_level_rewards": token_rewards,
+        "response_mask": mask,
+        "index": np.array(group_of, dtype=object),
+        "config": config,
+        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+    }
+    advantages, _ = estimator(**_accepted_inputs(estimator, inputs))
+    advantages = advantages.float() * mask
+    result = []
+    for t, masks in enumerate(response_masks):
+        splits = torch.split(advantages[t, : len(row_masks[t])], [len(m) for m in masks])
+        result.append([s.clone() for s in splits])
+    return result
+
+
+def _accepted_inputs(estimator: object, inputs: dict[str, object]) -> dict[str, object]:
+    """The subset of `inputs` the estimator's signature takes (all of them if it has **kwargs)."""
+    parameters = inspect.signature(estimator).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return dict(inputs)
+    return {k: v for k, v in inputs.items() if k in parameters}
+
+
+def _pad_rows(rows: Sequence[tuple[TrainingSequence, torch.Tensor]], pad_token_id: int) -> TrainBatch:
+    """Left-pad prompts and right-pad responses of `rows` into verl's layout."""
+    n = len(rows)
+    prompt_width = max(s.prompt_length for s, _ in rows)
+    width = max(len(s.token_ids) - s.prompt_length for s, _ in rows)
+    prompts = torch.full((n, prompt_width), pad_token_id, dtype=torch.long)
+    responses = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, prompt_width + width), dtype=torch.long)
+    response_mask = torch.zeros((n, width), dtype=torch.long)
+    advantages = torch.zeros((n, width))
+    behaviour = torch.zeros((n, width))
+    versions = torch.full((n, width), PROMPT_VERSION, dtype=torch.long)
+    for i, (sequence, advantage) in enumerate(rows):
+        p, r = sequence.prompt_length, len(sequence.token_ids) - sequence.prompt_length
+        prompts[i, prompt_width - p :] = torch.tensor(sequence.token_ids[:p])
+        attention_mask[i, prompt_width - p : prompt_width + r] = 1
+        if r == 0:
+            continue
+        responses[i, :r] = torch.tensor(sequence.token_ids[p:])
+        mask = torch.tensor(sequence.loss_mask[p:])
+        response_mask[i, :r] = mask
+        advantages[i, :r] = advantage * mask
+        behaviour[i, :r] = torch.tensor(sequence.logprobs[p:], dtype=torch.float32) * mask
+        versions[i, :r] = torch.tensor(sequence.versions[p:])
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return TrainBatch(
+        prompts=prompts,
+        responses=responses,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_mask=response_mask,
+        advantages=advantages,
+        behaviour_logprobs=behaviour,
+        versions=versions,
+        rewards=torch.zeros(n),
+        group_index=torch.zeros(n, dtype=torch.long),
+        trajectory_index=torch.zeros(n, dtype=torch.long),
+        row_index=torch.arange(n),
+    )
+
+
+@dataclass(frozen=True)
+class ShardedBatch:
+    """A batch laid out for `num_workers` data-parallel workers and `mini_batches` updates.
+
+    `shards[w]` is worker w's rows: `mini_batches` consecutive blocks of `rows_per_block` rows,
+    block j holding worker w's part of mini-batch j (fill rows complete the block).
+    `sequences_per_mini_batch[j]` counts mini-batch j's real rows over all workers.
+    """
+
+    shards: list[TrainBatch]
+    rows_per_block: int
+    sequences_per_mini_batch: list[int]
+
+
+def shard_batch(
+    batch: TrainBatch, num_workers: int, mini_batches: int, micro_batch_size: int, pad_token_id: int = 0
+) -> ShardedBatch:
+    """Split `batch` into mini-batches (consecutive rows) and each mini-batch over the workers.
+
+    Every block is padded to the same multiple of `micro_batch_size` (verl's fixed micro-batches
+    must divide it), so every worker runs the same number of micro-batches: collectives line up.
+    """
+    if batch.num_sequences < mini_batches:
+        raise ValueError(
+            f"a batch of {batch.num_sequences} sequences cannot be split into {mini_batches} mini-batches; "
+            f"lower TrainerConfig.mini_batches or train on larger batches"
+        )
+    mini = np.array_split(np.arange(batch.num_sequences), mini_batches)
+    parts = [[np.array_split(rows, num_workers)[w] for rows in mini] for w in range(num_workers)]
+    largest = max(len(part) for blocks in parts for part in blocks)
+    rows_per_block = math.ceil(largest / micro_batch_size) * micro_batch_size
+    shards = []
+    for blocks in parts:
+        pieces = [batch.select(part).with_fill_rows(rows_per_block - len(part), pad_token_id) for part in blocks]
+        shards.append(_concat(pieces))
+    return ShardedBatch(shards, rows_per_block, [len(rows) for rows in mini])
+
+
+def _concat(batches: Sequence[TrainBatch]) -> TrainBatch:
+    return TrainBatch(**{f.name: torch.cat([getattr(b, f.name) for b in batches]) for f in dataclasses.fields(TrainBatch)})

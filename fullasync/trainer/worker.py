@@ -1,0 +1,235 @@
+"""One rank of the trainer: a Ray actor hosting verl TrainingWorkers (the policy, optionally a reference).
+
+Owns: the process's set-up (torch threads, the verl CPU platform, torch.distributed through
+verl), log-prob inference on this rank's rows, the update loop over epochs and mini-batches
+(old log-probs, reference log-probs, verl's `ppo_loss`, one optimizer step per mini-batch),
+weight export and HF checkpoints. Does not own: splitting batches across ranks or waiting on
+ranks (`WorkerGroup`, `VerlTrainer`).
+
+Every rank must receive the same calls in the same order: the FSDP collectives inside verl
+(parameter all-gathers, gradient reduce-scatters, export's full_tensor) pair up across ranks.
+`verl.workers` is imported in `setup()` only, after the CPU platform patch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fullasync.trainer.batch import TrainBatch
+from fullasync.trainer.config import TrainerConfig
+
+LOOPBACK = "127.0.0.1"
+TIED_OUTPUT_WEIGHT = "lm_head.weight"
+INPUT_EMBEDDING_WEIGHT = "model.embed_tokens.weight"
+# verl metric name → our name; metrics not listed (perf/*, mfu, kl_coef) are dropped
+METRIC_NAMES = {
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "lr": "lr",
+    "actor/pg_loss": "pg_loss",
+    "actor/pg_clipfrac": "pg_clipfrac",
+    "actor/pg_clipfrac_lower": "pg_clipfrac_lower",
+    "actor/ppo_kl": "ppo_kl",
+    "actor/entropy_loss": "entropy",
+    "kl_loss": "kl_loss",
+}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank needs to build its model."""
+
+    model_path: str  # HF model directory the policy (and reference) start from
+    config: TrainerConfig
+    on_cpu: bool  # apply the verl CPU platform patch (gloo, fp32) before importing verl.workers
+    threads: int  # torch intra-op threads in this process
+
+
+class TrainerWorker:
+    """Ray actor body for one rank; `setup()` must run on all ranks together (rendezvous)."""
+
+    def __init__(self, rank: int, world_size: int, spec: WorkerSpec) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.spec = spec
+        torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.config.seed)
+        self._policy: Any = None
+        self._reference: Any = None
+
+    def free_port(self) -> int:
+        """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
+        with socket.socket() as sock:
+            sock.bind((LOOPBACK, 0))
+            return sock.getsockname()[1]
+
+    def setup(self, master_port: int) -> float:
+        """Join the process group and load the model(s); returns the seconds it took."""
+        start = time.perf_counter()
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+            MASTER_ADDR=LOOPBACK,
+            MASTER_PORT=str(master_port),
+        )
+        if self.spec.on_cpu:
+            from patches import verl_cpu
+
+            verl_cpu.apply()
+        from verl.workers.engine_workers import TrainingWorker
+
+        from fullasync.trainer.verl_setup import policy_loss_fn, training_worker_config
+
+        config = self.spec.config
+        self._policy = TrainingWorker(training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu))
+        self._policy.reset()
+        self._policy.set_loss_fn(policy_loss_fn(config))
+        if config.kl_coef > 0:
+            reference = training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu, reference=True)
+            self._reference = TrainingWorker(reference)
+            self._reference.reset()
+        return time.perf_counter() - start
+
+    def log_probs(self, shard: TrainBatch) -> torch.Tensor:
+        """(rows, R) log-probs of this rank's response tokens under the current policy."""
+        return self._infer(self._policy, shard)
+
+    def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int]) -> dict[str, float]:
+        """Old (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates.
+
+        Block j of `shard` (rows_per_block rows) is this rank's part of mini-batch j;
+        `sequences_per_mini_batch[j]` is mini-batch j's real size over all ranks (the
+        denominator of verl's sequence-mean loss modes).
+        """
+        config = self.spec.config
+        start = time.perf_counter()
+        extra = {"old_log_probs": self._infer(self._policy, shard) if config.recompute_old_logprobs
+                 else shard.behaviour_logprobs}
+        if self._reference is not None:
+            extra["ref_log_prob"] = self._infer(self._reference, shard)
+        prepared = time.perf_counter()
+        updates = []
+        num_updates = config.ppo_epochs * config.mini_batches
+        for update in range(num_updates):
+            block = update % config.mini_batches
+            rows = torch.arange(block * rows_per_block, (block + 1) * rows_per_block)
+            updates.append(self._update(shard.select(rows), {k: v[rows] for k, v in extra.items()},
+                                        sequences_per_mini_batch[block], last=update == num_updates - 1))
+        metrics = _mean_over_updates(updates)
+        metrics.update(_logprob_gap(extra["old_log_probs"], shard) if config.recompute_old_logprobs else {})
+        metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared)
+        return metrics
+
+    def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
+        """(HF-named full weights on rank 0 / None elsewhere, summary); every rank must call it."""
+        weights = self._full_weights()
+        summary = {"num_tensors": len(weights), "num_bytes": sum(t.numel() * t.element_size() for t in weights.values())}
+        return (weights if self.rank == 0 else None), summary
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the policy as a Hugging Face model directory at `path` (rank 0 writes; all ranks gather).
+
+        config.json is the source model's (verl's in-memory config carries runtime overrides such
+        as the attention implementation); the directory appears atomically.
+        """
+        weights = self._full_weights()
+        if self.rank != 0:
+            return
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(self.spec.model_path)
+        hf_config.dtype = weights[INPUT_EMBEDDING_WEIGHT].dtype
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(hf_config, dtype=hf_config.dtype)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        staging.chmod(0o755)
+        skeleton.save_pretrained(staging, state_dict=weights)
+        model_config = self._policy.model_config
+        model_config.tokenizer.save_pretrained(staging)
+        if model_config.generation_config is not None:
+            model_config.generation_config.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+
+    def _full_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named full tensors (a collective: every rank gathers its shards)."""
+        per_tensor, _ = self._policy.engine.get_per_tensor_param()
+        weights = {name: tensor.detach().cpu() for name, tensor in per_tensor}
+        tied = self._policy.model_config.hf_config.tie_word_embeddings
+        if tied and TIED_OUTPUT_WEIGHT not in weights:
+            weights[TIED_OUTPUT_WEIGHT] = weights[INPUT_EMBEDDING_WEIGHT]
+        return weights
+
+    def _infer(self, worker: Any, shard: TrainBatch) -> torch.Tensor:
+        from fullasync.trainer.verl_setup import response_logprobs, to_tensordict
+
+        data = to_tensordict(shard, self.spec.config.temperature, {}, compute_loss=False, calculate_entropy=False)
+        output = worker.infer_batch(data)
+        return response_logprobs(output, data)
+
+    def _update(self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, last: bool) -> dict[str, float]:
+        from verl.utils import tensordict_utils as tu
+
+        from fullasync.trainer.verl_setup import to_tensordict
+
+        data = to_tensordict(
+            block,
+            self.spec.config.temperature,
+            extra,
+            calculate_entropy=True,
+            global_batch_size=sequences,
+            update_lr_scheduler=last,
+        )
+        output = self._policy.train_batch(data)
+        return _reduce_metrics(tu.get(output, "metrics"))
+
+
+def _reduce_metrics(verl_metrics: dict[str, Any]) -> dict[str, float]:
+    """One float per metric of one verl update (verl reports per micro-batch and per rank)."""
+    from verl.utils.metric import Metric
+
+    reduced = {}
+    for name, value in verl_metrics.items():
+        if name not in METRIC_NAMES:
+            continue
+        if isinstance(value, Metric):
+            scalar = value.aggregate()
+        elif isinstance(value, list) and value and all(isinstance(v, Metric) for v in value):
+            scalar = Metric.aggregate_dp(value)
+        else:
+            scalar = np.mean(np.asarray(value, dtype=np.float64))
+        reduced[METRIC_NAMES[name]] = float(scalar)
+    return reduced
+
+
+def _mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    names = {name for update in updates for name in update}
+    metrics = {name: float(np.mean([u[name] for u in updates if name in u])) for name in names}
+    metrics["grad_norm_max"] = max(u.get("grad_norm", 0.0) for u in updates)
+    metrics["num_updates"] = float(len(updates))
+    return metrics
+
+
+def _logprob_gap(old_logprobs: torch.Tensor, shard: TrainBatch) -> dict[str, float]:
+    """Sum and max of |trainer − rollout| log-prob over sampled tokens (rollout/trainer mismatch + staleness)."""
+    mask = shard.response_mask.bool()
+    gap = (old_logprobs - shard.behaviour_logprobs).abs()[mask]
+    return {
+        "logprob_gap_sum": float(gap.sum()) if gap.numel() else 0.0,
+        "logprob_gap_max": float(gap.max()) if gap.numel() else 0.0,
+        "logprob_gap_tokens": float(gap.numel()),
+    }

@@ -1,0 +1,140 @@
+"""The trainer's Ray actors: N `TrainerWorker` ranks packed on one node, called with timeouts.
+
+Owns: the placement group (STRICT_PACK, so loopback rendezvous is valid), actor creation with
+the worker environment (threads, the verl CPU platform hook), the rendezvous port, and every
+wait on a rank, each bounded by a timeout. Does not own: what the ranks compute.
+
+Ordering rule: `submit` sends a call to every rank without yielding to the event loop, so all
+ranks see calls in the same order, which verl's collectives require.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from fullasync.trainer.worker import TrainerWorker, WorkerSpec
+
+
+class TrainerWorkerDiedError(RuntimeError):
+    """A trainer rank's process is gone; the message names the rank and the call."""
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """What one rank reserves from Ray and the environment its process starts with."""
+
+    num_cpus: float
+    num_gpus: float
+    env_vars: dict[str, str]
+
+
+class WorkerGroup:
+    """Ranks 0..N-1 of the trainer; create with `await WorkerGroup.start(...)`."""
+
+    def __init__(self, actors: list[Any], group: PlacementGroup, call_timeout_s: float) -> None:
+        self.actors = actors
+        self.placement_group = group
+        self.call_timeout_s = call_timeout_s
+
+    @classmethod
+    async def start(
+        cls, spec: WorkerSpec, num_workers: int, resources: WorkerResources, timeout_s: float
+    ) -> tuple[WorkerGroup, float]:
+        """Place, create and set up `num_workers` ranks; returns the group and the slowest rank's setup seconds."""
+        bundle = {"CPU": resources.num_cpus, **({"GPU": resources.num_gpus} if resources.num_gpus else {})}
+        group = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK")
+        try:
+            await asyncio.wait_for(group.ready(), timeout_s)
+        except TimeoutError as error:
+            remove_placement_group(group)
+            raise TimeoutError(
+                f"the trainer could not reserve {num_workers} × {bundle} from Ray within {timeout_s:.0f} s; "
+                f"available: {ray.available_resources()}"
+            ) from error
+        name = f"trainer-{uuid.uuid4().hex[:6]}"
+        remote_class = ray.remote(TrainerWorker)
+        actors = [
+            remote_class.options(
+                name=f"{name}-rank{rank}",
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": resources.env_vars},
+            ).remote(rank, num_workers, spec)
+            for rank in range(num_workers)
+        ]
+        workers = cls(actors, group, call_timeout_s=timeout_s)
+        try:
+            (port,) = await workers.wait(workers.submit_to(0, "free_port"), "free_port")
+            setup_seconds = await workers.call("setup", port)
+        except BaseException:
+            await workers.shutdown()
+            raise
+        workers.call_timeout_s = spec.config.call_timeout_s
+        return workers, max(setup_seconds)
+
+    def submit(self, method: str, *args: Any, num_returns: int = 1) -> list[Any]:
+        """Send the same call to every rank (no await in between: ranks see calls in one order)."""
+        return [getattr(a, method).options(num_returns=num_returns).remote(*args) for a in self.actors]
+
+    def submit_each(self, method: str, per_rank_args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send rank r the call with `per_rank_args[r]`."""
+        if len(per_rank_args) != len(self.actors):
+            raise ValueError(f"{len(per_rank_args)} argument tuples for {len(self.actors)} ranks")
+        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
+
+    def submit_to(self, rank: int, method: str, *args: Any) -> list[Any]:
+        return [getattr(self.actors[rank], method).remote(*args)]
+
+    async def wait(self, refs: Sequence[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+        """Results of `refs` in rank order; raises TimeoutError or TrainerWorkerDiedError naming `method`."""
+        timeout = self.call_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.gather(*refs), timeout)
+        except TimeoutError as error:
+            raise TimeoutError(f"trainer call {method!r} took longer than {timeout:.0f} s") from error
+        except RayActorError as error:
+            raise TrainerWorkerDiedError(f"a trainer rank died during {method!r}: {error}") from error
+
+    async def call(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        return await self.wait(self.submit(method, *args), method, timeout_s)
+
+    async def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        remove_placement_group(self.placement_group)
+
+
+def worker_env_vars(on_cpu: bool, threads: int) -> dict[str, str]:
+    """Environment of a rank: thread counts on purpose (Ray sets OMP_NUM_THREADS=1), the CPU platform hook.
+
+    OMP_WAIT_POLICY=PASSIVE: with cores shared (vLLM engines, other ranks), spinning OpenMP
+    threads made a 2-thread train step ~30x slower than 1 thread (2.2 s vs 0.05 s, tiny model,
+    2 busy cores); passive waits keep 2 threads at 0.05-0.08 s.
+    """
+    env = {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if on_cpu:
+        from patches import verl_cpu
+
+        env.update(verl_cpu.worker_env_vars())
+    return env
+
+
+def default_threads(num_workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // num_workers)

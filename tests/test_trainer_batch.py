@@ -1,0 +1,143 @@
+"""build_batch / shard_batch on hand-made groups: layout, loss masks, per-group advantages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fullasync.trainer.batch import PADDING_ROW, build_batch, shard_batch
+from fullasync.trainer.config import TrainerConfig
+from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, Trajectory, TrajectoryGroup
+
+ADV = 1 / math.sqrt(2)  # grpo advantage of a two-sample group with distinct rewards (std with Bessel)
+
+
+def call(prompt, output, version=0, logprob=-0.5):
+    return ModelCall(
+        prompt_ids=tuple(prompt),
+        output_ids=tuple(output),
+        output_logprobs=tuple(logprob - 0.01 * i for i in range(len(output))),
+        output_versions=tuple([version] * len(output)),
+        finish_reason=FinishReason.STOP,
+    )
+
+
+def trajectory(*calls, reward):
+    return Trajectory(tuple(calls), reward=reward)
+
+
+def test_layout_follows_verl_padding_and_keeps_rollout_records():
+    short = trajectory(call([5, 6], [10, 11], version=3), reward=1.0)
+    long = trajectory(call([5, 6, 7, 8], [12, 13, 14], version=4), reward=0.0)
+    batch = build_batch([TrajectoryGroup("g", (short, long))], pad_token_id=0)
+    assert batch.prompts.tolist() == [[0, 0, 5, 6], [5, 6, 7, 8]]  # left-padded
+    assert batch.responses.tolist() == [[10, 11, 0], [12, 13, 14]]  # right-padded
+    assert batch.attention_mask.tolist() == [[0, 0, 1, 1, 1, 1, 0], [1] * 7]
+    assert batch.position_ids[0].tolist() == [0, 0, 0, 1, 2, 3, 3]
+    assert batch.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert batch.versions.tolist() == [[3, 3, PROMPT_VERSION], [4, 4, 4]]
+    assert torch.allclose(batch.behaviour_logprobs, torch.tensor([[-0.5, -0.51, 0.0], [-0.5, -0.51, -0.52]]))
+    assert torch.allclose(batch.advantages, torch.tensor([[ADV, ADV, 0.0], [-ADV, -ADV, -ADV]]), atol=1e-5)
+    assert batch.rewards.tolist() == [1.0, 0.0]
+    assert batch.row_index.tolist() == [0, 1] and batch.num_trained_tokens == 5
+
+
+def test_environment_tokens_carry_no_loss_and_no_advantage():
+    first = call([1, 2], [3, 4])
+    second = call([1, 2, 3, 4, 90, 91], [5])  # 90, 91: tool output inserted by the environment
+    batch = build_batch([TrajectoryGroup("g", (trajectory(first, second, reward=1.0), trajectory(call([1, 2], [6]), reward=0.0)))])
+    assert batch.responses[0].tolist() == [3, 4, 90, 91, 5]
+    assert batch.response_mask[0].tolist() == [1, 1, 0, 0, 1]
+    assert batch.versions[0].tolist() == [0, 0, PROMPT_VERSION, PROMPT_VERSION, 0]
+    assert batch.behaviour_logprobs[0, 2:4].tolist() == [0.0, 0.0]
+    assert torch.allclose(batch.advantages[0], torch.tensor([ADV, ADV, 0.0, 0.0, ADV]), atol=1e-5)
+
+
+def test_zero_variance_group_has_zero_advantages():
+    same = TrajectoryGroup("same", (trajectory(call([1], [2, 3]), reward=1.0), trajectory(call([1], [4]), reward=1.0)))
+    varied = TrajectoryGroup("varied", (trajectory(call([1], [5]), reward=1.0), trajectory(call([1], [6]), reward=0.0)))
+    for estimator in ("grpo", "rloo"):
+        batch = build_batch([same, varied], advantage_estimator=estimator)
+        assert batch.group_index.tolist() == [0, 0, 1, 1]
+        assert torch.equal(batch.advantages[:2], torch.zeros_like(batch.advantages[:2]))
+        assert batch.advantages[2, 0] > 0 > batch.advantages[3, 0]
+
+
+def test_multi_sequence_trajectory_is_one_sample_of_its_group():
+    rewritten = trajectory(call([1, 2], [3, 4]), call([1, 7], [8]), reward=1.0)  # no prefix extension: 2 sequences
+    plain = trajectory(call([1, 2], [9]), reward=0.0)
+    batch = build_batch([TrajectoryGroup("g", (rewritten, plain))])
+    assert batch.num_sequences == 3
+    assert batch.trajectory_index.tolist() == [0, 0, 1]
+    assert batch.rewards.tolist() == [1.0, 1.0, 0.0]
+    # counted once, the group is {1, 0}: ±1/sqrt(2); counted per sequence it would be {1, 1, 0}
+    assert torch.allclose(batch.advantages[0, :2], torch.tensor([ADV, ADV]), atol=1e-5)
+    assert torch.allclose(batch.advantages[1, :1], torch.tensor([ADV]), atol=1e-5)
+    assert torch.allclose(batch.advantages[2, :1], torch.tensor([-ADV]), atol=1e-5)
+
+
+def test_groups_with_the_same_row_id_stay_separate_groups():
+    group = TrajectoryGroup("row", (trajectory(call([1], [2]), reward=1.0), trajectory(call([1], [3]), reward=0.0)))
+    batch = build_batch([group, group])
+    assert batch.group_index.tolist() == [0, 0, 1, 1]
+    assert torch.allclose(batch.advantages[:, 0], torch.tensor([ADV, -ADV, ADV, -ADV]), atol=1e-5)
+
+
+def test_reinforce_plus_plus_whitens_over_the_batch_and_respects_masks():
+    first = call([1, 2], [3, 4])
+    second = call([1, 2, 3, 4, 90], [5])
+    groups = [TrajectoryGroup("a", (trajectory(first, second, reward=1.0), trajectory(call([1], [6, 7]), reward=0.0)))]
+    batch = build_batch(groups, advantage_estimator="reinforce_plus_plus")
+    trained = batch.advantages[batch.response_mask.bool()]
+    assert abs(float(trained.mean())) < 1e-5  # whitened over sampled tokens
+    assert batch.advantages[0, 2] == 0.0  # the environment token
+    assert (batch.advantages[0, [0, 1, 3]] > 0).all() and (batch.advantages[1, :2] < 0).all()
+
+
+def test_sequences_without_sampled_tokens_are_left_out():
+    empty = trajectory(call([1, 2], []), reward=0.0)
+    group = TrajectoryGroup("g", (trajectory(call([1, 2], [3]), reward=1.0), empty))
+    batch = build_batch([group])
+    assert batch.num_sequences == 1  # the empty trajectory still counted in the group's statistics
+    assert torch.allclose(batch.advantages[0, :1], torch.tensor([ADV]), atol=1e-5)
+    with pytest.raises(ValueError, match="no sampled tokens"):
+        build_batch([TrajectoryGroup("g", (empty,))])
+
+
+def test_shard_batch_spreads_rows_and_fills_blocks_to_micro_batches():
+    groups = [
+        TrajectoryGroup(str(i), tuple(trajectory(call([1, i], [2 + j]), reward=float(j)) for j in range(2)))
+        for i in range(5)
+    ]
+    batch = build_batch(groups)  # 10 sequences
+    sharded = shard_batch(batch, num_workers=2, mini_batches=2, micro_batch_size=2)
+    assert sharded.sequences_per_mini_batch == [5, 5]
+    assert sharded.rows_per_block == 4  # ceil(3 / 2) * 2
+    assert [s.num_sequences for s in sharded.shards] == [8, 8]
+    real = torch.cat([s.row_index for s in sharded.shards])
+    assert sorted(real[real != PADDING_ROW].tolist()) == list(range(10))
+    fill = sharded.shards[1].select(torch.nonzero(sharded.shards[1].row_index == PADDING_ROW).flatten())
+    assert fill.num_trained_tokens == 0 and float(fill.advantages.abs().sum()) == 0.0
+    assert fill.attention_mask.sum(dim=1).tolist() == [2] * fill.num_sequences
+    with pytest.raises(ValueError, match="mini-batches"):
+        shard_batch(batch.select([0]), num_workers=1, mini_batches=2, micro_batch_size=1)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("advantage_estimator", "gae", "needs \\['values'"),
+        ("advantage_estimator", "nope", "not in verl's advantage registry"),
+        ("policy_loss", "nope", "not in verl's policy-loss registry"),
+        ("loss_agg_mode", "mean", "loss_agg_mode"),
+        ("kl_type", "full", "kl_type"),
+        ("micro_batch_size", 0, "micro_batch_size"),
+        ("clip_ratio_c", 1.0, "clip_ratio_c"),
+    ],
+)
+def test_config_validation_names_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainerConfig(**{field: value}).validate()
+    TrainerConfig().validate()
