@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.fullasync-installed
 
-.PHONY: setup run test test-all clean-venv
+.PHONY: setup run demo test test-all clean-venv
 
 setup: $(STAMP)
 
@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
+# The built-in task, fully async, on this machine; pass Hydra overrides with ARGS="mode=sync ...".
 run: setup
+	$(VENV)/bin/fullasync train $(ARGS)
+
+# The client generating through an engine across live weight pushes (no training).
+demo: setup
 	$(PY) -m fullasync.demo
 
 test: setup

@@ -55,6 +55,12 @@ class AsyncAgentTrainer:
         config.validate()
         self.config = config
         task_rollout, task_train, task_val = self._task_defaults(config)
+        if rollout_fn is None and task_rollout is None and not config.data.rollout_fn:
+            raise ValueError("no rollout_fn: pass rollout_fn=..., or set data.rollout_fn=package.module:name, "
+                             "or data.task=arithmetic")
+        if train_dataset is None and task_train is None and not config.data.train_dataset:
+            raise ValueError("no training rows: pass train_dataset=..., or set data.train_dataset=package.module:name, "
+                             "or data.task=arithmetic")
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
@@ -98,21 +104,44 @@ class AsyncAgentTrainer:
                 row_id = _row_id(row, index)
                 yield (row_id if self.config.data.epochs == 1 else f"{row_id}@{epoch}"), row
 
-    async def train_async(self) -> LoopResult:
-        import ray
-
-        from fullasync.queue import MessageQueue
+    async def train_async(self, engines: list | None = None, trainer: Any = None) -> LoopResult:
+        """Run the training; `engines` / `trainer` already started by the caller are reused and left running."""
         from fullasync.trainer.verl_trainer import VerlTrainer
 
         cfg = self.config
         model_path = self.model_path()
         init_ray()
+        own_engines, own_trainer = engines is None, trainer is None
+        if own_trainer:
+            trainer = VerlTrainer(model_path, cfg.trainer)
         engine_config = VLLMEngineConfig(
             model_path=model_path, served_model_name=cfg.model.served_name, dtype=cfg.engine.dtype,
             max_model_len=cfg.engine.max_model_len, max_num_seqs=cfg.engine.max_num_seqs, seed=cfg.seed,
         )
-        trainer = VerlTrainer(model_path, cfg.trainer)
-        engines, _ = await asyncio.gather(launch_vllm_engines(engine_config, cfg.engine.num_engines), trainer.start())
+        started = await asyncio.gather(
+            launch_vllm_engines(engine_config, cfg.engine.num_engines) if own_engines else _ready(engines),
+            trainer.start() if own_trainer else _ready(None),
+            return_exceptions=True,
+        )
+        engines = started[0] if not isinstance(started[0], BaseException) else []
+        try:
+            for outcome in started:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return await self._run(engines, trainer, model_path)
+        finally:
+            await asyncio.gather(
+                *([trainer.shutdown()] if own_trainer else []),
+                *([e.shutdown() for e in engines] if own_engines else []),
+                return_exceptions=True,
+            )
+
+    async def _run(self, engines: list, trainer: Any, model_path: str) -> LoopResult:
+        import ray
+
+        from fullasync.queue import MessageQueue
+
+        cfg = self.config
         k, batch = cfg.staleness, cfg.rollout.batch_size
         queue = ray.remote(MessageQueue).options(num_cpus=0).remote((k + 1) * batch + cfg.rollout.max_running_rows)
         output_dir = Path(cfg.output_dir)
@@ -121,13 +150,15 @@ class AsyncAgentTrainer:
         service = RolloutService(engines, load_tokenizer(model_path), ClientConfig(
             model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
             resume_timeout_s=cfg.rollout.resume_timeout_s))
-        weight_sync = WeightSync(engines, mode=cfg.push_mode)
-        staleness = StalenessManager(k, batch, cfg.rollout.max_running_rows, version=lambda: weight_sync.version)
+        weight_sync = WeightSync(engines, mode=cfg.push_mode, version=await engines[0].version())
+        first_version = weight_sync.version  # admission counts versions of this run only
+        staleness = StalenessManager(k, batch, cfg.rollout.max_running_rows,
+                                     version=lambda: weight_sync.version - first_version)
         rollouter = Rollouter(self.rollout_fn, service, queue, staleness, RolloutSettings(
             n=cfg.rollout.n, max_running_rows=cfg.rollout.max_running_rows,
             episode_timeout_s=cfg.rollout.episode_timeout_s, filter_zero_variance=cfg.rollout.filter_zero_variance))
-        print(f"[fullasync] mode={cfg.mode.value if hasattr(cfg.mode, 'value') else cfg.mode} max_staleness={k} "
-              f"push={cfg.push_mode.value} batch={batch}×{cfg.rollout.n} rows={len(self.train_rows)}", flush=True)
+        print(f"[fullasync] mode={cfg.mode} max_staleness={k} push={cfg.push_mode.value} "
+              f"batch={batch}×{cfg.rollout.n} rows={len(self.train_rows)}×{cfg.data.epochs} epochs", flush=True)
         loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync, staleness=staleness,
             batch_size=batch, total_steps=cfg.total_steps, val_every=cfg.val_every,
@@ -144,8 +175,11 @@ class AsyncAgentTrainer:
         finally:
             await rollouter.stop()
             sink.close()
-            await asyncio.gather(trainer.shutdown(), *(e.shutdown() for e in engines), return_exceptions=True)
             ray.kill(queue)
+
+
+async def _ready(value: Any) -> Any:
+    return value
 
 
 async def evaluate(service: RolloutService, rollout_fn: RolloutFn, rows: list[Any], samples_per_row: int,

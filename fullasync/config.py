@@ -52,17 +52,17 @@ class DataSection:
     rollout_fn: str = ""  # dotted path `pkg.module:function` of `async def rollout_fn(client, row)`
     train_dataset: str = ""  # dotted path to a function returning an iterable of rows (or a datasets.Dataset)
     val_dataset: str = ""  # same, for validation rows
-    epochs: int = 1  # passes over the training rows (when total_steps is 0)
+    epochs: int = 20  # passes over the training rows; the run ends at total_steps or when they are consumed
 
 
 @dataclass
 class RunConfig:
-    mode: Mode = Mode.FULLY_ASYNC  # sync | one_step_off | fully_async
+    mode: str = "fully_async"  # sync | one_step_off | fully_async
     max_staleness: int = -1  # fully_async: max trainer_version − token_version; -1 = mode default (sync 0, one_step_off 1, fully_async 2)
     partial_rollout: bool = True  # fully_async: interrupt generations at a push and resume them under new weights
-    total_steps: int = 0  # train steps to run; 0 = until the rows of all epochs are consumed
+    total_steps: int = 60  # train steps to run; 0 = until the rows of all epochs are consumed
     val_every: int = 0  # validate every this many steps (0 = only before and after training)
-    val_samples_per_row: int = 4  # episodes per validation row (accuracy = mean reward)
+    val_samples_per_row: int = 16  # episodes per validation row (accuracy = mean reward)
     output_dir: str = "outputs/run"  # metrics.jsonl and checkpoints go here
     save_checkpoint: bool = False  # save the final policy in HF format under output_dir/checkpoint
     tensorboard: bool = False  # also log to TensorBoard under output_dir/tensorboard
@@ -72,7 +72,11 @@ class RunConfig:
     engine: EngineSection = field(default_factory=EngineSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     data: DataSection = field(default_factory=DataSection)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4))
+    # Sized for the built-in task. Old log-probs default to the rollout's (PPO clips the ratio to the
+    # policy that sampled), which keeps stale tokens in check until a correction is chosen.
+    trainer: TrainerConfig = field(
+        default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32, recompute_old_logprobs=False)
+    )
 
     @property
     def staleness(self) -> int:
@@ -90,6 +94,8 @@ class RunConfig:
 
     def validate(self) -> None:
         """Cross-field checks; each error says which field and how to fix it."""
+        if self.mode not in {m.value for m in Mode}:
+            raise ValueError(f"mode={self.mode!r} is not a mode; choose one of {[m.value for m in Mode]}")
         mode = Mode(self.mode)
         if mode is Mode.SYNC and self.max_staleness not in (-1, 0):
             raise ValueError(f"max_staleness={self.max_staleness} contradicts mode=sync (on-policy); "
@@ -107,7 +113,4 @@ class RunConfig:
                              "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
         if self.total_steps < 0 or self.data.epochs < 1:
             raise ValueError("total_steps must be >= 0 and data.epochs >= 1")
-        if not self.data.task and not (self.data.rollout_fn and self.data.train_dataset):
-            raise ValueError("set data.task=arithmetic, or give data.rollout_fn and data.train_dataset "
-                             "(dotted paths `package.module:name`)")
         self.trainer.validate()

@@ -71,6 +71,7 @@ class MetricsSink:
         self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")  # one file per run
         self._tensorboard = None
         self._wandb = None
         if tensorboard_dir is not None:

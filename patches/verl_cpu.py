@@ -183,92 +183,92 @@ class CPUDeviceModule(types.ModuleType):
 CPU_DEVICE_MODULE = CPUDeviceModule("verl_cpu_device")  # stateless; what CPUPlatform.device_module returns
 
 
+class CPUPlatformMethods:
+    """verl platform for the CPU: device "cpu", backend gloo, Ray resource "CPU" (mixed into PlatformBase)."""
+
+    @property
+    def device_name(self) -> str:
+        return PLATFORM_NAME
+
+    @property
+    def vendor_name(self) -> str:
+        return PLATFORM_NAME
+
+    @property
+    def device_module(self) -> types.ModuleType:
+        return CPU_DEVICE_MODULE
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return False  # never auto-detected: selected explicitly with VERL_PLATFORM=cpu
+
+    def current_device(self) -> torch.device:
+        # verl uses get_device_id() as a `.to(...)` target; an integer there would mean cuda:<n>
+        return torch.device(PLATFORM_NAME)
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "VERL_CPU_VISIBLE_DEVICES"  # nothing to hide on a CPU; a name nobody else sets
+
+    @contextmanager
+    def nvtx_range(self, msg: str) -> Iterator[None]:
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        # verl's pools pass their per-worker accelerator share here; on CPU it is a CPU share
+        return {"num_cpus": num_gpus}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> None:
+        return None
+
+
 def _build_platform_class(platform_base: type) -> type:
-    """`CPUPlatform`, subclassing verl's `PlatformBase` (verl is imported only after the version check)."""
-
-    class CPUPlatform(platform_base):
-        """verl platform for the CPU: device "cpu", backend gloo, Ray resource "CPU"."""
-
-        @property
-        def device_name(self) -> str:
-            return PLATFORM_NAME
-
-        @property
-        def vendor_name(self) -> str:
-            return PLATFORM_NAME
-
-        @property
-        def device_module(self) -> types.ModuleType:
-            return CPU_DEVICE_MODULE
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # never auto-detected: selected explicitly with VERL_PLATFORM=cpu
-
-        def current_device(self) -> torch.device:
-            # verl uses get_device_id() as a `.to(...)` target; an integer there would mean cuda:<n>
-            return torch.device(PLATFORM_NAME)
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index: int) -> None:
-            return None
-
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
-
-        def empty_cache(self) -> None:
-            return None
-
-        def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "VERL_CPU_VISIBLE_DEVICES"  # nothing to hide on a CPU; a name nobody else sets
-
-        @contextmanager
-        def nvtx_range(self, msg: str) -> Iterator[None]:
-            yield
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
-            # verl's pools pass their per-worker accelerator share here; on CPU it is a CPU share
-            return {"num_cpus": num_gpus}
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self) -> None:
-            return None
-
-    setattr(CPUPlatform, PATCH_MARKER, True)
-    return CPUPlatform
+    """`CPUPlatform`: `CPUPlatformMethods` on verl's `PlatformBase` (imported only after the version check)."""
+    metaclass = type(platform_base)  # ABCMeta: the class must implement every abstract method
+    return metaclass("CPUPlatform", (CPUPlatformMethods, platform_base), {PATCH_MARKER: True, "__module__": __name__})
 
 
 def _register_platform() -> None:

@@ -15,8 +15,8 @@ from fullasync.trainer import TrainerConfig, VerlTrainer, build_batch
 from fullasync.trainer.verl_setup import policy_loss_fn, to_tensordict
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
-PROMPTS = ([17, 40, 41, 42], [17, 50, 51], [17, 60, 61, 62, 63])
-RESPONSES = ([300, 301, 302], [310, 311], [320, 321, 322, 323], [330], [340, 341], [350, 351, 352])
+PROMPTS = ((17, 40, 41, 42), (17, 50, 51), (17, 60, 61, 62, 63))
+RESPONSES = ((300, 301, 302), (310, 311), (320, 321, 322, 323), (330,), (340, 341), (350, 351, 352))
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +128,10 @@ async def test_exported_reference_goes_straight_to_a_vllm_engine(trainer, engine
     try:
         await policy.weight_sync.push(reference)  # WeightSync hands the reference on; the engine resolves it
         policy.current = dict(await reference)  # keep the shared fixture's record of the engine's weights
-        request = GenerateRequest("trainer-export", PROMPTS[1], max_tokens=8, sampling=SamplingOptions(seed=0, ignore_eos=True))
-        result = await engine.generate(request)
-        call = ModelCall(PROMPTS[1], result.output_ids, result.output_logprobs, result.output_versions, FinishReason.STOP)
+        sampling = SamplingOptions(seed=0, ignore_eos=True)
+        result = await engine.generate(GenerateRequest("trainer-export", PROMPTS[1], max_tokens=8, sampling=sampling))
+        call = ModelCall(PROMPTS[1], result.output_ids, result.output_logprobs, result.output_versions,
+                         FinishReason.STOP)
         batch = trainer.build_batch([TrajectoryGroup("engine", (Trajectory((call,), reward=1.0),))])
         mask = batch.response_mask.bool()
         logprobs = await trainer.compute_logprobs(batch)

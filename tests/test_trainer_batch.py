@@ -47,7 +47,8 @@ def test_layout_follows_verl_padding_and_keeps_rollout_records():
 def test_environment_tokens_carry_no_loss_and_no_advantage():
     first = call([1, 2], [3, 4])
     second = call([1, 2, 3, 4, 90, 91], [5])  # 90, 91: tool output inserted by the environment
-    batch = build_batch([TrajectoryGroup("g", (trajectory(first, second, reward=1.0), trajectory(call([1, 2], [6]), reward=0.0)))])
+    group = TrajectoryGroup("g", (trajectory(first, second, reward=1.0), trajectory(call([1, 2], [6]), reward=0.0)))
+    batch = build_batch([group])
     assert batch.responses[0].tolist() == [3, 4, 90, 91, 5]
     assert batch.response_mask[0].tolist() == [1, 1, 0, 0, 1]
     assert batch.versions[0].tolist() == [0, 0, PROMPT_VERSION, PROMPT_VERSION, 0]

@@ -32,6 +32,8 @@ def engine_env_vars() -> dict[str, str]:
         "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
         # weight reload ships a closure to the worker; vLLM refuses pickled callables otherwise
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        # vLLM logs every pause/resume at INFO; keep the console for the training progress
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
     }
     if is_cpu_platform():
         # keep the model worker inside the engine-core process: faster start, one fewer hop

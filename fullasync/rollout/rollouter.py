@@ -66,12 +66,14 @@ class Rollouter:
         self.staleness = staleness
         self.settings = settings
         self.outcomes: dict[str, RowOutcome] = {}
+        self.trained_twice: list[str] = []  # must stay empty: a row's group is trained at most once
         self.episode_failures = 0
         self.recent_failures: deque[EpisodeFailure] = deque(maxlen=settings.keep_tracebacks)
         self._wake = asyncio.Event()  # set when capacity may have changed
         self._admitting = True
         self._row_tasks: set[asyncio.Task] = set()
         self._dispatcher: asyncio.Task | None = None
+        self._running_rows = 0
         self._busy_since: float | None = None
         self._busy_s = 0.0
         self._created = time.monotonic()
@@ -125,6 +127,8 @@ class Rollouter:
         return 1.0 - busy / max(time.monotonic() - self._created, 1e-9)
 
     def mark(self, row_id: str, outcome: RowOutcome) -> None:
+        if outcome is RowOutcome.TRAINED and self.outcomes.get(row_id) is RowOutcome.TRAINED:
+            self.trained_twice.append(row_id)
         self.outcomes[row_id] = outcome
 
     # -- internals ---------------------------------------------------------------------------
@@ -142,11 +146,12 @@ class Rollouter:
             task.add_done_callback(self._row_tasks.discard)
 
     def _set_running(self, delta: int) -> None:
+        """Track rows generating; the time with none is the rollout idle time."""
         now = time.monotonic()
-        running = len(self._row_tasks) + (1 if delta > 0 else 0)
-        if delta > 0 and self._busy_since is None:
+        self._running_rows += delta
+        if self._running_rows > 0 and self._busy_since is None:
             self._busy_since = now
-        elif delta < 0 and running == 0 and self._busy_since is not None:
+        elif self._running_rows == 0 and self._busy_since is not None:
             self._busy_s += now - self._busy_since
             self._busy_since = None
 

@@ -1,9 +1,10 @@
-"""The starting policy of the built-in task: a short supervised warm-up on deliberately noisy labels.
+"""The starting policy of the built-in task: a short supervised warm-up with a sloppy answer format.
 
-Owns: building (once, cached next to the tiny models) a policy that knows the answer format and
-roughly what a sum is, but answers correctly only about a third of the time: each training label
-is the true sum with probability `label_accuracy`, otherwise the sum ±1 or ±2. RL then has a clear,
-checkable margin to gain. Plain PyTorch on CPU, deterministic for a given spec; about a minute.
+Owns: building (once, cached next to the tiny models) a policy that knows its sums but answers in
+the exact format the reward wants ("7") only `exact_format_share` of the time; otherwise it writes
+"7." or "= 7", which score 0. RL then has a clear, checkable margin to gain on held-out questions:
+the format is one behaviour shared by all questions, so what RL learns on the training rows
+carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a minute.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from fullasync.models import TinyModelSpec, build_tiny_model, default_cache_root, load_tokenizer
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
 
-WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
+WARMUP_FORMAT = 2  # bump when the procedure changes; part of the cache key
 MARKER = "fullasync_warmup.json"
 
 
@@ -33,7 +34,7 @@ class WarmupSpec:
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     )
     task: ArithmeticTask = ArithmeticTask()
-    label_accuracy: float = 0.3  # share of warm-up labels that are the true sum
+    exact_format_share: float = 0.3  # share of warm-up labels in the exact format ("7"); others "7." or "= 7"
     steps: int = 400  # optimizer steps
     batch_size: int = 64
     lr: float = 1e-3
@@ -82,7 +83,7 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
     for step in range(spec.steps):
         picks = [rng.randrange(len(rows)) for _ in range(spec.batch_size)]
-        examples = [(list(prompts[i]), _noisy_label(tokenizer, rows[i]["answer"], spec, rng)) for i in picks]
+        examples = [(list(prompts[i]), _sloppy_label(tokenizer, rows[i]["answer"], spec, rng)) for i in picks]
         input_ids, attention, labels = _pad(examples)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
@@ -96,10 +97,9 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
         os.chmod(out_dir / name, 0o644)
 
 
-def _noisy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) -> list[int]:
-    if rng.random() >= spec.label_accuracy:
-        answer = min(spec.task.max_sum, max(0, answer + rng.choice((-2, -1, 1, 2))))
-    return tokenizer.encode(str(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
+def _sloppy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) -> list[int]:
+    text = str(answer) if rng.random() < spec.exact_format_share else rng.choice((f"{answer}.", f"= {answer}"))
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 def _pad(examples):

@@ -286,4 +286,5 @@ def shard_batch(
 
 
 def _concat(batches: Sequence[TrainBatch]) -> TrainBatch:
-    return TrainBatch(**{f.name: torch.cat([getattr(b, f.name) for b in batches]) for f in dataclasses.fields(TrainBatch)})
+    fields = dataclasses.fields(TrainBatch)
+    return TrainBatch(**{f.name: torch.cat([getattr(b, f.name) for b in batches]) for f in fields})

@@ -16,7 +16,7 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penal
 ESTIMATOR_INPUTS = ("token_level_rewards", "response_mask", "index", "config", "epsilon", "norm_adv_by_std_in_grpo")
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainerConfig:
     """Knobs of `VerlTrainer`; each field's comment is its help text."""
 

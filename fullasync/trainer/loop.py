@@ -36,6 +36,8 @@ class LoopResult:
     val_before: float | None = None
     val_after: float | None = None
     outcomes: dict[str, int] = field(default_factory=dict)
+    row_outcomes: dict[str, str] = field(default_factory=dict)
+    trained_rows_seen_twice: list[str] = field(default_factory=list)
     max_token_staleness: int = 0
     trained_samples: int = 0
     train_wall_s: float = 0.0
@@ -82,6 +84,8 @@ class TrainingLoop:
         if self.validate is not None:
             result.val_after = await self._validate_paused()
         result.outcomes = dict(self.rollouter.outcome_counts())
+        result.row_outcomes = {row_id: outcome.value for row_id, outcome in self.rollouter.outcomes.items()}
+        result.trained_rows_seen_twice = list(self.rollouter.trained_twice)
         result.episode_failures = self.rollouter.episode_failures
         return result
 

@@ -18,6 +18,7 @@ import shutil
 import socket
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,13 @@ class TrainerWorker:
             MASTER_ADDR=LOOPBACK,
             MASTER_PORT=str(master_port),
         )
-        if self.spec.on_cpu:
-            from patches import verl_cpu
+        with warnings.catch_warnings():  # verl lists every optional engine backend it cannot import
+            warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
+            if self.spec.on_cpu:
+                from patches import verl_cpu
 
-            verl_cpu.apply()
-        from verl.workers.engine_workers import TrainingWorker
+                verl_cpu.apply()
+            from verl.workers.engine_workers import TrainingWorker
 
         from fullasync.trainer.verl_setup import policy_loss_fn, training_worker_config
 
@@ -134,7 +137,8 @@ class TrainerWorker:
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
         """(HF-named full weights on rank 0 / None elsewhere, summary); every rank must call it."""
         weights = self._full_weights()
-        summary = {"num_tensors": len(weights), "num_bytes": sum(t.numel() * t.element_size() for t in weights.values())}
+        num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        summary = {"num_tensors": len(weights), "num_bytes": num_bytes}
         return (weights if self.rank == 0 else None), summary
 
     def save_pretrained(self, path: str) -> None:
@@ -181,7 +185,9 @@ class TrainerWorker:
         output = worker.infer_batch(data)
         return response_logprobs(output, data)
 
-    def _update(self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, last: bool) -> dict[str, float]:
+    def _update(
+        self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, last: bool
+    ) -> dict[str, float]:
         from verl.utils import tensordict_utils as tu
 
         from fullasync.trainer.verl_setup import to_tensordict

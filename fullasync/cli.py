@@ -1,0 +1,59 @@
+"""`fullasync train`: the command line, a Hydra app over `RunConfig`.
+
+    fullasync train                                   # built-in task, fully async, defaults
+    fullasync train mode=sync trainer.lr=1e-5         # overrides
+    fullasync train --cfg job                         # print the merged config and exit
+    fullasync train --help                            # every field with its help
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hydra.core.config_store import ConfigStore
+
+from fullasync.config import RunConfig
+
+COMMANDS = ("train",)
+
+
+def _register() -> None:
+    ConfigStore.instance().store(name="fullasync_train", node=RunConfig)
+
+
+def _train(cfg) -> None:
+    from omegaconf import OmegaConf
+
+    from fullasync.api import AsyncAgentTrainer
+
+    config: RunConfig = OmegaConf.to_object(cfg)
+    try:
+        trainer = AsyncAgentTrainer(config)
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    result = trainer.train()
+    print(
+        f"[fullasync] done: {result.steps} steps, {result.trained_samples} samples in {result.train_wall_s:.1f} s "
+        f"({result.samples_per_s:.1f} samples/s), rows {result.outcomes}, episode failures "
+        f"{result.episode_failures}, max token staleness {result.max_token_staleness}"
+    )
+    if result.val_before is not None and result.val_after is not None:
+        print(f"[fullasync] held-out accuracy: before {result.val_before:.3f} → after {result.val_after:.3f} "
+              f"({result.val_after - result.val_before:+.3f})")
+
+
+def main() -> None:
+    import hydra
+
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(f"usage: fullasync {{{','.join(COMMANDS)}}} [key=value ...] [--cfg job] [--help]", file=sys.stderr)
+        raise SystemExit(2)
+    sys.argv = [f"fullasync {sys.argv[1]}", *sys.argv[2:]]
+    _register()
+    app = hydra.main(version_base=None, config_name="fullasync_train")(_train)
+    app()
+
+
+if __name__ == "__main__":
+    main()
