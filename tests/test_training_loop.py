@@ -65,11 +65,13 @@ async def test_an_epoch_accounts_for_every_row_and_survives_failing_rollouts(sta
     engines, trainer = stack
     rows = arithmetic.ArithmeticTask().rows("train")[:14]
     failing = {rows[3]["id"], rows[8]["id"]}
+    constant = rows[5]["id"]  # same reward on every episode: filtered as zero-variance
 
     async def flaky_rollout(client, row):
         if row["id"] in failing:
             raise RuntimeError(f"harness crashed on {row['id']}")
-        return await arithmetic.rollout_fn(client, row)
+        reward = await arithmetic.rollout_fn(client, row)
+        return 1.0 if row["id"] == constant else reward + (0.1 if client.episode.id.endswith("/0") else 0.0)
 
     run = AsyncAgentTrainer(
         config(tmp_path, mode="fully_async", total_steps=0, data=DataSection(task="", epochs=1),
@@ -80,6 +82,7 @@ async def test_an_epoch_accounts_for_every_row_and_survives_failing_rollouts(sta
     outcomes = result.row_outcomes
     assert set(outcomes) == {row["id"] for row in rows}  # nothing lost
     assert all(outcomes[row_id] == "failed" for row_id in failing)
+    assert outcomes[constant] == "filtered"
     assert set(outcomes.values()) <= {"trained", "filtered", "failed", "too_stale"}
     assert result.trained_rows_seen_twice == []  # nothing trained twice
     assert sum(result.outcomes.values()) == len(rows)
