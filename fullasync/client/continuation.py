@@ -8,9 +8,10 @@ of interruptions.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import EngineResumeTimeoutError
 from fullasync.types import FinishReason
@@ -31,6 +32,42 @@ class StitchedGeneration:
     engine: str = ""
 
 
+def _request(request_id: str, prompt_ids: list[int], done: StitchedGeneration, max_tokens: int,
+             sampling: SamplingOptions) -> GenerateRequest:
+    """The next engine request of a logical generation: prompt + tokens so far, remaining budget."""
+    return GenerateRequest(
+        request_id=f"{request_id}-{done.num_resumes}",
+        prompt_ids=tuple(prompt_ids) + tuple(done.output_ids),
+        max_tokens=max_tokens - len(done.output_ids),
+        sampling=sampling,
+    )
+
+
+async def _absorb(router: EngineRouter, episode_id: str, request_id: str, done: StitchedGeneration,
+                  result: GenerateResult, max_tokens: int, resume_timeout_s: float) -> bool:
+    """Stitch `result` into `done`; True when the generation is complete, else ready to resubmit."""
+    done.output_ids += result.output_ids
+    done.output_logprobs += result.output_logprobs
+    done.output_versions += result.output_versions
+    done.top_logprobs += result.top_logprobs
+    done.engine = result.engine
+    if result.finish_reason is not FinishReason.ABORT:
+        done.finish_reason, done.stop_reason = result.finish_reason, result.stop_reason
+        return True
+    if len(done.output_ids) >= max_tokens:
+        done.finish_reason = FinishReason.LENGTH
+        return True
+    engine = router.pick(episode_id)
+    if not await engine.wait_resumed(resume_timeout_s):
+        raise EngineResumeTimeoutError(
+            f"engine {engine.name} did not resume within {resume_timeout_s:.0f} s after interrupting "
+            f"request {request_id}; raise client resume_timeout_s or check the weight sync"
+        )
+    done.num_resumes += 1
+    done.resubmitted_tokens += len(done.output_ids)
+    return False
+
+
 async def generate_with_resume(
     router: EngineRouter,
     episode_id: str,
@@ -43,30 +80,39 @@ async def generate_with_resume(
     """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts."""
     done = StitchedGeneration()
     while True:
-        remaining = max_tokens - len(done.output_ids)
-        request = GenerateRequest(
-            request_id=f"{request_id}-{done.num_resumes}",
-            prompt_ids=tuple(prompt_ids) + tuple(done.output_ids),
-            max_tokens=remaining,
-            sampling=sampling,
-        )
-        result = await router.generate(request, episode_id)
-        done.output_ids += result.output_ids
-        done.output_logprobs += result.output_logprobs
-        done.output_versions += result.output_versions
-        done.top_logprobs += result.top_logprobs
-        done.engine = result.engine
-        if result.finish_reason is not FinishReason.ABORT:
-            done.finish_reason, done.stop_reason = result.finish_reason, result.stop_reason
+        result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+        if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):
             return done
-        if len(done.output_ids) >= max_tokens:
-            done.finish_reason = FinishReason.LENGTH
-            return done
-        engine = router.pick(episode_id)
-        if not await engine.wait_resumed(resume_timeout_s):
-            raise EngineResumeTimeoutError(
-                f"engine {engine.name} did not resume within {resume_timeout_s:.0f} s after interrupting "
-                f"request {request_id}; raise client resume_timeout_s or check the weight sync"
-            )
-        done.num_resumes += 1
-        done.resubmitted_tokens += len(done.output_ids)
+
+
+async def stream_with_resume(
+    router: EngineRouter,
+    episode_id: str,
+    request_id: str,
+    prompt_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingOptions,
+    resume_timeout_s: float,
+) -> AsyncIterator[TokenDelta | StitchedGeneration]:
+    """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
+
+    An interruption is invisible in the deltas: after the resume they simply continue.
+    """
+    done = StitchedGeneration()
+    request, result = None, None
+    try:
+        while True:
+            request, result = _request(request_id, prompt_ids, done, max_tokens, sampling), None
+            async for item in router.generate_stream(request, episode_id):
+                if isinstance(item, GenerateResult):
+                    result = item
+                else:
+                    yield item
+            if result is None:
+                raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
+            if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):
+                yield done
+                return
+    finally:
+        if request is not None and result is None:  # abandoned mid-generation: free the engine's slot
+            await router.pick(episode_id).abort([request.request_id])

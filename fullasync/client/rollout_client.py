@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from openai.types import Completion
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import responses
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
-from fullasync.client.continuation import StitchedGeneration, generate_with_resume
+from fullasync.client.continuation import StitchedGeneration, generate_with_resume, stream_with_resume
+from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.messages import normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.tool_parsers import make_tool_parser
 from fullasync.engines.protocol import Engine, SamplingOptions
@@ -186,6 +187,35 @@ class RolloutClient:
             )
         )
 
+    def _turn(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prompt_ids: list[int],
+              generation: StitchedGeneration, content: str | None, calls: list) -> TurnState:
+        eos = self.service.chat_tokens.eos_token_id
+        return TurnState(
+            messages=tuple(messages) + (responses.message_dict(content, calls),),
+            tools=tuple(tools) if tools else None,
+            token_ids=tuple(prompt_ids) + tuple(generation.output_ids),
+            ended_with_eos=bool(generation.output_ids) and generation.output_ids[-1] == eos,
+        )
+
+    def _stream(self, request: _Request) -> AsyncIterator[Any]:
+        return stream_with_resume(
+            self.service.router, self.episode.id, f"{self.episode.id}-{uuid.uuid4().hex}", request.prompt_ids,
+            request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
+        )
+
+    def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                     model: str, with_logprobs: bool, stream_options: Mapping[str, Any] | None) -> AsyncIterator[Any]:
+        def on_done(generation: StitchedGeneration, content: str | None, calls: list) -> None:
+            self._record(request.prompt_ids, generation)
+            self.episode.turns = [self._turn(messages, tools, request.prompt_ids, generation, content, calls)]
+
+        return chat_stream(
+            self._stream(request), chat_tokens=self.service.chat_tokens,
+            parser=self.service.tool_parser if tools else None, model=model, prompt_ids=request.prompt_ids,
+            stop=request.sampling.stop, with_logprobs=with_logprobs, token_ids=request.token_ids,
+            include_usage=bool((stream_options or {}).get("include_usage")), on_done=on_done,
+        )
+
     def _chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         chat_tokens = self.service.chat_tokens
         tool_key = tuple(tools) if tools else None
@@ -222,13 +252,14 @@ class _ChatCompletions:
         top_logprobs: int | None = None,
         seed: int | None = None,
         stream: bool | None = None,
+        stream_options: Mapping[str, Any] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         **params: Any,
-    ) -> ChatCompletion:
+    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         client, service = self._client, self._client.service
         client._check_common(model, params, extra_body)
-        if stream:
-            raise InvalidRequestError("stream=True is served by the HTTP gateway; call without stream", "stream")
+        if stream and n != 1:
+            raise InvalidRequestError("stream=True supports n=1 only", param="n")
         if tool_choice not in (None, "auto", "none"):
             raise InvalidRequestError("tool_choice supports 'auto' and 'none'", param="tool_choice")
         if max_tokens is not None and max_completion_tokens is not None and max_tokens != max_completion_tokens:
@@ -242,6 +273,8 @@ class _ChatCompletions:
             num_top_logprobs=int(top_logprobs or 0) if logprobs else 0, with_logprobs=bool(logprobs),
             extra_body=extra_body,
         )
+        if stream:
+            return client._chat_stream(request, normalized, tool_list, model, bool(logprobs), stream_options)
         generations = await client._generate(request)
         choices, turns = [], []
         for index, generation in enumerate(generations):
@@ -253,15 +286,7 @@ class _ChatCompletions:
                     index, content, responses.tool_call_objects(calls), generation, logprob_obj, request.token_ids
                 )
             )
-            ended_with_eos = bool(generation.output_ids) and generation.output_ids[-1] == service.chat_tokens.eos_token_id
-            turns.append(
-                TurnState(
-                    messages=tuple(normalized) + (responses.message_dict(content, calls),),
-                    tools=tuple(tool_list) if tool_list else None,
-                    token_ids=tuple(request.prompt_ids) + tuple(generation.output_ids),
-                    ended_with_eos=ended_with_eos,
-                )
-            )
+            turns.append(client._turn(normalized, tool_list, request.prompt_ids, generation, content, calls))
         response = responses.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
         for generation in generations:
             client._record(request.prompt_ids, generation)
@@ -303,20 +328,29 @@ class _Completions:
         logprobs: int | None = None,
         seed: int | None = None,
         stream: bool | None = None,
+        stream_options: Mapping[str, Any] | None = None,
         echo: bool | None = None,
         extra_body: Mapping[str, Any] | None = None,
         **params: Any,
-    ) -> Completion:
+    ) -> Completion | AsyncIterator[Completion]:
         client, service = self._client, self._client.service
         client._check_common(model, params, extra_body)
-        if stream or echo:
-            raise InvalidRequestError("stream and echo are not supported by the in-process client", "stream")
+        if echo:
+            raise InvalidRequestError("echo is not supported; the prompt ids are in prompt_token_ids", "echo")
+        if stream and n != 1:
+            raise InvalidRequestError("stream=True supports n=1 only", param="n")
         if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
             raise InvalidRequestError(f"logprobs must be an integer >= 0, got {logprobs!r}", param="logprobs")
         request = client._prepare(
             self._prompt_ids(prompt), max_tokens=max_tokens, n=n, temperature=temperature, top_p=top_p, stop=stop,
             seed=seed, num_top_logprobs=logprobs or 0, with_logprobs=logprobs is not None, extra_body=extra_body,
         )
+        if stream:
+            return completion_stream(
+                client._stream(request), chat_tokens=service.chat_tokens, model=model, prompt_ids=request.prompt_ids,
+                stop=request.sampling.stop, include_usage=bool((stream_options or {}).get("include_usage")),
+                on_done=lambda generation: client._record(request.prompt_ids, generation),
+            )
         generations = await client._generate(request)
         response = responses.completion(
             service.chat_tokens, model, request.prompt_ids, generations, request.with_logprobs, request.token_ids

@@ -78,12 +78,24 @@ class GenerateResult:
             raise ValueError("GenerateResult.top_logprobs must have one entry per output token")
 
 
+@dataclass(frozen=True)
+class TokenDelta:
+    """Tokens a streaming generation produced since its previous delta (aligned arrays)."""
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    top_logprobs: tuple[dict[int, float], ...] = ()
+
+
 class Engine(Protocol):
     """An inference engine as the client and the weight sync see it. All methods are async."""
 
     name: str
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    # Optional: engines that stream also offer
+    #   def generate_stream(request) -> AsyncIterator[TokenDelta | GenerateResult]  (result last)
 
     async def abort(self, request_ids: list[str]) -> None: ...
 

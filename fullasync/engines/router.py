@@ -7,9 +7,9 @@ prefix cache is reused; `release(episode_id)` forgets the binding when the episo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
-from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult
+from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult, TokenDelta
 
 
 class EngineRouter:
@@ -34,6 +34,17 @@ class EngineRouter:
 
     def load(self, engine_name: str) -> int:
         return self._load[engine_name]
+
+    async def generate_stream(self, request: GenerateRequest, episode_id: str) -> AsyncIterator[TokenDelta | GenerateResult]:
+        engine = self.pick(episode_id)
+        if not hasattr(engine, "generate_stream"):
+            raise NotImplementedError(f"engine {engine.name} does not stream; use non-streaming requests")
+        self._load[engine.name] += 1
+        try:
+            async for item in engine.generate_stream(request):
+                yield item
+        finally:
+            self._load[engine.name] -= 1
 
     async def generate(self, request: GenerateRequest, episode_id: str) -> GenerateResult:
         engine = self.pick(episode_id)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from fullasync.errors import EngineDiedError
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta
 from fullasync.types import FinishReason
 
 
@@ -124,6 +124,13 @@ class VLLMEngineActor:
         await self._llm.update_weight_version(str(initial_version))
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        async for item in self.generate_stream(request):
+            if isinstance(item, GenerateResult):
+                return item
+        raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a result")
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Token deltas as vLLM produces them, then the whole `GenerateResult` (with versions) last."""
         output_ids: list[int] = []
         logprobs: list[float] = []
         top: list[dict[int, float]] = []
@@ -137,6 +144,7 @@ class VLLMEngineActor:
             async for out in stream:
                 completion = out.outputs[0]
                 new_ids = list(completion.token_ids)
+                start = len(output_ids)
                 output_ids += new_ids
                 self._progress[request.request_id] = len(output_ids)
                 for token_id, entry in zip(new_ids, completion.logprobs or ()):
@@ -146,11 +154,13 @@ class VLLMEngineActor:
                 if completion.finish_reason is not None:
                     finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
                     spans = completion.weight_versions
+                if new_ids:
+                    yield TokenDelta(tuple(new_ids), tuple(logprobs[start:]), tuple(top[start:]))
         finally:
             del self._progress[request.request_id]
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
-        return GenerateResult(
+        yield GenerateResult(
             request_id=request.request_id,
             output_ids=tuple(output_ids),
             output_logprobs=tuple(logprobs),
@@ -233,6 +243,21 @@ class RayEngine:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self._call("generate", request, timeout_s=self.config.generate_timeout_s)
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Deltas through a Ray streaming generator; each item is awaited with the generate timeout."""
+        stream = self.actor.generate_stream.options(num_returns="streaming").remote(request)
+        try:
+            while True:
+                try:
+                    ref = await asyncio.wait_for(stream.__anext__(), self.config.generate_timeout_s)
+                except StopAsyncIteration:
+                    return
+                yield await ref
+        except RayActorError as error:
+            raise EngineDiedError(f"engine {self.name} died during generate_stream: {error}") from error
+        except TimeoutError as error:
+            raise TimeoutError(f"engine {self.name}: no token for {self.config.generate_timeout_s:.0f} s") from error
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._call("abort", request_ids)

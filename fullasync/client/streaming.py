@@ -1,0 +1,145 @@
+"""Streaming chat and text completions: `openai` chunk objects from a resumable token stream.
+
+Owns: turning token deltas into text deltas (holding back an incomplete UTF-8 character and any
+suffix that may still become a stop string or a `<tool_call>` tag), tool calls as deltas at the
+end, the final chunk, and recording the call once the stream finished. A stream the consumer
+abandons records nothing. A weight push mid-stream is invisible: the deltas simply continue.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from openai.types import Completion, CompletionChoice
+from openai.types.chat import ChatCompletionChunk
+from openai.types.chat.chat_completion_chunk import (
+    Choice,
+    ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+    ChoiceLogprobs,
+)
+
+from fullasync.client import responses
+from fullasync.client.chat_tokens import ChatTokenizer
+from fullasync.client.continuation import StitchedGeneration
+from fullasync.client.tool_parsers import ToolParser
+
+TOOL_TAG = "<tool_call>"
+
+
+class TextDeltas:
+    """Decodes a growing list of ids into safe-to-send text increments."""
+
+    def __init__(self, chat_tokens: ChatTokenizer, hold: tuple[str, ...]) -> None:
+        self.chat_tokens = chat_tokens
+        self.hold = hold  # strings whose beginning must not be sent before it is clear
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stopped = False  # a held string (tool tag) appeared: send nothing more as content
+
+    def push(self, ids: tuple[int, ...]) -> str:
+        self.ids += ids
+        if self.stopped:
+            return ""
+        text = self.chat_tokens.decode(self.ids)
+        if text.endswith("\ufffd"):
+            text = text[:-1]  # half of a multi-byte character
+        for marker in self.hold:
+            at = text.find(marker)
+            if at >= 0:
+                text = text[:at]
+                self.stopped = True
+        for marker in self.hold:
+            for size in range(min(len(marker) - 1, len(text)), 0, -1):
+                if text.endswith(marker[:size]):
+                    text = text[:-size]
+                    break
+        if not text.startswith(self.sent) or len(text) <= len(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
+
+
+def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta, finish: str | None = None,
+           logprobs: ChoiceLogprobs | None = None, token_ids: tuple[int, ...] | None = None) -> ChatCompletionChunk:
+    choice = Choice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
+    if token_ids is not None:
+        choice.token_ids = list(token_ids)
+    return ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
+                               choices=[choice])
+
+
+async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, parser: ToolParser | None,
+                      model: str, prompt_ids: list[int], stop: tuple[str, ...], with_logprobs: bool,
+                      token_ids: bool, include_usage: bool,
+                      on_done: Callable[[StitchedGeneration, str | None, list], None]) -> AsyncIterator[ChatCompletionChunk]:
+    """Chunks of one streamed chat completion; `on_done(generation, content, calls)` records it."""
+    chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
+    yield _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""),
+                 token_ids=tuple(prompt_ids) if token_ids else None)
+    generation: StitchedGeneration | None = None
+    async for item in stream:
+        if isinstance(item, StitchedGeneration):
+            generation = item
+            break
+        text = texts.push(item.output_ids)
+        logprobs = None
+        if with_logprobs:
+            part = StitchedGeneration(output_ids=list(item.output_ids), output_logprobs=list(item.output_logprobs),
+                                      top_logprobs=list(item.top_logprobs))
+            logprobs = ChoiceLogprobs(content=responses.chat_logprobs(chat_tokens, part).content)
+        if text or logprobs is not None or token_ids:
+            yield _chunk(chunk_id, created, model, ChoiceDelta(content=text), logprobs=logprobs,
+                         token_ids=item.output_ids if token_ids else None)
+    assert generation is not None
+    full = responses.visible_text(chat_tokens, generation)
+    content, calls = parser.parse(full) if parser is not None else (full, [])
+    if content and content.startswith(texts.sent) and len(content) > len(texts.sent):
+        yield _chunk(chunk_id, created, model, ChoiceDelta(content=content[len(texts.sent) :]))
+    tool_calls = responses.tool_call_objects(calls)
+    for index, call in enumerate(tool_calls):
+        function = ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments)
+        yield _chunk(chunk_id, created, model,
+                     ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=index, id=call.id, type="function",
+                                                                 function=function)]))
+    on_done(generation, content, calls)
+    finish = "tool_calls" if tool_calls else generation.finish_reason.value
+    yield _chunk(chunk_id, created, model, ChoiceDelta(), finish=finish)
+    if include_usage:
+        yield ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
+                                  choices=[], usage=responses.usage(len(prompt_ids), [generation]))
+
+
+async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, model: str,
+                            prompt_ids: list[int], stop: tuple[str, ...], include_usage: bool,
+                            on_done: Callable[[StitchedGeneration], None]) -> AsyncIterator[Completion]:
+    """Text-completion chunks (`object: text_completion`), as OpenAI streams them."""
+    chunk_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    texts = TextDeltas(chat_tokens, stop)
+
+    def chunk(text: str, finish: str | None = None) -> Completion:
+        # streamed choices carry finish_reason null until the last one, which the pydantic type forbids
+        choice = CompletionChoice.model_construct(index=0, text=text, finish_reason=finish, logprobs=None)
+        return Completion.model_construct(id=chunk_id, object="text_completion", created=created, model=model,
+                                          choices=[choice])
+
+    generation: StitchedGeneration | None = None
+    async for item in stream:
+        if isinstance(item, StitchedGeneration):
+            generation = item
+            break
+        text = texts.push(item.output_ids)
+        if text:
+            yield chunk(text)
+    assert generation is not None
+    full = responses.visible_text(chat_tokens, generation)
+    on_done(generation)
+    last = chunk(full[len(texts.sent) :] if full.startswith(texts.sent) else "", generation.finish_reason.value)
+    if include_usage:
+        last.usage = responses.usage(len(prompt_ids), [generation])
+    yield last

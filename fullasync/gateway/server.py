@@ -1,0 +1,133 @@
+"""The OpenAI-compatible HTTP gateway: one base URL per episode, in front of the token-exact client.
+
+Owns: the HTTP surface (`/sessions/{key}/v1/chat/completions`, `/sessions/{key}/v1/completions`,
+`/sessions/{key}/v1/models`, `/v1/models`), OpenAI-style error bodies, SSE streaming, and the map
+from an episode's unguessable key to its `RolloutClient`. Binds loopback by default. Runs in the
+caller's event loop (uvicorn as a task), so requests share the loop with the rollouter.
+Does not own: generation, recording or continuation — the client does all of that, identically
+for in-process and HTTP harnesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.client import RolloutClient, RolloutService
+from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
+
+EXTRA_BODY_FIELDS = ("return_token_ids", "ignore_eos", "top_k", "structured_outputs")  # vLLM-style extras
+
+
+@dataclass(frozen=True)
+class GatewayEpisode:
+    """What a harness needs to talk to one episode over HTTP."""
+
+    episode_id: str
+    base_url: str  # e.g. http://127.0.0.1:PORT/sessions/KEY/v1 — pass as the OpenAI base URL
+    api_key: str  # the episode key; harnesses may send it as the bearer token
+    client: RolloutClient  # the same episode in-process (its recorded calls make the trajectory)
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or str(status)}}
+
+
+class Gateway:
+    """Start with `await start()`; `open_episode()` per episode; `close_episode()`; `await stop()`."""
+
+    def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0,
+                 max_body_bytes: int = 8 * 2**20) -> None:
+        self.service = service
+        self.host = host
+        self.port = port
+        self.max_body_bytes = max_body_bytes
+        self._episodes: dict[str, GatewayEpisode] = {}
+        self._finished: set[str] = set()
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        import uvicorn
+
+        from fullasync.gateway.routes import build_app
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
+        for _ in range(500):
+            if self._server.started:
+                return
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"gateway on {self.url} did not start within 5 s")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await asyncio.wait_for(self._task, 30)
+            self._server = None
+
+    def open_episode(self, episode_id: str | None = None) -> GatewayEpisode:
+        key = secrets.token_urlsafe(24)
+        client = self.service.client(episode_id)
+        episode = GatewayEpisode(client.episode.id, f"{self.url}/sessions/{key}/v1", key, client)
+        self._episodes[key] = episode
+        return episode
+
+    def close_episode(self, episode: GatewayEpisode) -> None:
+        """Later requests for it get 404 'finished'; its recorded calls stay on `episode.client`."""
+        if self._episodes.pop(episode.api_key, None) is not None:
+            self._finished.add(episode.api_key)
+            episode.client.close()
+
+    def lookup(self, key: str) -> GatewayEpisode:
+        episode = self._episodes.get(key)
+        if episode is None:
+            state = "has finished" if key in self._finished else "is unknown"
+            raise LookupError(f"episode {state}: use the base URL the rollouter gave this episode, while it runs")
+        return episode
+
+
+def split_body(body: Any) -> dict[str, Any]:
+    """Request JSON → keyword arguments of the client; vLLM-style extras move into `extra_body`."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    kwargs = dict(body)
+    extra = dict(kwargs.pop("extra_body", None) or {})
+    for name in EXTRA_BODY_FIELDS:
+        if name in kwargs:
+            extra[name] = kwargs.pop(name)
+    if "model" not in kwargs:
+        raise InvalidRequestError("'model' is required", param="model")
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def status_of(error: BaseException) -> int:
+    if isinstance(error, InvalidRequestError):
+        return 400
+    if isinstance(error, (EngineDiedError, EngineResumeTimeoutError)):
+        return 503
+    return 500
+
+
+def sse(payload: Any) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return f"data: {data}\n\n".encode()
