@@ -22,6 +22,7 @@ from fullasync.config import BUILTIN_MODEL, RunConfig
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
+from fullasync.rollout.generator import CustomGenerator
 from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.runtime import init_ray
@@ -68,8 +69,9 @@ class AsyncAgentTrainer:
             train = resolve_dotted(config.data.train_dataset, "data.train_dataset")()
         if val is None and config.data.val_dataset:
             val = resolve_dotted(config.data.val_dataset, "data.val_dataset")()
-        if not callable(self.rollout_fn):
-            raise TypeError("rollout_fn must be an async function (client, row) -> float | Trajectory")
+        if not (callable(self.rollout_fn) or isinstance(self.rollout_fn, CustomGenerator)):
+            raise TypeError("rollout_fn must be an async function (client, row) -> float | Trajectory, "
+                            "or a fullasync.rollout.generator.CustomGenerator")
         self.train_rows = list(train)
         self.val_rows = list(val) if val is not None else None
         if not self.train_rows:
@@ -162,18 +164,19 @@ class AsyncAgentTrainer:
         loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync, staleness=staleness,
             batch_size=batch, total_steps=cfg.total_steps, val_every=cfg.val_every,
-            validate=(lambda: evaluate(service, self.rollout_fn, self.val_rows, cfg.val_samples_per_row))
+            validate=(lambda: evaluate(service, rollouter.run_harness, self.val_rows, cfg.val_samples_per_row))
             if self.val_rows else None,
             sink=sink,
         )
         try:
+            await rollouter.open()
             rollouter.start(self._rows())
             result = await loop.run()
             if cfg.save_checkpoint:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))
             return result
         finally:
-            await rollouter.stop()
+            await rollouter.close()
             sink.close()
             ray.kill(queue)
 
@@ -182,7 +185,7 @@ async def _ready(value: Any) -> Any:
     return value
 
 
-async def evaluate(service: RolloutService, rollout_fn: RolloutFn, rows: list[Any], samples_per_row: int,
+async def evaluate(service: RolloutService, run_harness: Any, rows: list[Any], samples_per_row: int,
                    concurrency: int = 64) -> float:
     """Mean reward of `samples_per_row` episodes per row; failures count as 0."""
     limit = asyncio.Semaphore(concurrency)
@@ -191,7 +194,7 @@ async def evaluate(service: RolloutService, rollout_fn: RolloutFn, rows: list[An
         async with limit:
             client = service.client(f"val-{index}-{sample}")
             try:
-                result = await rollout_fn(client, row)
+                result = await run_harness(client, row)
                 return float(result.reward if isinstance(result, Trajectory) else result)
             finally:
                 client.close()

@@ -6,10 +6,15 @@ sync on them, as `AsyncAgentTrainer.train_async(engines=..., trainer=...)` allow
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+
 import pytest
 
 from fullasync.api import AsyncAgentTrainer
 from fullasync.config import DataSection, RolloutSection, RunConfig
+from fullasync.rollout.generator import CustomGenerator
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.tasks import arithmetic
 from fullasync.tasks.warmup import build_warm_policy
@@ -89,3 +94,53 @@ async def test_an_epoch_accounts_for_every_row_and_survives_failing_rollouts(sta
     assert result.episode_failures == 4 * len(failing)
     assert result.history[-1]["rollout/episode_failures"] == 4 * len(failing)
     assert result.steps == -(-result.outcomes.get("trained", 0) // 4)
+
+
+HARNESS_SCRIPT = """
+import json, sys
+from openai import OpenAI
+base_url, api_key, messages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+reply = OpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
+    model="policy", messages=messages, max_tokens=4)
+print(reply.choices[0].message.content or "")
+"""
+
+
+class SubprocessArithmetic(CustomGenerator):
+    """A harness in another OS process that only knows an OpenAI base URL."""
+
+    uses_gateway = True
+
+    def __init__(self) -> None:
+        self.lifecycle: list[str] = []
+
+    async def setup(self) -> None:
+        self.lifecycle.append("setup")
+
+    async def generate(self, episode, row):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", HARNESS_SCRIPT, episode.base_url, episode.api_key,
+            json.dumps(arithmetic.messages(row)), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"harness process failed: {err.decode()[-500:]}")
+        return arithmetic.reward(out.decode(), row["answer"])
+
+    async def teardown(self) -> None:
+        self.lifecycle.append("teardown")
+
+
+async def test_an_out_of_process_harness_is_trained_on(stack, tmp_path):
+    engines, trainer = stack
+    generator = SubprocessArithmetic()
+    rows = arithmetic.ArithmeticTask().rows("train")[:4]
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=2, data=DataSection(task="", epochs=1),
+               rollout=RolloutSection(n=2, batch_size=2, max_running_rows=4)),
+        rollout_fn=generator, train_dataset=rows, val_dataset=None,
+    )
+    result = await run.train_async(engines=engines, trainer=trainer)
+    assert generator.lifecycle == ["setup", "teardown"]
+    assert result.episode_failures == 0
+    assert result.steps == 2 and result.outcomes == {"trained": 4}
+    assert all(step["rollout/samples"] == 4 and step["rollout/output_tokens"] > 0 for step in result.history)

@@ -83,9 +83,10 @@ class Gateway:
             await asyncio.wait_for(self._task, 30)
             self._server = None
 
-    def open_episode(self, episode_id: str | None = None) -> GatewayEpisode:
+    def open_episode(self, episode_id: str | None = None, client: RolloutClient | None = None) -> GatewayEpisode:
+        """A new episode (or `client`'s) reachable at its own base URL until `close_episode`."""
         key = secrets.token_urlsafe(24)
-        client = self.service.client(episode_id)
+        client = client if client is not None else self.service.client(episode_id)
         episode = GatewayEpisode(client.episode.id, f"{self.url}/sessions/{key}/v1", key, client)
         self._episodes[key] = episode
         return episode

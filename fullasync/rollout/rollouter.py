@@ -20,10 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
+from fullasync.gateway import Gateway
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.types import Trajectory, TrajectoryGroup
 
-RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]]
+RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
+
+
+def _now() -> float:
+    """The running event loop's clock (`time.monotonic` on a normal loop; simulated under fullasync.sim)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:  # constructed outside a loop
+        return time.monotonic()
 
 
 class RowOutcome(str, enum.Enum):
@@ -65,6 +75,7 @@ class Rollouter:
         self.queue = queue
         self.staleness = staleness
         self.settings = settings
+        self.gateway: Gateway | None = None
         self.outcomes: dict[str, RowOutcome] = {}
         self.trained_twice: list[str] = []  # must stay empty: a row's group is trained at most once
         self.episode_failures = 0
@@ -76,9 +87,27 @@ class Rollouter:
         self._running_rows = 0
         self._busy_since: float | None = None
         self._busy_s = 0.0
-        self._created = time.monotonic()
+        self._created = _now()
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Start what the harness needs: the HTTP gateway and a `CustomGenerator`'s set-up."""
+        if isinstance(self.rollout_fn, CustomGenerator):
+            if self.rollout_fn.uses_gateway:
+                self.gateway = Gateway(self.service)
+                await self.gateway.start()
+            await self.rollout_fn.setup()
+
+    async def close(self) -> None:
+        """Stop episodes, then the generator's tear-down and the gateway."""
+        await self.stop()
+        try:
+            if isinstance(self.rollout_fn, CustomGenerator):
+                await self.rollout_fn.teardown()
+        finally:
+            if self.gateway is not None:
+                await self.gateway.stop()
 
     def start(self, rows: Iterable[tuple[str, Any]]) -> None:
         """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run."""
@@ -123,8 +152,8 @@ class Rollouter:
 
     def idle_fraction(self) -> float:
         """Share of wall time with no row generating."""
-        busy = self._busy_s + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
-        return 1.0 - busy / max(time.monotonic() - self._created, 1e-9)
+        busy = self._busy_s + (_now() - self._busy_since if self._busy_since is not None else 0.0)
+        return 1.0 - busy / max(_now() - self._created, 1e-9)
 
     def mark(self, row_id: str, outcome: RowOutcome) -> None:
         if outcome is RowOutcome.TRAINED and self.outcomes.get(row_id) is RowOutcome.TRAINED:
@@ -147,7 +176,7 @@ class Rollouter:
 
     def _set_running(self, delta: int) -> None:
         """Track rows generating; the time with none is the rollout idle time."""
-        now = time.monotonic()
+        now = _now()
         self._running_rows += delta
         if self._running_rows > 0 and self._busy_since is None:
             self._busy_since = now
@@ -175,10 +204,24 @@ class Rollouter:
             self._set_running(-1)
             self._wake.set()
 
+    async def run_harness(self, client: RolloutClient, row: Any) -> Any:
+        """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
+        if not isinstance(self.rollout_fn, CustomGenerator):
+            return await self.rollout_fn(client, row)
+        if self.gateway is None:
+            return await self.rollout_fn.generate(EpisodeContext(client.episode.id, client), row)
+        episode = self.gateway.open_episode(client=client)
+        try:
+            return await self.rollout_fn.generate(
+                EpisodeContext(episode.episode_id, client, episode.base_url, episode.api_key), row
+            )
+        finally:
+            self.gateway.close_episode(episode)
+
     async def _run_episode(self, row_id: str, index: int, row: Any) -> Trajectory | None:
         client = self.service.client(f"{row_id}/{index}")
         try:
-            result = await asyncio.wait_for(self.rollout_fn(client, row), self.settings.episode_timeout_s)
+            result = await asyncio.wait_for(self.run_harness(client, row), self.settings.episode_timeout_s)
             if isinstance(result, Trajectory):
                 return result
             if isinstance(result, (int, float)) and not isinstance(result, bool):
