@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import time
 
+from _timing import interleaved
+
 from fullasync.client import RolloutService
 from fullasync.engines.protocol import GenerateRequest, SamplingOptions
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
@@ -20,24 +22,6 @@ from fullasync.models import build_tiny_model, load_tokenizer
 from fullasync.runtime import init_ray
 
 MESSAGES = [{"role": "user", "content": "Write the numbers from one to fifty in words."}]
-
-
-async def wave(make_one, concurrency: int) -> tuple[int, float]:
-    """Tokens and seconds of one wave of `concurrency` concurrent requests."""
-    start = time.perf_counter()
-    tokens = sum(await asyncio.gather(*(make_one(i) for i in range(concurrency))))
-    return tokens, time.perf_counter() - start
-
-
-async def interleaved(paths: dict, concurrency: int, rounds: int) -> dict[str, float]:
-    """Tokens/s per path; the paths take turns wave by wave so drift hits all alike."""
-    totals = {name: [0, 0.0] for name in paths}
-    for _ in range(rounds):
-        for name, make_one in paths.items():
-            tokens, seconds = await wave(make_one, concurrency)
-            totals[name][0] += tokens
-            totals[name][1] += seconds
-    return {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
 
 
 async def main(max_tokens: int, rounds: int) -> None:
@@ -70,7 +54,7 @@ async def main(max_tokens: int, rounds: int) -> None:
     print(f"max_tokens={max_tokens} rounds={rounds}")
     print(f"{'concurrency':>11} {'engine tok/s':>13} {'completions':>12} {'ratio':>6} {'chat':>9} {'ratio':>6}")
     for concurrency in (1, 32):
-        rates = await interleaved(paths, concurrency, rounds)
+        rates = {name: tokens for name, (_, tokens) in (await interleaved(paths, concurrency, rounds)).items()}
         base = rates["engine"]
         print(f"{concurrency:>11} {base:>13.0f} {rates['completions']:>12.0f} {rates['completions'] / base:>6.2f} "
               f"{rates['chat']:>9.0f} {rates['chat'] / base:>6.2f}")
