@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+MESSAGES = [{"role": "user", "content": "Write the numbers from one to fifty in words."}]
+
 Call = Callable[[int], Awaitable[int]]  # one request; returns the tokens it produced
 
 
@@ -26,3 +28,16 @@ async def interleaved(paths: Mapping[str, Call], concurrency: int, rounds: int) 
             totals[name][1] += tokens
             totals[name][2] += seconds
     return {name: (r / s, t / s) for name, (r, t, s) in totals.items()}
+
+
+async def tiny_engine_service():
+    """One vLLM engine on the tiny local model, and the client service in front of it."""
+    from fullasync.client import RolloutService
+    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.models import build_tiny_model, load_tokenizer
+    from fullasync.runtime import init_ray
+
+    model_path = str(build_tiny_model())
+    init_ray()
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path))
+    return engine, RolloutService([engine], load_tokenizer(model_path))

@@ -13,22 +13,12 @@ import argparse
 import asyncio
 import time
 
-from _timing import interleaved
+from _timing import MESSAGES, interleaved, tiny_engine_service
 
-from fullasync.client import RolloutService
 from fullasync.engines.protocol import GenerateRequest, SamplingOptions
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.models import build_tiny_model, load_tokenizer
-from fullasync.runtime import init_ray
-
-MESSAGES = [{"role": "user", "content": "Write the numbers from one to fifty in words."}]
-
 
 async def main(max_tokens: int, rounds: int) -> None:
-    model_path = str(build_tiny_model())
-    init_ray()
-    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path))
-    service = RolloutService([engine], load_tokenizer(model_path))
+    engine, service = await tiny_engine_service()
     prompt_ids = service.chat_tokens.prompt_ids(MESSAGES, None)
     sampling = SamplingOptions(ignore_eos=True)
 

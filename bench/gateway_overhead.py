@@ -12,23 +12,13 @@ import argparse
 import asyncio
 
 import httpx
-from _timing import interleaved
+from _timing import MESSAGES, interleaved, tiny_engine_service
 from openai import AsyncOpenAI
 
-from fullasync.client import RolloutService
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.gateway import Gateway
-from fullasync.models import build_tiny_model, load_tokenizer
-from fullasync.runtime import init_ray
-
-MESSAGES = [{"role": "user", "content": "Write the numbers from one to fifty in words."}]
-
 
 async def main(max_tokens: int, rounds: int) -> None:
-    model_path = str(build_tiny_model())
-    init_ray()
-    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path))
-    service = RolloutService([engine], load_tokenizer(model_path))
+    engine, service = await tiny_engine_service()
     gateway = Gateway(service)
     await gateway.start()
     http = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
