@@ -23,18 +23,21 @@ entirely behind generation except for the push — each assumption only removes 
 Writes a table, the breakdown of where the best fully_async run's time went, and a plot into
 docs/benchmarks.md / docs/scheduling.png (the exact command is recorded there).
 
-    .venv/bin/python bench/scheduling.py [--preset long-tail] [--splits 10,11,12,13,14] [--workers 2]
+    .venv/bin/python bench/scheduling.py [--preset long-tail] [--splits 11,12,13,14] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from fullasync.queue import MessageQueue
+from fullasync.rollout.staleness import StalenessManager
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, analytic_bound, bound_terms, split_bound, sync_bound_without_tail
 
@@ -54,6 +57,53 @@ def sweep_specs(splits: list[int], steps: int, warmup: int) -> list[SimSpec]:
 
 def _run(args: tuple[Workload, SimSpec]) -> SimResult:
     return simulate(*args)
+
+
+# -- before/after of the two admission and hand-over changes the sweep led to ------------------
+
+VARIANTS = {
+    "before: rows count whole until done, queue in arrival order": ("rows", "arrival"),
+    "+ rows count by their unfinished episodes": ("episodes", "arrival"),
+    "+ queue hands over oldest tokens first (now)": ("episodes", "oldest"),
+}
+ABLATION = [(13, 4), (13, 2), (14, 4), (14, 2)]  # (G, k), fully_async with partial rollout
+
+
+@contextlib.contextmanager
+def _control_variant(concurrency: str, order: str):
+    """Reinstate the earlier behaviour of `StalenessManager` / `MessageQueue` for the duration."""
+    saved = StalenessManager.episode_done, StalenessManager.finish, MessageQueue._hand_over
+    finish = StalenessManager.finish
+    if concurrency == "rows":
+        StalenessManager.episode_done = lambda self, share: None
+        StalenessManager.finish = lambda self, produced_group, running_share=1: finish(self, produced_group, 1)
+    if order == "arrival":
+        def arrival_order(self, count):
+            taken, self._groups = self._groups[:count], self._groups[count:]
+            return [group for _, _, group in taken]
+
+        MessageQueue._hand_over = arrival_order
+    try:
+        yield
+    finally:
+        StalenessManager.episode_done, StalenessManager.finish, MessageQueue._hand_over = saved
+
+
+def _run_variant(args: tuple[Workload, SimSpec, str]) -> SimResult:
+    workload, spec, variant = args
+    with _control_variant(*VARIANTS[variant]):
+        return simulate(workload, spec)
+
+
+def render_ablation(workload: Workload, results: dict[tuple[str, int, int], SimResult]) -> str:
+    lines = ["| change | G | k | samples/s | % of X(G) (tokens) | dropped rows | mean staleness | gen decode tok/s per device |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (variant, g, k), r in results.items():
+        e = r.engine
+        lines.append(f"| {variant} | {g} | {k} | {r.samples_per_s:.2f} "
+                     f"| {100 * token_fraction(workload, r, r.bound_samples_per_s):.1f} | {r.dropped_rows} "
+                     f"| {r.mean_staleness:.2f} | {e.tokens / max(e.decode_s + e.drain_s, 1e-9) :.0f} |")
+    return "\n".join(lines)
 
 
 def token_fraction(workload: Workload, result: SimResult, bound: float) -> float:
@@ -82,7 +132,7 @@ def breakdown(workload: Workload, r: SimResult) -> list[tuple[str, float]]:
         ("decode of rows later dropped as too stale", wasted),
         ("idle: nothing to generate", e.idle_s),
     ]
-    return [(name, value / total) for name, value in parts]
+    return [(name, max(0.0, value / total)) for name, value in parts]  # a float −0.0 reads as a loss
 
 
 def trainer_breakdown(r: SimResult) -> list[tuple[str, float]]:
@@ -121,6 +171,15 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed_s
             f"| {r.gen_idle_fraction:.2f} | {r.trainer_idle_fraction:.2f} | {r.mean_staleness:.2f} "
             f"| {r.dropped_rows} | {r.samples_per_s / sync.samples_per_s:.2f} |"
         )
+    lines += [
+        "",
+        "gen idle: share of generation-device time with nothing decoding (idle, or paused for a push). "
+        "trainer idle: share of the window the trainer is not training (waiting for a batch, or blocked in a push). "
+        "% of X(G): against the bound of that split (sync: against the colocated bound without a tail). "
+        "% of U (tokens): trained tokens/s against U · (P + E[L]) — insensitive to which lengths were trained "
+        "(dropping long rows raises samples/s, not tokens/s). Mean staleness: trainer version − token version, "
+        "averaged over trained tokens per step. Dropped rows: groups dropped as too stale inside the window.",
+    ]
     best = {}
     for r in results:
         if r.samples_per_s > best.get(r.spec.label, r).samples_per_s or r.spec.label not in best:
@@ -165,7 +224,7 @@ def plot(workload: Workload, results: list[SimResult], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     splits = sorted({r.gen_devices for r in results if r.spec.mode != "sync"})
-    figure, axis = plt.subplots(figsize=(8, 5))
+    figure, axis = plt.subplots(figsize=(10, 5))
     grid = range(max(1, min(splits) - 1), workload.devices)
     axis.plot(list(grid), [split_bound(workload, g) for g in grid], "k--", label="bound X(G)")
     sync = next(r for r in results if r.spec.mode == "sync")
@@ -178,7 +237,7 @@ def plot(workload: Workload, results: list[SimResult], path: Path) -> None:
     axis.set_xlabel(f"generation devices G (training gets {workload.devices} − G)")
     axis.set_ylabel("trained samples / s (steady state)")
     axis.set_title(f"Scheduling efficiency, workload '{workload.name}'")
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, bbox_to_anchor=(1.01, 1.0), loc="upper left")
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -197,20 +256,31 @@ def write_section(markdown: Path, section: str, begin: str, end: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="long-tail", choices=sorted(PRESETS))
-    parser.add_argument("--splits", default="10,11,12,13,14", help="generation devices G to try")
-    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--splits", default="11,12,13,14", help="generation devices G to try")
+    parser.add_argument("--steps", type=int, default=13)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="processes running simulations in parallel")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
+    parser.add_argument("--no-ablation", action="store_true", help="skip the before/after runs of the control changes")
     args = parser.parse_args()
     workload = PRESETS[args.preset]
     specs = sweep_specs([int(g) for g in args.splits.split(",")], args.steps, args.warmup)
+    ablation = [(variant, g, k) for g, k in ABLATION for variant in VARIANTS] if not args.no_ablation else []
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        variant_runs = pool.map(_run_variant, [(workload, SimSpec("fully_async", True, k, gen_devices=g,
+                                                                  steps=args.steps, warmup_steps=args.warmup), v)
+                                               for v, g, k in ablation])
         results = list(pool.map(_run, [(workload, spec) for spec in specs]))
+        ablation_results = dict(zip(ablation, variant_runs))
     elapsed = time.perf_counter() - started
     command = "python " + " ".join(["bench/scheduling.py", *sys.argv[1:]])
     section = f"## Scheduling efficiency (simulated, `{workload.name}`)\n\n" + render(workload, results, command, elapsed)
+    if ablation_results:
+        section += ("\n\n### Before/after: admission by unfinished episodes, oldest-first hand-over\n\n"
+                    f"`fully_async` with partial rollout, max_running_rows = {SimSpec('fully_async').running_rows_per_capacity}"
+                    " × engine slots / n, same workload and window; the earlier behaviour is reinstated in-process "
+                    "for the 'before' rows.\n\n" + render_ablation(workload, ablation_results))
     print(section)
     if not args.no_write:
         DOCS.mkdir(exist_ok=True)

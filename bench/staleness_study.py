@@ -7,16 +7,21 @@ budget for every run (`--steps` × 64 trained samples), and these configurations
     fully_async, max_staleness k    k ∈ {1, 4, 8}, partial rollouts on,
                                     × correction ∈ {none, auto (the default: decoupled PPO)}
 
-each with `--seeds` seeds (engine sampling and trainer seeded alike). Every run is a fresh
-`AsyncAgentTrainer(config).train()` in its own process — a new engine and trainer starting from
-the warm policy — so no run inherits another's weights or Ray state. Held-out accuracy (mean
-reward of 16 episodes per held-out row) is measured before training, every `--val-every` steps
+each with `--seeds` seeds (engine sampling and trainer seeded alike). Every run starts from the
+warm policy: a new trainer, and the engine reset to the warm weights (a weight push, which also
+clears its prefix cache). One process per seed hosts Ray and that seed's engine (a vLLM start
+costs about a minute on this machine) and runs the seven configurations on it through
+`AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)`. The trainer is given the
+engine's weight version at each step (`train_step(batch, trainer_version)`), so the version gaps of
+the loglinear proximal are exact. Held-out accuracy (mean
+reward of `--val-samples` episodes per held-out row) is measured before training, every `--val-every` steps
 and at the end; samples/s is trained samples over the training wall time (the periodic
 validations, the same number in every run, included).
 
 Results go to outputs/staleness_study/results.jsonl as each run ends (a rerun skips the runs
 already there); the table docs/staleness_study.md and the plot docs/staleness_accuracy.png are
-rewritten after every run, so an interrupted study still leaves what it measured. A benchmark,
+rewritten after every seed, so an interrupted study still leaves what it measured (a `## Notes`
+section at the end of the page is kept). A benchmark,
 not a test: nothing is asserted.
 
     .venv/bin/python bench/staleness_study.py --steps 40 --seeds 3        # the whole study
@@ -26,6 +31,7 @@ not a test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -41,44 +47,105 @@ RESULTS = REPO / "outputs" / "staleness_study" / "results.jsonl"
 TABLE = REPO / "docs" / "staleness_study.md"
 PLOT = REPO / "docs" / "staleness_accuracy.png"
 STALENESS = (1, 4, 8)
+NOTES = "## Notes\n"  # a hand-written section of the table's page from this heading on is kept on rewrite
 
 
 @dataclass(frozen=True)
 class StudyConfig:
     mode: str
     max_staleness: int
-    correction: str  # "auto" → the default rule (none for sync, decoupled when staleness > 0)
+    correction: str  # "auto" (sync: the default rule gives none) or an explicit correction
+    proximal: str = "recompute"  # proximal source of decoupled
 
     @property
     def name(self) -> str:
         if self.mode == "sync":
             return "sync"
-        label = "default" if self.correction == "auto" else self.correction
+        label = f"decoupled/{self.proximal}" if self.correction == "decoupled" else self.correction
         return f"async k={self.max_staleness} {label}"
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is what `fullasync train` applies when no correction is configured."""
+        from fullasync.trainer.config import DEFAULT_CORRECTION, TrainerConfig
+
+        if self.mode == "sync":
+            return True
+        return self.correction == DEFAULT_CORRECTION.value and self.proximal == TrainerConfig().proximal
 
 
 CONFIGS = [StudyConfig("sync", 0, "auto")] + [
-    StudyConfig("fully_async", k, correction) for k in STALENESS for correction in ("none", "auto")
+    StudyConfig("fully_async", k, correction, proximal)
+    for k in STALENESS
+    for correction, proximal in (("none", "recompute"), ("decoupled", "recompute"), ("decoupled", "loglinear"))
 ]
 
 
-def run_one(spec: dict) -> dict:
-    """One training run (in this process); returns what the table and the plot need."""
+def run_config(spec: dict) -> object:
+    """The RunConfig of one run: `fullasync train` defaults plus the study's mode, staleness, correction, seed."""
     from dataclasses import replace
 
-    from fullasync.api import AsyncAgentTrainer
     from fullasync.config import RunConfig
 
     base = RunConfig()
-    trainer = replace(base.trainer, correction=spec["correction"], seed=spec["seed"])
-    config = RunConfig(
+    return RunConfig(
         mode=spec["mode"], max_staleness=spec["max_staleness"] if spec["mode"] != "sync" else -1,
-        total_steps=spec["steps"], val_every=spec["val_every"], seed=spec["seed"], trainer=trainer,
+        total_steps=spec["steps"], val_every=spec["val_every"], val_samples_per_row=spec["val_samples"],
+        seed=spec["seed"],
+        trainer=replace(base.trainer, correction=spec["correction"], proximal=spec["proximal"], seed=spec["seed"]),
         output_dir=str(REPO / "outputs" / "staleness_study" / spec["run_id"]),
     )
+
+
+async def run_seed(specs: list[dict]) -> None:
+    """The runs of one seed on one engine; each record is appended to RESULTS as its run ends."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from fullasync.api import AsyncAgentTrainer
+    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.runtime import init_ray
+    from fullasync.trainer.verl_trainer import VerlTrainer
+    from fullasync.weight_sync import WeightSync
+
+    first = run_config(specs[0])
+    model_path = AsyncAgentTrainer(first).model_path()
+    warm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
+    init_ray()
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(
+        model_path=model_path, served_model_name=first.model.served_name, dtype=first.engine.dtype,
+        max_model_len=first.engine.max_model_len, max_num_seqs=first.engine.max_num_seqs, seed=first.seed))
+    class EngineVersionTrainer(VerlTrainer):
+        """Hands train_step the weight version the engine serves, i.e. the one the trainer holds."""
+
+        async def train_step(self, batch: object, trainer_version: int | None = None) -> dict[str, float]:
+            return await super().train_step(batch, await engine.version())
+
+    try:
+        for spec in specs:
+            await WeightSync([engine], version=await engine.version()).push(warm)  # back to the warm policy
+            record = await run_one(spec, engine, model_path, AsyncAgentTrainer, EngineVersionTrainer)
+            with RESULTS.open("a") as out:
+                out.write(json.dumps(record) + "\n")
+            print(f"[study] {spec['run_id']}: " + (f"error {record['error']}" if "error" in record else
+                  f"accuracy {record['val_before']:.3f} → {record['val_after']:.3f}, "
+                  f"{record['samples_per_s']:.1f} samples/s, {record['run_s']:.0f} s"), flush=True)
+    finally:
+        await engine.shutdown()
+
+
+async def run_one(spec: dict, engine: object, model_path: str, trainer_api: type, trainer_type: type) -> dict:
+    """One training run on `engine` with a fresh trainer; a failure is recorded, not raised."""
+    config = run_config(spec)
     started = time.perf_counter()
-    result = AsyncAgentTrainer(config).train()
-    samples_per_step = base.rollout.batch_size * base.rollout.n
+    trainer = trainer_type(model_path, config.resolved_trainer())
+    try:
+        await trainer.start()
+        result = await trainer_api(config).train_async(engines=[engine], trainer=trainer)
+    except Exception as error:  # recorded in the results and shown in the report
+        return {**spec, "error": repr(error)[:300]}
+    finally:
+        await trainer.shutdown()
     curve = [(0, result.val_before)]
     trained = 0
     for step in result.history[:-1]:  # the last step's accuracy is val_after
@@ -90,8 +157,7 @@ def run_one(spec: dict) -> dict:
         **spec, "correction_used": config.correction.value, "steps_done": result.steps,
         "val_before": result.val_before, "val_after": result.val_after, "curve": curve,
         "trained_samples": result.trained_samples, "samples_per_s": result.samples_per_s,
-        "max_token_staleness": result.max_token_staleness, "samples_per_step": samples_per_step,
-        "run_s": time.perf_counter() - started,
+        "max_token_staleness": result.max_token_staleness, "run_s": time.perf_counter() - started,
         "mean_staleness": statistics.fmean(s["staleness/mean"] for s in result.history),
         "kl_k3_mean": statistics.fmean(s.get("correction/kl_k3", 0.0) for s in result.history),
     }
@@ -107,39 +173,37 @@ def load_results(steps: int) -> list[dict]:
 
 def run_study(args: argparse.Namespace) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["run_id"] for r in load_results(args.steps) if "error" not in r}
     for seed in range(args.seeds):  # seed-major: an interrupted study has whole seeds
+        done = {r["run_id"] for r in load_results(args.steps) if "error" not in r}
+        specs = []
         for study in CONFIGS:
-            run_id = f"{study.name.replace(' ', '_').replace('=', '')}_steps{args.steps}_seed{seed}"
-            if run_id in done:
+            if args.configs and study.name not in args.configs:
                 continue
-            spec = {"run_id": run_id, "name": study.name, "mode": study.mode, "max_staleness": study.max_staleness,
-                    "correction": study.correction, "seed": seed, "steps": args.steps, "val_every": args.val_every}
-            print(f"[study] {time.strftime('%H:%M:%S')} {run_id} ...", flush=True)
-            record = run_in_subprocess(spec, args.run_timeout_s)
-            with RESULTS.open("a") as out:
-                out.write(json.dumps(record) + "\n")
-            print(f"[study] {run_id}: " + (f"error {record['error']}" if "error" in record else
-                  f"accuracy {record['val_before']:.3f} → {record['val_after']:.3f}, "
-                  f"{record['samples_per_s']:.1f} samples/s, {record['run_s']:.0f} s"), flush=True)
-            write_report(load_results(args.steps), args.command)
-
-
-def run_in_subprocess(spec: dict, timeout_s: float) -> dict:
-    """The run in a fresh Python process (its own Ray, engine and trainer); a failure is recorded, not raised."""
-    out_file = RESULTS.parent / f"{spec['run_id']}.json"
-    out_file.unlink(missing_ok=True)
-    log = RESULTS.parent / f"{spec['run_id']}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--run-one", json.dumps(spec), "--out", str(out_file)]
-    with log.open("w") as handle:
-        try:
-            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  cwd=REPO).returncode
-        except subprocess.TimeoutExpired:
-            return {**spec, "error": f"timed out after {timeout_s:.0f} s (log: {log})"}
-    if code != 0 or not out_file.exists():
-        return {**spec, "error": f"exit code {code} (log: {log})"}
-    return json.loads(out_file.read_text())
+            label = study.name.replace(" ", "_").replace("=", "").replace("/", "-")
+            run_id = f"{label}_steps{args.steps}_seed{seed}"
+            if run_id not in done:
+                specs.append({"run_id": run_id, "name": study.name, "mode": study.mode,
+                              "max_staleness": study.max_staleness, "correction": study.correction,
+                              "proximal": study.proximal,
+                              "seed": seed, "steps": args.steps, "val_every": args.val_every,
+                              "val_samples": args.val_samples})
+        if not specs:
+            continue
+        print(f"[study] {time.strftime('%H:%M:%S')} seed {seed}: {len(specs)} runs", flush=True)
+        log = RESULTS.parent / f"seed{seed}_steps{args.steps}.log"
+        command = [sys.executable, str(Path(__file__).resolve()), "--run-seed", json.dumps(specs)]
+        with log.open("a") as handle:
+            try:
+                code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO,
+                                      timeout=args.run_timeout_s * len(specs)).returncode
+            except subprocess.TimeoutExpired:
+                code = "timeout"
+        finished = {r["run_id"] for r in load_results(args.steps)}
+        with RESULTS.open("a") as out:  # runs the seed's process never reported
+            for spec in specs:
+                if spec["run_id"] not in finished:
+                    out.write(json.dumps({**spec, "error": f"seed process ended ({code}); log: {log}"}) + "\n")
+        write_report(load_results(args.steps), args.command)
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -160,7 +224,7 @@ def within_noise(a: list[float], b: list[float]) -> tuple[float, float, bool]:
 
 def write_report(results: list[dict], command: str) -> None:
     ok = [r for r in results if "error" not in r]
-    failed = [r for r in results if "error" in r]
+    failed = [r for r in results if "error" in r and r["run_id"] not in {o["run_id"] for o in ok}]
     by_name = {c.name: [r for r in ok if r["name"] == c.name] for c in CONFIGS}
     sync = [r["val_after"] for r in by_name["sync"]]
     lines = [
@@ -171,12 +235,15 @@ def write_report(results: list[dict], command: str) -> None:
         f"    {command}",
         "",
         "The built-in task (single-digit sums; warm-started tiny policy), 8 groups × 8 episodes per step,",
-        "the same number of trained samples in every run, a fresh engine and trainer per run. `default` is",
-        "the correction chosen when none is configured and staleness > 0 (decoupled PPO, AReaL's objective:",
-        "clip against the recomputed proximal policy, weight by proximal/behaviour, weights above 5 zeroed);",
-        "`none` is plain PPO clipped against the behaviour log-probs. Accuracy: mean reward of 16 episodes",
-        "on each of the 11 held-out rows. samples/s: trained samples / training wall time (validations",
-        "included), on a shared 2-core CPU machine.",
+        "one optimizer update per step, the same number of trained samples in every run; every run starts",
+        "from the warm policy (a fresh trainer; the seed's engine reset to the warm weights). Corrections:",
+        "`none` is plain PPO clipped against the behaviour log-probs; `decoupled/<proximal>` is AReaL's",
+        "decoupled PPO (clip against the proximal policy, weight by proximal/behaviour, weights above 5",
+        "zeroed) with the proximal log-probs recomputed by a forward pass or interpolated by version gap",
+        "(loglinear). **(default)** marks what runs when no correction is configured (sync: `none`).",
+        f"Accuracy: mean reward of {ok[0]['val_samples'] if ok else '?'} episodes on each of the 11 held-out "
+        "rows. samples/s:",
+        "trained samples / training wall time (periodic validations included), on a shared 2-core CPU.",
         "",
         "| configuration | correction used | seeds | accuracy before | final accuracy (mean ± std) "
         "| Δ vs sync | samples/s (mean ± std) | mean token staleness | mean KL k3 (behaviour ‖ current) |",
@@ -191,8 +258,9 @@ def write_report(results: list[dict], command: str) -> None:
         accuracy, accuracy_std = mean_std([r["val_after"] for r in runs])
         speed, speed_std = mean_std([r["samples_per_s"] for r in runs])
         delta = f"{accuracy - statistics.fmean(sync):+.3f}" if sync and config.name != "sync" else "–"
+        marker = " **(default)**" if config.is_default else ""
         lines.append(
-            f"| {config.name} | {runs[0]['correction_used']} | {len(runs)} | {before:.3f} | "
+            f"| {config.name}{marker} | {runs[0]['correction_used']} | {len(runs)} | {before:.3f} | "
             f"{accuracy:.3f} ± {accuracy_std:.3f} | {delta} | {speed:.2f} ± {speed_std:.2f} | "
             f"{statistics.fmean(r['mean_staleness'] for r in runs):.2f} | "
             f"{statistics.fmean(r['kl_k3_mean'] for r in runs):.4f} |"
@@ -203,20 +271,21 @@ def write_report(results: list[dict], command: str) -> None:
         lines += ["", "Runs that failed (not in the table):", ""]
         lines += [f"- {r['run_id']}: {r['error']}" for r in failed]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
-    TABLE.write_text("\n".join(lines) + "\n")
+    notes = TABLE.read_text().partition(NOTES)[2] if TABLE.exists() else ""
+    TABLE.write_text("\n".join(lines) + "\n" + (f"\n{NOTES}{notes}" if notes else ""))
     plot(by_name)
 
 
 def verdict_lines(by_name: dict[str, list[dict]], sync: list[float]) -> list[str]:
     lines = ["Within noise means |Δ| ≤ 2 standard errors of the difference of means (Welch)."]
-    for k in STALENESS:
-        for label in ("default", "none"):
-            runs = [r["val_after"] for r in by_name[f"async k={k} {label}"]]
-            if len(runs) < 2 or len(sync) < 2:
-                continue
-            difference, error, ok = within_noise(runs, sync)
-            lines.append(f"- k={k}, {label}: Δ = {difference:+.3f} ± {error:.3f} (s.e.) vs sync — "
-                         + ("within noise of sync" if ok else "outside noise of sync"))
+    for config in CONFIGS[1:]:
+        runs = [r["val_after"] for r in by_name[config.name]]
+        if len(runs) < 2 or len(sync) < 2:
+            continue
+        difference, error, ok = within_noise(runs, sync)
+        marker = " (default)" if config.is_default else ""
+        lines.append(f"- {config.name}{marker}: Δ = {difference:+.3f} ± {error:.3f} (s.e.) vs sync — "
+                     + ("within noise of sync" if ok else "outside noise of sync"))
     return lines
 
 
@@ -244,7 +313,8 @@ def plot(by_name: dict[str, list[dict]]) -> None:
             style = {"color": "black", "linestyle": "-", "linewidth": 2.2}
         else:
             k = int(name.split("k=")[1].split()[0])
-            style = {"color": colors[k], "linestyle": "-" if name.endswith("default") else "--"}
+            dashes = {"none": ":", "decoupled/recompute": "--", "decoupled/loglinear": "-"}
+            style = {"color": colors[k], "linestyle": dashes[name.split()[-1]]}
         axes.plot(common, means, marker="o", markersize=3, label=f"{name} (n={len(runs)})", **style)
         axes.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                           color=style["color"], alpha=0.08)
@@ -263,16 +333,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="train steps per run (× 64 samples)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per configuration")
     parser.add_argument("--val-every", type=int, default=10, help="validate every this many steps")
-    parser.add_argument("--run-timeout-s", type=float, default=900.0, help="a run taking longer is recorded as failed")
+    parser.add_argument("--val-samples", type=int, default=32, help="episodes per held-out row and validation")
+    parser.add_argument("--run-timeout-s", type=float, default=600.0,
+                        help="a seed's process is stopped after this many seconds per run it has to do")
+    parser.add_argument("--configs", type=lambda text: [name.strip() for name in text.split(",")], default=[],
+                        help='run only these configurations, by table name: "sync,async k=4 none"')
     parser.add_argument("--report-only", action="store_true", help="rewrite table and plot from the results file")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results first")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--run-seed", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.command = (f".venv/bin/python bench/staleness_study.py --steps {args.steps} --seeds {args.seeds} "
-                    f"--val-every {args.val_every}")
-    if args.run_one:
-        Path(args.out).write_text(json.dumps(run_one(json.loads(args.run_one))))
+                    f"--val-every {args.val_every} --val-samples {args.val_samples}")
+    unknown = set(args.configs) - {c.name for c in CONFIGS}
+    if unknown:
+        parser.error(f"--configs: unknown {sorted(unknown)}; the names are {[c.name for c in CONFIGS]}")
+    if args.run_seed:
+        asyncio.run(run_seed(json.loads(args.run_seed)))
         return
     if args.report_only:
         write_report(load_results(args.steps), args.command)

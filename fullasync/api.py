@@ -115,7 +115,7 @@ class AsyncAgentTrainer:
         init_ray()
         own_engines, own_trainer = engines is None, trainer is None
         if own_trainer:
-            trainer = VerlTrainer(model_path, cfg.trainer)
+            trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         engine_config = VLLMEngineConfig(
             model_path=model_path, served_model_name=cfg.model.served_name, dtype=cfg.engine.dtype,
             max_model_len=cfg.engine.max_model_len, max_num_seqs=cfg.engine.max_num_seqs, seed=cfg.seed,
@@ -161,6 +161,7 @@ class AsyncAgentTrainer:
             episode_timeout_s=cfg.rollout.episode_timeout_s, filter_zero_variance=cfg.rollout.filter_zero_variance))
         print(f"[fullasync] mode={cfg.mode} max_staleness={k} push={cfg.push_mode.value} "
               f"batch={batch}×{cfg.rollout.n} rows={len(self.train_rows)}×{cfg.data.epochs} epochs", flush=True)
+        print(f"[fullasync] {cfg.correction_summary(trainer.config)}", flush=True)
         loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync, staleness=staleness,
             batch_size=batch, total_steps=cfg.total_steps, val_every=cfg.val_every,

@@ -8,10 +8,11 @@ Does not own: the trainer's own knobs (`fullasync.trainer.config.TrainerConfig`,
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import PauseMode
-from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.config import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
 
@@ -72,11 +73,9 @@ class RunConfig:
     engine: EngineSection = field(default_factory=EngineSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     data: DataSection = field(default_factory=DataSection)
-    # Sized for the built-in task. Old log-probs default to the rollout's (PPO clips the ratio to the
-    # policy that sampled), which keeps stale tokens in check until a correction is chosen.
-    trainer: TrainerConfig = field(
-        default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32, recompute_old_logprobs=False)
-    )
+    # Sized for the built-in task. trainer.correction=auto applies the default off-policy correction
+    # (decoupled PPO, loglinear proximal) whenever staleness > 0, plain PPO when the data is on-policy.
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32))
 
     @property
     def staleness(self) -> int:
@@ -91,6 +90,28 @@ class RunConfig:
         if Mode(self.mode) is Mode.FULLY_ASYNC and self.partial_rollout:
             return PauseMode.ABORT  # interrupted, resumed under the new weights
         return PauseMode.WAIT  # finished under the weights they started with
+
+    @property
+    def correction(self) -> Correction:
+        """The off-policy correction of this run: trainer.correction, with `auto` resolved by staleness."""
+        return default_correction(self.trainer.correction, self.staleness)
+
+    def resolved_trainer(self) -> TrainerConfig:
+        """The trainer's config with `auto` resolved for this run's staleness (what VerlTrainer gets)."""
+        return self.trainer.for_staleness(self.staleness)
+
+    def correction_summary(self, trainer: TrainerConfig | None = None) -> str:
+        """One start-up line: the correction the trainer applies and why (`trainer`: a caller's own config)."""
+        used = trainer if trainer is not None else self.resolved_trainer()
+        correction = used.resolved_correction
+        if trainer is not None and correction is not self.correction:
+            why = "set on the given trainer"
+        elif self.trainer.correction == Correction.AUTO.value:
+            why = f"default for max_staleness={self.staleness}"
+        else:
+            why = "chosen"
+        proximal = f", proximal={used.proximal}" if correction in PROXIMAL_CORRECTIONS else ""
+        return f"correction={correction.value} ({why}{proximal})"
 
     def validate(self) -> None:
         """Cross-field checks; each error says which field and how to fix it."""
@@ -114,3 +135,7 @@ class RunConfig:
         if self.total_steps < 0 or self.data.epochs < 1:
             raise ValueError("total_steps must be >= 0 and data.epochs >= 1")
         self.trainer.validate()
+        if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
+            warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "
+                          "with plain PPO against the policy that sampled them; drop trainer.correction (auto) "
+                          "for the default correction", UserWarning, stacklevel=2)

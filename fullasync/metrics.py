@@ -6,6 +6,7 @@ Owns: the staleness statistics of trained tokens, the step line on the console, 
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections import Counter
@@ -23,13 +24,23 @@ def reward_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     return {"reward/mean": mean, "reward/std": std}
 
 
+def _count_sorted(values: Sequence[int], counts: Counter) -> None:
+    """Add the counts of a non-decreasing sequence (a call's versions) in O(distinct · log n), not O(n)."""
+    start = 0
+    while start < len(values):
+        end = bisect.bisect_right(values, values[start], start)
+        counts[values[start]] += end - start
+        start = end
+
+
 def token_staleness(groups: Sequence[TrajectoryGroup], trainer_version: int) -> dict[str, float]:
     """trainer_version − token_version over every sampled token: mean, max and a histogram."""
-    histogram: Counter = Counter()
+    versions: Counter = Counter()
     for group in groups:
         for trajectory in group.trajectories:
             for call in trajectory.calls:
-                histogram.update(trainer_version - v for v in call.output_versions)
+                _count_sorted(call.output_versions, versions)
+    histogram = {trainer_version - version: count for version, count in versions.items()}
     total = sum(histogram.values())
     stats = {
         "staleness/mean": sum(gap * count for gap, count in histogram.items()) / total,

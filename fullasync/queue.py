@@ -1,7 +1,8 @@
 """MessageQueue: a bounded Ray actor between the rollouter and the trainer.
 
-Owns: finished `TrajectoryGroup`s in arrival order, back-pressure (a `put` waits while the queue
-is full), and the staleness check at hand-over: a group whose oldest token is older than
+Owns: finished `TrajectoryGroup`s (handed over oldest tokens first, then in arrival order),
+back-pressure (a `put` waits while the queue is full), and the staleness check at hand-over: a
+group whose oldest token is older than
 `trainer_version - max_staleness` is dropped, counted and reported with its row id. Nothing is
 dropped for any other reason. Does not own: admission (the rollouter) or training.
 """
@@ -10,10 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
-from fullasync.types import TrajectoryGroup
+from fullasync.types import PROMPT_VERSION, TrajectoryGroup
+
+
+def oldest_version(group: TrajectoryGroup) -> int:
+    """`group.min_version` without a pass over every token: a call's versions never decrease
+    (checked by `ModelCall`), so its first token is its oldest."""
+    firsts = [c.output_versions[0] for t in group.trajectories for c in t.calls if c.output_versions]
+    return min(firsts) if firsts else PROMPT_VERSION
 
 
 @dataclass
@@ -41,7 +48,8 @@ class MessageQueue:
         if max_size < 1:
             raise ValueError(f"MessageQueue max_size must be >= 1, got {max_size}")
         self.max_size = max_size
-        self._groups: deque[TrajectoryGroup] = deque()
+        self._groups: list[tuple[int, int, TrajectoryGroup]] = []  # (oldest version, arrival number, group)
+        self._arrivals = 0
         self._changed = asyncio.Condition()
         self._total_put = 0
         self._total_got = 0
@@ -52,33 +60,45 @@ class MessageQueue:
         """Append `group`, waiting while the queue is full (back-pressure on the rollouter)."""
         async with self._changed:
             await self._changed.wait_for(lambda: len(self._groups) < self.max_size)
-            self._groups.append(group)
+            self._groups.append((oldest_version(group), self._arrivals, group))
+            self._arrivals += 1
             self._total_put += 1
             self._changed.notify_all()
 
+    def _drop_too_stale(self, oldest_allowed: int, dropped_row_ids: list[str]) -> None:
+        if any(oldest < oldest_allowed for oldest, _, _ in self._groups):
+            for oldest, _, group in self._groups:
+                if oldest < oldest_allowed:
+                    dropped_row_ids.append(group.row_id)
+                    self._dropped += 1
+            self._groups = [entry for entry in self._groups if entry[0] >= oldest_allowed]
+
+    def _hand_over(self, count: int) -> list[TrajectoryGroup]:
+        """Remove and return up to `count` groups: oldest tokens first, then arrival order."""
+        self._groups.sort(key=lambda entry: entry[:2])
+        taken, self._groups = self._groups[:count], self._groups[count:]
+        return [group for _, _, group in taken]
+
     async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
-        """Wait for `count` fresh-enough groups (or until `timeout_s`, returning what there is)."""
+        """Wait for `count` fresh-enough groups (or until `timeout_s`, returning what there is).
+
+        The groups with the oldest tokens go first (then arrival order): a long-tail group that
+        finished after younger ones is trained before it grows too stale, instead of being dropped.
+        """
         batch = QueueBatch(groups=[])
         oldest_allowed = trainer_version - max_staleness
 
         def ready() -> bool:
-            while self._groups and self._groups[0].min_version < oldest_allowed:
-                batch.dropped_row_ids.append(self._groups.popleft().row_id)
-                self._dropped += 1
-            return len(self._groups) >= count - len(batch.groups)
+            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            return len(self._groups) >= count
 
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
             except TimeoutError:
                 pass  # hand over what there is; the caller decides whether to wait again
-            while self._groups and len(batch.groups) < count:
-                group = self._groups.popleft()
-                if group.min_version < oldest_allowed:
-                    batch.dropped_row_ids.append(group.row_id)
-                    self._dropped += 1
-                else:
-                    batch.groups.append(group)
+            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            batch.groups = self._hand_over(count)
             self._total_got += len(batch.groups)
             self._changed.notify_all()
         return batch

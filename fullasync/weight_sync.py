@@ -7,7 +7,6 @@ an engine is never left paused by a failed push. Does not own: how the trainer e
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,15 +40,16 @@ class WeightSync:
     async def push(self, named_tensors: object) -> WeightPushTiming:
         """Install `named_tensors` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
         new_version = self.version + 1
-        start = time.perf_counter()
+        clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
+        start = clock()
         try:
             await asyncio.gather(*(e.pause(self.mode) for e in self.engines))
-            paused = time.perf_counter()
+            paused = clock()
             await asyncio.gather(*(e.update_weights(named_tensors, new_version) for e in self.engines))
             self.version = new_version
-            updated = time.perf_counter()
+            updated = clock()
         finally:
-            resume_start = time.perf_counter()
+            resume_start = clock()
             await asyncio.gather(*(e.resume() for e in self.engines))
-        end = time.perf_counter()
+        end = clock()
         return WeightPushTiming(new_version, paused - start, updated - paused, end - resume_start)

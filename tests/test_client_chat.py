@@ -25,7 +25,8 @@ def spelled(tokenizer, ids) -> str:
     """The text of a token sequence. The model may end a turn on either stop id (<|im_end|> or
     <|endoftext|>); a sampled <|endoftext|> stays in the sequence and the template's <|im_end|>
     follows it, so it is dropped here to compare with the template's rendering."""
-    return tokenizer.decode(list(ids)).replace("<|endoftext|><|im_end|>", "<|im_end|>")
+    text = tokenizer.decode(list(ids)).replace("<|endoftext|><|im_end|>", "<|im_end|>")
+    return text[: -len("<|endoftext|>")] + "<|im_end|>" if text.endswith("<|endoftext|>") else text
 
 
 def tool_call_regex(a: int, b: int) -> str:

@@ -21,7 +21,9 @@ RESPONSES = ((300, 301, 302), (310, 311), (320, 321, 322, 323), (330,), (340, 34
 
 @pytest.fixture(scope="module")
 async def trainer(ray_cluster, tiny_model_path):
-    trainer = VerlTrainer(tiny_model_path, TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120))
+    # decoupled PPO with recomputed proximal log-probs (the first test checks them against a plain forward)
+    config = TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120, proximal="recompute")
+    trainer = VerlTrainer(tiny_model_path, config)
     await trainer.start()
     yield trainer
     await trainer.shutdown()
@@ -80,25 +82,38 @@ async def test_train_step_recomputes_old_logprobs_exactly_and_changes_weights(tr
     logprobs = await trainer.compute_logprobs(batch)
     assert torch.allclose(logprobs[mask], batch.behaviour_logprobs[mask], atol=1e-5)
 
-    metrics = await trainer.train_step(batch)
-    assert metrics["logprob_gap_max"] < 1e-5  # the old log-probs the step recomputed = the plain forward
+    metrics = await trainer.train_step(batch, trainer_version=0)
+    assert metrics["logprob_gap_max"] < 1e-5  # the proximal log-probs the step recomputed = the plain forward
+    # decoupled PPO with a recomputed proximal on on-policy tokens: no mismatch, weights 1
+    assert metrics["correction/tokens_frac/gap_0"] == 1.0 and abs(metrics["correction/kl_k1"]) < 1e-5
+    assert abs(metrics["correction/is_weight_mean"] - 1.0) < 1e-4 and metrics["correction/masked_frac"] == 0.0
     assert metrics["grad_norm"] > 0 and torch.isfinite(torch.tensor(metrics["loss"]))
     assert {"pg_loss", "pg_clipfrac", "entropy", "ppo_kl", "lr", "step_time_s"} <= set(metrics)
     after = await (await trainer.export_weights())
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
-async def test_positive_advantage_raises_its_sequence_logprob(trainer):
+async def test_positive_advantage_raises_its_sequence_logprob_from_stale_samples(trainer, tiny_model_path):
+    """Samples of the trainer's current weights, trained on for 4 steps (version gaps 0..3, decoupled PPO)."""
+    model = fresh_model(tiny_model_path, await (await trainer.export_weights()))
     prompt, winner, loser = PROMPTS[0], RESPONSES[0], RESPONSES[1]
-    group = TrajectoryGroup("g", (Trajectory((model_call(None, prompt, winner),), 1.0),
-                                  Trajectory((model_call(None, prompt, loser),), 0.0)))
+    group = TrajectoryGroup("g", (Trajectory((model_call(model, prompt, winner),), 1.0),
+                                  Trajectory((model_call(model, prompt, loser),), 0.0)))
     batch = trainer.build_batch([group])
     before = (await trainer.compute_logprobs(batch)).sum(dim=1)
-    for _ in range(4):
-        await trainer.train_step(batch)
+    for step in range(4):
+        metrics = await trainer.train_step(batch, trainer_version=step)
+        assert metrics[f"correction/tokens_frac/gap_{step}"] == 1.0
+    assert metrics["correction/kl_k3/gap_3"] > 0  # the policy moved away from the one that sampled
     after = (await trainer.compute_logprobs(batch)).sum(dim=1)
     assert after[0] > before[0] + 0.1  # the positive-advantage sequence became more likely
     assert after[1] < before[1] - 0.1  # the negative one less likely
+
+
+async def test_train_step_refuses_tokens_newer_than_the_trainer_version(trainer):
+    batch = trainer.build_batch(groups_for(None))  # tokens of version 0
+    with pytest.raises(ValueError, match="pass the weight version the trainer holds"):
+        await trainer.train_step(batch, trainer_version=-1)
 
 
 async def test_exported_weights_reproduce_trainer_logprobs_and_include_tied_lm_head(trainer, tiny_model_path):
@@ -161,10 +176,10 @@ def test_verl_loss_path_runs_for_each_estimator_and_policy_loss(estimator, loss)
 
 
 async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tiny_model_path):
-    """N = 2 data-parallel ranks (gloo), a frozen reference, gspo, behaviour log-probs as old log-probs."""
+    """N = 2 data-parallel ranks (gloo), a frozen reference, gspo, decoupled PPO with the loglinear proximal."""
     config = TrainerConfig(lr=1e-2, micro_batch_size=1, num_workers=2, worker_num_cpus=0.25, worker_threads=1,
                            kl_coef=0.05, policy_loss="gspo", loss_agg_mode="seq-mean-token-mean",
-                           advantage_estimator="rloo", recompute_old_logprobs=False, mini_batches=2, ppo_epochs=2,
+                           advantage_estimator="rloo", correction="decoupled", proximal="loglinear", mini_batches=2, ppo_epochs=2,
                            call_timeout_s=120)
     trainer = VerlTrainer(tiny_model_path, config)
     await trainer.start()
@@ -174,6 +189,8 @@ async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tin
         assert torch.allclose(await trainer.compute_logprobs(batch), batch_hf_logprobs(model, batch), atol=1e-5)
         metrics = await trainer.train_step(batch)
         assert metrics["num_updates"] == 4 and metrics["kl_loss"] >= 0 and "logprob_gap_max" not in metrics
+        assert metrics["correction/tokens_frac/gap_0"] == 1.0  # statistics summed over both ranks
+        assert metrics["correction/is_weight_mean"] == 1.0  # gap 0: the loglinear proximal is the behaviour
         weights = await (await trainer.export_weights())
         trained = fresh_model(tiny_model_path, weights)
         assert torch.allclose(await trainer.compute_logprobs(batch), batch_hf_logprobs(trained, batch), atol=1e-5)

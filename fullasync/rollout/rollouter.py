@@ -17,6 +17,7 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
@@ -51,7 +52,7 @@ class RolloutSettings:
     """How the rollouter runs episodes."""
 
     n: int = 8  # episodes per row (the group size)
-    max_running_rows: int = 16  # rows generating at once (episodes at once = rows × n)
+    max_running_rows: int = 16  # rows generating at once, each counted by its share of unfinished episodes
     episode_timeout_s: float = 300.0  # an episode running longer is cancelled and counted as failed
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal (no GRPO signal)
     keep_tracebacks: int = 20  # most recent failure tracebacks kept for the report
@@ -186,8 +187,19 @@ class Rollouter:
 
     async def _run_row(self, row_id: str, row: Any) -> None:
         produced = False
+        released = [Fraction(0)]  # share of the row's concurrency slot its finished episodes gave back
+
+        async def episode(index: int) -> Trajectory | None:
+            try:
+                return await self._run_episode(row_id, index, row)
+            finally:
+                share = Fraction(1, self.settings.n)
+                released[0] += share
+                self.staleness.episode_done(share)
+                self._wake.set()  # engine slots freed: another row may fit
+
         try:
-            results = await asyncio.gather(*(self._run_episode(row_id, i, row) for i in range(self.settings.n)))
+            results = await asyncio.gather(*(episode(i) for i in range(self.settings.n)))
             trajectories = [t for t in results if t is not None]
             if not trajectories:
                 self.mark(row_id, RowOutcome.FAILED)
@@ -200,7 +212,7 @@ class Rollouter:
                 self.mark(row_id, RowOutcome.QUEUED)
                 produced = True
         finally:
-            self.staleness.finish(produced_group=produced)
+            self.staleness.finish(produced_group=produced, running_share=1 - released[0])
             self._set_running(-1)
             self._wake.set()
 

@@ -11,30 +11,35 @@ the rows started so far (accepted + running + finished-but-dropped are all "star
 so a group started now is consumed by a train step at most k versions later: it is part of
 batch number ⌈started / B⌉ ≤ k + v + 1, trained at version ≤ k + v, while its first token was
 sampled at version ≥ v. Rows that end without a group (failed, filtered, dropped) free their
-slot, since they will not occupy a batch. Independently, at most `max_running` rows run at once.
+slot, since they will not occupy a batch. Independently, at most `max_running` rows run at once,
+where a row counts by the share of its episodes still generating (a row of n episodes with one
+long straggler left counts 1/n): the engines' slots, not the rows, are what concurrency protects,
+and a straggler must not keep n − 1 slots empty.
 
 For k = 0 this is synchronous on-policy training: batch v + 1 starts only after version v + 1.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 
-def admission_capacity(max_staleness: int, version: int, batch_size: int, started: int, running: int,
+def admission_capacity(max_staleness: int, version: int, batch_size: int, started: int, running: int | Fraction,
                        max_running: int) -> int:
     """Rows that may start now (the formula of the module docstring; never negative)."""
     by_staleness = (max_staleness + version + 1) * batch_size - started
-    by_concurrency = max_running - running
+    by_concurrency = math.floor(max_running - running)
     return max(0, min(by_staleness, by_concurrency))
 
 
 @dataclass
 class StalenessCounts:
     started: int = 0  # rows admitted and not released (running, queued or trained)
-    running: int = 0  # rows whose episodes are still generating
+    running: Fraction = Fraction(0)  # rows still generating, each by the share of its episodes not yet done
 
 
 class StalenessManager:
@@ -65,10 +70,16 @@ class StalenessManager:
             self.counts.running += 1
             return True
 
-    def finish(self, produced_group: bool) -> None:
-        """A row's episodes ended; without a group its slot is released."""
+    def episode_done(self, share: Fraction) -> None:
+        """One episode of a running row ended: the row now counts `share` less toward concurrency."""
         with self._lock:
-            self.counts.running -= 1
+            self.counts.running -= share
+
+    def finish(self, produced_group: bool, running_share: Fraction | int = 1) -> None:
+        """A row's episodes ended (`running_share`: its part not yet released by `episode_done`);
+        without a group its slot is released."""
+        with self._lock:
+            self.counts.running -= running_share
             if not produced_group:
                 self.counts.started -= 1
 

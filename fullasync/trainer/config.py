@@ -1,19 +1,62 @@
 """What the trainer does in one step: optimiser, losses, advantages, workers.
 
 Owns: `TrainerConfig` and its start-up validation (`TrainerConfig.validate`), which resolves the
-registry names against verl. Imports no verl, torch or Ray at module level, so the config loads
-anywhere (Hydra registration, CLI help).
+registry names against verl, and the names of the off-policy corrections (`Correction`,
+`ProximalSource`) with the rule that picks one when none is chosen (`default_correction`). The
+formulas live in `corrections.py`. Imports no verl, torch or Ray at module level, so the config
+loads anywhere (Hydra registration, CLI help).
 """
 
 from __future__ import annotations
 
+import enum
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed
 # Inputs build_batch hands an advantage estimator; one that needs more (gae: values) is rejected.
 ESTIMATOR_INPUTS = ("token_level_rewards", "response_mask", "index", "config", "epsilon", "norm_adv_by_std_in_grpo")
+
+
+class Correction(str, enum.Enum):
+    """Off-policy corrections of the policy loss; formulas in `fullasync.trainer.corrections`."""
+
+    AUTO = "auto"  # DEFAULT when the data may be stale (staleness > 0), NONE when it is on-policy
+    NONE = "none"  # PPO clipped against the behaviour log-probs, no weights (the baseline)
+    TOKEN_TIS = "token_tis"  # PPO against the proximal policy × per-token truncated IS weight (TIS)
+    SEQ_TIS = "seq_tis"  # PPO against the proximal policy × per-sequence truncated IS weight
+    TOKEN_MASK = "token_mask"  # PPO against the proximal policy × per-token IS weight, zeroed out of range (IcePop)
+    SEQ_MASK = "seq_mask"  # PPO against the proximal policy × per-sequence IS weight, zeroed out of range (MIS)
+    DECOUPLED = "decoupled"  # AReaL decoupled PPO: proximal clip × proximal/behaviour weight, capped
+    GSPO = "gspo"  # sequence-level (length-normalised) ratio clipped against the behaviour policy
+    CISPO = "cispo"  # clipped, stop-gradient IS weight × log-prob, against the behaviour policy
+
+
+class ProximalSource(str, enum.Enum):
+    """Where the proximal policy's log-probs come from, for corrections that use one."""
+
+    LOGLINEAR = "loglinear"  # AReaL's interpolation between behaviour and current log-probs by version gap
+    RECOMPUTE = "recompute"  # a forward pass of the trainer's weights before the update (exact)
+
+
+DEFAULT_CORRECTION = Correction.DECOUPLED
+PROXIMAL_CORRECTIONS = frozenset(
+    {Correction.TOKEN_TIS, Correction.SEQ_TIS, Correction.TOKEN_MASK, Correction.SEQ_MASK, Correction.DECOUPLED}
+)
+LOSS_CORRECTIONS = frozenset({Correction.GSPO, Correction.CISPO})  # corrections that are a verl policy loss
+
+
+def default_correction(correction: str, staleness: int | None) -> Correction:
+    """The correction a run uses: the chosen one, or for `auto` DEFAULT_CORRECTION unless staleness is 0.
+
+    `staleness` None means unknown (a trainer used on its own): then `auto` is DEFAULT_CORRECTION,
+    which at version gap 0 reduces to on-policy PPO anyway.
+    """
+    chosen = Correction(correction)
+    if chosen is not Correction.AUTO:
+        return chosen
+    return Correction.NONE if staleness == 0 else DEFAULT_CORRECTION
 
 
 @dataclass
@@ -38,7 +81,11 @@ class TrainerConfig:
     kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 = no reference model is loaded
     kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the KL loss: k1, k2, low_var_kl (k3), abs
     temperature: float = 1.0  # sampling temperature of the rollout; the trainer divides logits by it
-    recompute_old_logprobs: bool = True  # True: old log-probs recomputed by the trainer; False: rollout's
+    correction: str = "auto"  # none|token_tis|seq_tis|token_mask|seq_mask|decoupled|gspo|cispo; auto: by staleness
+    proximal: str = "loglinear"  # proximal log-probs: loglinear (by version gap, no forward pass) | recompute
+    is_threshold: float = 2.0  # token_tis / seq_tis: importance weights are truncated at this value
+    mask_low: float = 0.5  # token_mask / seq_mask: importance weights below this are zeroed
+    mask_high: float = 5.0  # token_mask / seq_mask / decoupled: importance weights above this are zeroed
     checkpoint_dir: str = ""  # save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; "" = no default
     seed: int = 0  # seeds torch in the workers and verl's engine
     model_dtype: str = "fp32"  # dtype of parameters, gradients and optimizer state (CPU supports fp32 only)
@@ -64,6 +111,48 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.model_dtype={self.model_dtype!r}: only 'fp32' is supported")
         _check_policy_loss(self.policy_loss)
         _check_advantage_estimator(self.advantage_estimator)
+        self._check_correction()
+
+    @property
+    def resolved_correction(self) -> Correction:
+        """The correction this trainer applies (`auto` with unknown staleness: DEFAULT_CORRECTION)."""
+        return default_correction(self.correction, None)
+
+    @property
+    def loss_mode(self) -> str:
+        """verl policy-loss name the update uses: the correction's own loss for gspo / cispo."""
+        correction = self.resolved_correction
+        return correction.value if correction in LOSS_CORRECTIONS else self.policy_loss
+
+    @property
+    def recomputes_proximal(self) -> bool:
+        """Whether a step starts with a forward pass for the proximal log-probs."""
+        return self.resolved_correction in PROXIMAL_CORRECTIONS and self.proximal == ProximalSource.RECOMPUTE.value
+
+    @property
+    def uses_version_gaps(self) -> bool:
+        """Whether the loss depends on the per-token version gaps (the loglinear proximal does)."""
+        return self.resolved_correction in PROXIMAL_CORRECTIONS and self.proximal == ProximalSource.LOGLINEAR.value
+
+    def for_staleness(self, staleness: int) -> TrainerConfig:
+        """A copy with `auto` resolved for data at most `staleness` versions old."""
+        return replace(self, correction=default_correction(self.correction, staleness).value)
+
+    def _check_correction(self) -> None:
+        names = [c.value for c in Correction]
+        if self.correction not in names:
+            raise ValueError(f"TrainerConfig.correction={self.correction!r}: choose one of {names}")
+        sources = [p.value for p in ProximalSource]
+        if self.proximal not in sources:
+            raise ValueError(f"TrainerConfig.proximal={self.proximal!r}: choose one of {sources}")
+        _check_positive(self, "is_threshold", "mask_low", "mask_high")
+        if self.mask_low > self.mask_high:
+            raise ValueError(f"TrainerConfig.mask_low={self.mask_low} exceeds mask_high={self.mask_high}; "
+                             "set mask_low <= mask_high")
+        correction = self.resolved_correction
+        if correction in LOSS_CORRECTIONS and self.policy_loss not in ("vanilla", correction.value):
+            raise ValueError(f"TrainerConfig.correction={correction.value!r} is itself a policy loss and contradicts "
+                             f"policy_loss={self.policy_loss!r}; set policy_loss=vanilla or pick another correction")
 
 
 def _check_positive(config: TrainerConfig, *names: str) -> None:

@@ -14,7 +14,6 @@ Does not own: generation (Rollouter), storage (MessageQueue), the update itself 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,11 @@ from fullasync.types import TrajectoryGroup
 from fullasync.weight_sync import WeightSync
 
 QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crashed rollouter is noticed
+
+
+def _now() -> float:
+    """The event loop's clock (`time.monotonic` on a normal loop; simulated time under fullasync.sim)."""
+    return asyncio.get_running_loop().time()
 
 
 @dataclass
@@ -72,7 +76,7 @@ class TrainingLoop:
         if self.validate is not None:
             result.val_before = await self.validate()
             print(f"[fullasync] held-out accuracy before training: {result.val_before:.3f}", flush=True)
-        started = time.monotonic()
+        started = _now()
         while self.total_steps == 0 or result.steps < self.total_steps:
             groups = await self._next_batch()
             if not groups:
@@ -80,7 +84,7 @@ class TrainingLoop:
             await self._step(groups, started)
             if self.validate is not None and self.val_every and result.steps % self.val_every == 0:
                 await self._validate_paused()
-        result.train_wall_s = time.monotonic() - started
+        result.train_wall_s = _now() - started
         if self.validate is not None:
             result.val_after = await self._validate_paused()
         result.outcomes = dict(self.rollouter.outcome_counts())
@@ -94,7 +98,7 @@ class TrainingLoop:
         groups: list[TrajectoryGroup] = []
         version = self.weight_sync.version
         k = self.staleness.max_staleness
-        waited = time.monotonic()
+        waited = _now()
         while len(groups) < self.batch_size:
             self.rollouter.check()
             exhausted = self.rollouter.exhausted  # read before the get: then nothing arrives after it
@@ -107,7 +111,7 @@ class TrainingLoop:
             groups += got.groups
             if exhausted:
                 break
-        self._idle_s += time.monotonic() - waited
+        self._idle_s += _now() - waited
         return groups
 
     async def _step(self, groups: list[TrajectoryGroup], started: float) -> None:
@@ -126,7 +130,7 @@ class TrainingLoop:
         metrics.update(generation_stats(groups))
         result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
         stats = await self.queue.stats.remote()
-        elapsed = time.monotonic() - started
+        elapsed = _now() - started
         metrics.update({
             "version": float(timing.version),
             "queue/size": float(stats.size),

@@ -2,14 +2,14 @@
 
 Owns: the translation from our config to verl's `TrainingWorkerConfig` (HFModelConfig,
 FSDPEngineConfig, FSDPOptimizerConfig, CheckpointConfig) and to the `ActorConfig` that verl's
-`ppo_loss` reads, and the conversion of a `TrainBatch` into the no-padding TensorDict that
-`TrainingWorker.infer_batch` / `train_batch` take. Runs inside trainer workers, after the CPU
-platform patch is applied (it imports `verl.workers`).
+`ppo_loss` reads (wrapped by the off-policy correction of `corrections.py`), and the conversion
+of a `TrainBatch` into the no-padding TensorDict that `TrainingWorker.infer_batch` / `train_batch`
+take. Runs inside trainer workers, after the CPU platform patch is applied (it imports
+`verl.workers`).
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
@@ -24,11 +24,11 @@ from verl.workers.config import (
     PolicyLossConfig,
     TrainingWorkerConfig,
 )
-from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.corrections import CorrectedPolicyLoss
 
 FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 
@@ -74,8 +74,8 @@ def training_worker_config(
     )
 
 
-def policy_loss_fn(config: TrainerConfig) -> partial:
-    """verl's `ppo_loss` bound to an ActorConfig carrying our loss settings."""
+def policy_loss_fn(config: TrainerConfig) -> CorrectedPolicyLoss:
+    """verl's `ppo_loss` bound to an ActorConfig carrying our loss settings, behind the configured correction."""
     actor = ActorConfig(
         strategy="fsdp2",
         rollout_n=1,
@@ -85,7 +85,7 @@ def policy_loss_fn(config: TrainerConfig) -> partial:
         clip_ratio_low=config.clip_ratio_low,
         clip_ratio_high=config.clip_ratio_high,
         clip_ratio_c=config.clip_ratio_c,
-        policy_loss=PolicyLossConfig(loss_mode=config.policy_loss),
+        policy_loss=PolicyLossConfig(loss_mode=config.loss_mode),
         loss_agg_mode=config.loss_agg_mode,
         entropy_coeff=config.entropy_coeff,
         calculate_entropy=True,
@@ -94,7 +94,7 @@ def policy_loss_fn(config: TrainerConfig) -> partial:
         kl_loss_type=config.kl_type,
         use_torch_compile=False,
     )
-    return partial(ppo_loss, config=actor)
+    return CorrectedPolicyLoss(config, actor)
 
 
 def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: Any) -> TensorDict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from fullasync.engines.platform import is_cpu_platform
 from fullasync.trainer.batch import TrainBatch, build_batch, shard_batch
 from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.corrections import CorrectionStats
 from fullasync.trainer.worker import WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
@@ -41,6 +43,7 @@ class VerlTrainer:
         self.timings: dict[str, float] = {}
         self._workers: WorkerGroup | None = None
         self._pad_token_id = 0
+        self._warned_version = False
 
     async def start(self) -> None:
         """Start the ranks and load the model (about 10-20 s for a tiny model on CPU)."""
@@ -87,19 +90,30 @@ class VerlTrainer:
             logprobs[shard.row_index[real]] = shard_logprobs[real]
         return logprobs
 
-    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One training step on `batch`: old (and reference) log-probs, then verl policy-loss updates.
+    async def train_step(self, batch: TrainBatch, trainer_version: int | None = None) -> dict[str, float]:
+        """One training step on `batch`: proximal (and reference) log-probs, then corrected verl updates.
 
-        Runs `ppo_epochs` × `mini_batches` optimizer updates; returns verl's loss metrics (loss,
-        pg_loss, grad_norm, entropy, pg_clipfrac, ppo_kl, kl_loss with a reference, lr) averaged
-        over the updates, plus batch and timing figures.
+        `trainer_version` is the weight version the trainer holds now (the version the engines
+        serve before this step's push); version gaps count from it. Without it the newest
+        sampled version in the batch stands in: exact on-policy, an underestimate of every gap
+        when the batch holds no token of the current version. Runs `ppo_epochs` × `mini_batches`
+        optimizer updates; returns verl's loss metrics (loss, pg_loss, grad_norm, entropy,
+        pg_clipfrac, ppo_kl, kl_loss with a reference, lr) averaged over the updates, the
+        correction's statistics (`correction/...`, see `corrections.CorrectionStats`), plus
+        batch and timing figures.
         """
         workers = self._require_started()
         started = time.perf_counter()
         config = self.config
+        version = _trainer_version(batch, trainer_version)
+        if trainer_version is None and config.uses_version_gaps and not self._warned_version:
+            self._warned_version = True
+            warnings.warn("VerlTrainer.train_step without trainer_version: version gaps are counted from the "
+                          "newest sampled token, which underestimates them for the loglinear proximal; pass "
+                          "the weight version the trainer holds", UserWarning, stacklevel=2)
         sharded = shard_batch(batch, len(workers.actors), config.mini_batches, config.micro_batch_size,
                               self._pad_token_id)
-        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch) for s in sharded.shards]
+        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version) for s in sharded.shards]
         results = await workers.wait(workers.submit_each("train", per_rank), "train")
         self.step += 1
         metrics = _combine_rank_metrics(results)
@@ -140,9 +154,25 @@ class VerlTrainer:
         return self._workers
 
 
-def _combine_rank_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """verl's loss metrics are already reduced over ranks (rank 0's copy); log-prob gaps are summed here."""
-    metrics = {k: v for k, v in results[0].items() if not k.startswith("logprob_gap_")}
+def _trainer_version(batch: TrainBatch, trainer_version: int | None) -> int:
+    """The given version, checked against the batch's token versions; else the newest sampled version."""
+    sampled = batch.versions[batch.response_mask.bool()]
+    newest = int(sampled.max()) if sampled.numel() else 0
+    if trainer_version is None:
+        return newest
+    if newest > trainer_version:
+        raise ValueError(f"train_step(trainer_version={trainer_version}) but the batch holds tokens of version "
+                         f"{newest}: pass the weight version the trainer holds now")
+    return int(trainer_version)
+
+
+def _combine_rank_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
+    """verl's loss metrics are already reduced over ranks (rank 0's copy); log-prob gaps and correction sums here."""
+    metrics = {k: v for k, v in results[0].items() if not k.startswith("logprob_gap_") and k != "correction_stats"}
+    stats = CorrectionStats()
+    for result in results:
+        stats.merge(result["correction_stats"])
+    metrics.update(stats.metrics())
     tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in results)
     if tokens:
         metrics["logprob_gap_mean"] = sum(r["logprob_gap_sum"] for r in results) / tokens

@@ -2,7 +2,8 @@
 
 Owns: the process's set-up (torch threads, the verl CPU platform, torch.distributed through
 verl), log-prob inference on this rank's rows, the update loop over epochs and mini-batches
-(old log-probs, reference log-probs, verl's `ppo_loss`, one optimizer step per mini-batch),
+(proximal log-probs when the correction recomputes them, reference log-probs, verl's `ppo_loss`
+behind the off-policy correction, one optimizer step per mini-batch),
 weight export and HF checkpoints. Does not own: splitting batches across ranks or waiting on
 ranks (`WorkerGroup`, `VerlTrainer`).
 
@@ -67,6 +68,7 @@ class TrainerWorker:
         torch.manual_seed(spec.config.seed)
         self._policy: Any = None
         self._reference: Any = None
+        self._loss: Any = None
 
     def free_port(self) -> int:
         """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
@@ -97,7 +99,8 @@ class TrainerWorker:
         config = self.spec.config
         self._policy = TrainingWorker(training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu))
         self._policy.reset()
-        self._policy.set_loss_fn(policy_loss_fn(config))
+        self._loss = policy_loss_fn(config)
+        self._policy.set_loss_fn(self._loss)
         if config.kl_coef > 0:
             reference = training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu, reference=True)
             self._reference = TrainingWorker(reference)
@@ -108,30 +111,39 @@ class TrainerWorker:
         """(rows, R) log-probs of this rank's response tokens under the current policy."""
         return self._infer(self._policy, shard)
 
-    def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int]) -> dict[str, float]:
-        """Old (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates.
+    def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int],
+              trainer_version: int) -> dict[str, Any]:
+        """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates.
 
         Block j of `shard` (rows_per_block rows) is this rank's part of mini-batch j;
         `sequences_per_mini_batch[j]` is mini-batch j's real size over all ranks (the
-        denominator of verl's sequence-mean loss modes).
+        denominator of verl's sequence-mean loss modes). `trainer_version` is the weight version
+        the trainer holds (the version gaps of the correction count from it). The result holds
+        verl's metrics averaged over updates and, under "correction_stats", the correction's
+        statistics of the first pass over the mini-batches (a `CorrectionStats`).
         """
         config = self.spec.config
         start = time.perf_counter()
-        extra = {"old_log_probs": self._infer(self._policy, shard) if config.recompute_old_logprobs
-                 else shard.behaviour_logprobs}
+        recompute = config.recomputes_proximal
+        extra = {"old_log_probs": self._infer(self._policy, shard) if recompute else shard.behaviour_logprobs}
         if self._reference is not None:
             extra["ref_log_prob"] = self._infer(self._reference, shard)
         prepared = time.perf_counter()
         updates = []
         num_updates = config.ppo_epochs * config.mini_batches
+        self._loss.drain()
         for update in range(num_updates):
             block = update % config.mini_batches
             rows = torch.arange(block * rows_per_block, (block + 1) * rows_per_block)
+            self._loss.recording = update < config.mini_batches  # each sampled token counted once
             updates.append(self._update(shard.select(rows), {k: v[rows] for k, v in extra.items()},
-                                        sequences_per_mini_batch[block], last=update == num_updates - 1))
-        metrics = _mean_over_updates(updates)
-        metrics.update(_logprob_gap(extra["old_log_probs"], shard) if config.recompute_old_logprobs else {})
+                                        sequences_per_mini_batch[block], trainer_version,
+                                        last=update == num_updates - 1))
+        self._loss.recording = False
+        metrics: dict[str, Any] = _mean_over_updates(updates)
+        metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
         metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared)
+        metrics["correction_stats"] = self._loss.drain()
         return metrics
 
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
@@ -186,7 +198,7 @@ class TrainerWorker:
         return response_logprobs(output, data)
 
     def _update(
-        self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, last: bool
+        self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, trainer_version: int, last: bool
     ) -> dict[str, float]:
         from verl.utils import tensordict_utils as tu
 
@@ -199,6 +211,7 @@ class TrainerWorker:
             calculate_entropy=True,
             global_batch_size=sequences,
             update_lr_scheduler=last,
+            trainer_version=trainer_version,
         )
         output = self._policy.train_batch(data)
         return _reduce_metrics(tu.get(output, "metrics"))
@@ -231,7 +244,7 @@ def _mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _logprob_gap(old_logprobs: torch.Tensor, shard: TrainBatch) -> dict[str, float]:
-    """Sum and max of |trainer − rollout| log-prob over sampled tokens (rollout/trainer mismatch + staleness)."""
+    """Sum and max of |proximal − rollout| log-prob over sampled tokens (rollout/trainer mismatch + staleness)."""
     mask = shard.response_mask.bool()
     gap = (old_logprobs - shard.behaviour_logprobs).abs()[mask]
     return {

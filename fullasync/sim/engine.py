@@ -1,0 +1,289 @@
+"""`SimulatedEngine`: one inference device as a continuous-batching cost model behind the `Engine` protocol.
+
+Owns: the timing of generation on one device and the protocol semantics the control code relies
+on — pause with ABORT returns every in-flight request at once with finish reason `abort`, the
+tokens so far and their versions; KEEP freezes them (tokens after the push carry the new
+version); WAIT lets running and queued requests finish and admits nothing new; `update_weights`
+needs a paused engine and takes `push_s`. Does not own: routing, resubmission after an abort (the
+real `RolloutClient` does that), or what the tokens mean (their ids are a constant).
+
+Cost model (all on the event loop's clock, virtual or real):
+
+    decode step with b running sequences   τ(b) = step_base_s + step_per_seq_s · b
+    every running sequence gains one token per step (continuous batching, up to max_num_seqs)
+    admitting a request costs prefill_per_token_s · len(prompt_ids) of engine time, during which
+    no sequence decodes (prefill is not overlapped with decode; resubmitted tokens are prefilled
+    again, since a weight push invalidates the KV cache)
+
+The engine is event driven: between two events (an arrival, a completion, a pause) the batch is
+constant, so it computes the next completion instead of stepping token by token. Per-request
+work is O(log b) per event; no Python runs per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode
+from fullasync.types import FinishReason
+
+TOKEN_ID = 7  # every simulated output token has this id
+TOKEN_LOGPROB = -0.5
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """Timing of one generation device (seconds)."""
+
+    step_base_s: float = 0.020  # τ(0): the memory-bound part of a decode step (weights read once per step)
+    step_per_seq_s: float = 0.0002  # added per running sequence (KV reads, sampling)
+    prefill_per_token_s: float = 0.00002  # engine time to prefill one prompt token
+    max_num_seqs: int = 32  # concurrent sequences (KV-cache capacity)
+    push_s: float = 1.0  # time to receive and install one weight version
+
+    def step_s(self, batch: int) -> float:
+        return self.step_base_s + self.step_per_seq_s * batch
+
+    def seconds_per_token_at_capacity(self) -> float:
+        """Engine time per decoded token with a full batch: the cheapest a token can be."""
+        return self.step_s(self.max_num_seqs) / self.max_num_seqs
+
+
+@dataclass
+class EngineTime:
+    """Where the engine's wall time went; the fields add up to the time since the engine started."""
+
+    decode_s: float = 0.0  # decoding with at least one running sequence
+    drain_s: float = 0.0  # decoding while paused with WAIT (only requests admitted before the pause run)
+    prefill_s: float = 0.0
+    paused_s: float = 0.0  # frozen by a pause with ABORT or KEEP, or idle while paused
+    idle_s: float = 0.0  # nothing to run
+    tokens: float = 0.0  # tokens decoded (fractional between events)
+    drain_tokens: float = 0.0  # of which while draining
+    prefill_tokens: int = 0
+    aborted_tokens: int = 0  # tokens returned by aborts (to be resubmitted by the client)
+
+    def total_s(self) -> float:
+        return self.decode_s + self.drain_s + self.prefill_s + self.paused_s + self.idle_s
+
+
+@dataclass
+class _Sequence:
+    request: GenerateRequest
+    future: asyncio.Future
+    target: int  # tokens to produce
+    start_step: float = 0.0  # the engine's step counter when the sequence started decoding
+    spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first token index) boundaries
+    done_at: float = 0.0  # step counter value at which it completes
+
+    def produced(self, steps: float) -> int:
+        return min(self.target, int(math.floor(steps - self.start_step + 1e-9)))
+
+
+class SimulatedEngine:
+    """One simulated device serving requests; implements `fullasync.engines.protocol.Engine`."""
+
+    def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:
+        self.name = name
+        self.cost = cost
+        self.time = EngineTime()
+        self._version = version
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, _Sequence] = {}
+        self._heap: list[tuple[float, int, str]] = []  # (done_at, tiebreak, request id)
+        self._tiebreak = itertools.count()
+        self._steps = 0.0  # decode steps taken so far (fractional between events)
+        self._prefill_backlog_s = 0.0
+        self._pause: PauseMode | None = None
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._wake = asyncio.Event()
+        self._last = asyncio.get_running_loop().time()
+        self._task = asyncio.create_task(self._serve(), name=f"sim-engine-{name}")
+
+    # -- Engine protocol ---------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        while self._pause is not None:  # a paused engine admits nothing new
+            await self._resumed.wait()
+        self._advance()
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Sequence(request, future, target=request.max_tokens))
+        self._drained.clear()
+        self._wake.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._drop(request.request_id)
+            raise
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self._advance()
+        for request_id in request_ids:
+            self._finish_aborted(request_id)
+        self._wake.set()
+
+    async def pause(self, mode: PauseMode) -> None:
+        mode = PauseMode(mode)
+        self._advance()
+        self._pause = mode
+        self._resumed.clear()
+        if mode is PauseMode.ABORT:
+            self._prefill_backlog_s = 0.0  # the prefills of aborted requests are lost
+            for request_id in [s.request.request_id for s in self._waiting] + list(self._running):
+                self._finish_aborted(request_id)
+        self._wake.set()
+        if mode is PauseMode.WAIT:
+            await self._drained.wait()
+
+    async def resume(self) -> None:
+        self._advance()
+        self._pause = None
+        self._resumed.set()
+        self._wake.set()
+
+    async def wait_resumed(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._resumed.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def update_weights(self, named_tensors: object, version: int) -> None:
+        if self._pause is None:
+            raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
+        await asyncio.sleep(self.cost.push_s)
+        self._advance()
+        for sequence in self._running.values():  # frozen by KEEP: later tokens get the new version
+            sequence.spans.append((version, sequence.produced(self._steps)))
+        self._version = version
+
+    async def version(self) -> int:
+        return self._version
+
+    async def num_in_flight(self) -> int:
+        return len(self._running) + len(self._waiting)
+
+    async def shutdown(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def account_until_now(self) -> None:
+        """Bring `self.time` up to the current clock (it is otherwise updated at events only)."""
+        self._advance()
+
+    # -- the serving loop --------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._advance()
+            self._complete_finished()
+            self._admit()
+            if not self._running and not self._waiting:
+                self._drained.set()
+            delay = self._next_event_in()
+            self._wake.clear()
+            try:
+                async with asyncio.timeout_at(None if delay is None else loop.time() + delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                continue
+
+    def _decoding(self) -> bool:
+        return bool(self._running) and self._pause in (None, PauseMode.WAIT)
+
+    def _next_event_in(self) -> float | None:
+        while self._heap and self._heap[0][2] not in self._running:  # aborted or cancelled meanwhile
+            heapq.heappop(self._heap)
+        if not self._decoding():
+            return None
+        steps_left = max(self._heap[0][0] - self._steps, 0.0)
+        return self._prefill_backlog_s + steps_left * self.cost.step_s(len(self._running))
+
+    def _advance(self) -> None:
+        """Account the time since the last call: prefill first, then decode at the current batch."""
+        now = asyncio.get_running_loop().time()
+        elapsed, self._last = now - self._last, now
+        if elapsed <= 0:
+            return
+        if not self._decoding():
+            if self._pause is not None:
+                self.time.paused_s += elapsed
+            else:
+                self.time.idle_s += elapsed
+            return
+        prefill = min(elapsed, self._prefill_backlog_s)
+        self._prefill_backlog_s -= prefill
+        self.time.prefill_s += prefill
+        decode = elapsed - prefill
+        batch = len(self._running)
+        steps = decode / self.cost.step_s(batch)
+        self._steps += steps
+        self.time.tokens += steps * batch
+        if self._pause is PauseMode.WAIT:
+            self.time.drain_s += decode
+            self.time.drain_tokens += steps * batch
+        else:
+            self.time.decode_s += decode
+
+    def _admit(self) -> None:
+        if self._pause is not None and self._pause is not PauseMode.WAIT:
+            return
+        while self._waiting and len(self._running) < self.cost.max_num_seqs:
+            sequence = self._waiting.popleft()
+            sequence.start_step = self._steps
+            sequence.done_at = self._steps + sequence.target
+            sequence.spans.append((self._version, 0))
+            prompt_tokens = len(sequence.request.prompt_ids)
+            self._prefill_backlog_s += prompt_tokens * self.cost.prefill_per_token_s
+            self.time.prefill_tokens += prompt_tokens
+            self._running[sequence.request.request_id] = sequence
+            heapq.heappush(self._heap, (sequence.done_at, next(self._tiebreak), sequence.request.request_id))
+
+    def _complete_finished(self) -> None:
+        while self._heap and self._heap[0][0] <= self._steps + 1e-6:
+            _, _, request_id = heapq.heappop(self._heap)
+            sequence = self._running.pop(request_id, None)
+            if sequence is not None and not sequence.future.done():
+                sequence.future.set_result(self._result(sequence, sequence.target, FinishReason.LENGTH))
+
+    def _finish_aborted(self, request_id: str) -> None:
+        sequence = self._running.pop(request_id, None)
+        if sequence is None:
+            for waiting in self._waiting:
+                if waiting.request.request_id == request_id:
+                    self._waiting.remove(waiting)
+                    sequence = waiting
+                    break
+        if sequence is None or sequence.future.done():
+            return
+        produced = sequence.produced(self._steps) if sequence.spans else 0
+        self.time.aborted_tokens += produced
+        sequence.future.set_result(self._result(sequence, produced, FinishReason.ABORT))
+
+    def _drop(self, request_id: str) -> None:
+        self._running.pop(request_id, None)
+        self._waiting = deque(s for s in self._waiting if s.request.request_id != request_id)
+        self._wake.set()
+
+    def _result(self, sequence: _Sequence, produced: int, finish: FinishReason) -> GenerateResult:
+        versions: list[int] = []
+        bounds = sequence.spans + [(None, produced)]
+        for (version, start), (_, end) in zip(bounds, bounds[1:]):
+            versions += [version] * (min(end, produced) - min(start, produced))
+        return GenerateResult(
+            request_id=sequence.request.request_id,
+            output_ids=(TOKEN_ID,) * produced,
+            output_logprobs=(TOKEN_LOGPROB,) * produced,
+            output_versions=tuple(versions),
+            finish_reason=finish,
+            engine=self.name,
+        )

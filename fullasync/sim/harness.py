@@ -1,0 +1,230 @@
+"""Runs one simulated training run through the real control code and measures where time went.
+
+Owns: wiring simulated engines and trainer into the real `Rollouter`, `StalenessManager`,
+`MessageQueue`, `WeightSync`, `RolloutService` / `RolloutClient` and `TrainingLoop` — the same
+wiring as `AsyncAgentTrainer._run`, with the queue in-process (`LocalActor`) because the clock is
+virtual — and turning their counters into a `SimResult` over the steady-state window.
+Does not own: the cost model (`engine.py`, `trainer.py`) or the bound (`workload.py`).
+
+Devices: `sync` generates on all N devices, then trains on all N (colocated, alternating);
+`one_step_off` and `fully_async` generate on G devices and train on N − G, concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.client import ClientConfig, RolloutClient, RolloutService
+from fullasync.config import Mode, RunConfig
+from fullasync.queue import MessageQueue
+from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
+from fullasync.rollout.staleness import StalenessManager
+from fullasync.sim.clock import LocalActor, run_virtual
+from fullasync.sim.engine import EngineTime, SimulatedEngine
+from fullasync.sim.trainer import SimulatedTrainer
+from fullasync.sim.workload import Workload, split_bound
+from fullasync.trainer.loop import TrainingLoop
+from fullasync.weight_sync import WeightSync
+
+
+class SimTokenizer:
+    """The few tokenizer methods `RolloutService` touches, for token-id prompts (no text is ever made)."""
+
+    chat_template = "simulated"
+    eos_token_id = 0
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return ""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] * max(1, len(text) // 4)
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """One run: the mode and its knobs, and how many devices generate."""
+
+    mode: str
+    partial_rollout: bool = True
+    max_staleness: int = -1
+    gen_devices: int = 0  # G for split modes; ignored by sync (all N)
+    steps: int = 14
+    warmup_steps: int = 3  # excluded from the steady-state window (pipeline fill)
+    running_rows_per_capacity: float = 1.5  # max_running_rows = this × engine slots / n
+
+    def run_config(self) -> RunConfig:
+        # RunConfig.validate() would also resolve the (real) trainer's registry names against verl;
+        # the simulated trainer has no such knobs, so only the mode and its staleness are checked.
+        config = RunConfig(mode=Mode(self.mode).value, max_staleness=self.max_staleness,
+                           partial_rollout=self.partial_rollout)
+        fixed = {Mode.SYNC.value: 0, Mode.ONE_STEP_OFF.value: 1}.get(config.mode)
+        if fixed is not None and self.max_staleness not in (-1, fixed):
+            raise ValueError(f"max_staleness={self.max_staleness} contradicts mode={self.mode} (always {fixed})")
+        return config
+
+    @property
+    def label(self) -> str:
+        if self.mode != Mode.FULLY_ASYNC.value:
+            return self.mode
+        return f"fully_async{'+partial' if self.partial_rollout else ''} k={self.run_config().staleness}"
+
+
+@dataclass
+class SimResult:
+    """Measurements of one run over its steady-state window (steps warmup+1 .. steps)."""
+
+    spec: SimSpec
+    gen_devices: int
+    train_devices: int
+    window_s: float
+    samples: int
+    tokens: int
+    wall_s: float  # whole run, from the first admitted row to the last step
+    total_samples: int
+    mean_staleness: float
+    max_staleness: int
+    dropped_rows: int  # inside the window
+    wasted_tokens: int  # generated for rows dropped as too stale inside the window
+    engine: EngineTime  # summed over generation devices, over the window
+    fresh_prefill_tokens: int
+    train_s: float
+    push_pause_s: float  # inside WeightSync.pause: waiting for engines to drain (WAIT) or abort
+    push_update_s: float
+    resumed_calls: int
+    cpu_s: float  # real CPU seconds the run took (control code + simulation)
+    bound_samples_per_s: float = 0.0  # X(G) of this split
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.window_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.window_s
+
+    @property
+    def gen_idle_fraction(self) -> float:
+        """Share of generation-device time with nothing decoding (idle, or paused for a push)."""
+        total = self.engine.total_s()
+        return (self.engine.idle_s + self.engine.paused_s) / total if total else 0.0
+
+    @property
+    def trainer_idle_fraction(self) -> float:
+        """Share of the trainer's window not spent training (waiting for a batch, or blocked in a push)."""
+        return max(0.0, 1.0 - self.train_s / self.window_s)
+
+
+class _RecordingSink:
+    """A metrics sink that also snapshots engine and trainer counters at each step (for the window)."""
+
+    def __init__(self, on_step: Any) -> None:
+        self.history: list[dict[str, float]] = []
+        self._on_step = on_step
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.history.append(dict(metrics))
+        self._on_step(step)
+
+    def close(self) -> None:
+        return None
+
+
+def _snapshot(engines: list[SimulatedEngine]) -> EngineTime:
+    total = EngineTime()
+    for engine in engines:
+        engine.account_until_now()
+        for name in vars(total):
+            setattr(total, name, getattr(total, name) + getattr(engine.time, name))
+    return total
+
+
+def _minus(a: EngineTime, b: EngineTime) -> EngineTime:
+    return EngineTime(**{name: getattr(a, name) - getattr(b, name) for name in vars(a)})
+
+
+async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
+    config = spec.run_config()
+    k, batch, n = config.staleness, workload.batch_groups, workload.group_size
+    sync = Mode(config.mode) is Mode.SYNC
+    gen_devices = workload.devices if sync else spec.gen_devices
+    train_devices = workload.devices if sync else workload.devices - spec.gen_devices
+    if not sync and not 0 < gen_devices < workload.devices:
+        raise ValueError(f"gen_devices={gen_devices} must leave devices for training (N={workload.devices})")
+    loop = asyncio.get_running_loop()
+    engines = [SimulatedEngine(f"sim-{i}", workload.decode) for i in range(gen_devices)]
+    trainer = SimulatedTrainer(workload.train, train_devices)
+    slots = gen_devices * workload.decode.max_num_seqs
+    max_running = math.ceil(spec.running_rows_per_capacity * slots / n)
+    queue = LocalActor(MessageQueue((k + 1) * batch + max_running))
+    service = RolloutService(engines, SimTokenizer(), ClientConfig(
+        model_name="policy", max_model_len=workload.prompt_tokens + workload.cap + 1, resume_timeout_s=1e6))
+    weight_sync = WeightSync(engines, mode=config.push_mode, version=0)
+    staleness = StalenessManager(k, batch, max_running, version=lambda: weight_sync.version)
+    prompt = [1] * workload.prompt_tokens
+    fresh_calls = [0]
+
+    async def rollout_fn(client: RolloutClient, row: dict[str, Any]) -> float:
+        fresh_calls[0] += 1
+        await client.completions.create(model="policy", prompt=prompt, max_tokens=workload.length(client.episode.id),
+                                        extra_body={"ignore_eos": True})
+        return float(random.Random(client.episode.id).random() < row["difficulty"])
+
+    rows = ((f"row-{i}", {"difficulty": random.Random(i).random()}) for i in itertools.count())
+    rollouter = Rollouter(rollout_fn, service, queue, staleness, RolloutSettings(
+        n=n, max_running_rows=max_running, episode_timeout_s=1e9))
+    marks: dict[int, tuple[float, EngineTime, float, int, set[str]]] = {}
+
+    def on_step(step: int) -> None:
+        dropped = {r for r, outcome in rollouter.outcomes.items() if outcome is RowOutcome.TOO_STALE}
+        marks[step] = (loop.time(), _snapshot(engines), trainer.time.train_s, fresh_calls[0], dropped)
+
+    sink = _RecordingSink(on_step)
+    training = TrainingLoop(trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync,
+                            staleness=staleness, batch_size=batch, total_steps=spec.steps, val_every=0,
+                            validate=None, sink=sink)
+    cpu_start = time.process_time()
+    started = loop.time()
+    try:
+        rollouter.start(rows)
+        with contextlib.redirect_stdout(io.StringIO()):
+            result = await training.run()
+    finally:
+        await rollouter.stop()
+        await asyncio.gather(*(e.shutdown() for e in engines))
+    cpu_s = time.process_time() - cpu_start
+    window = sink.history[spec.warmup_steps:]
+    (t0, engine0, train0, fresh0, dropped0), (t1, engine1, train1, fresh1, dropped1) = (
+        marks[spec.warmup_steps], marks[spec.steps])
+    dropped = dropped1 - dropped0  # rows dropped as too stale inside the window
+    engine_window = _minus(engine1, engine0)
+    return SimResult(
+        spec=spec, gen_devices=gen_devices, train_devices=train_devices, window_s=t1 - t0,
+        samples=int(sum(m["rollout/samples"] for m in window)),
+        tokens=int(sum(m["train/tokens"] for m in window)),
+        wall_s=loop.time() - started, total_samples=result.trained_samples,
+        mean_staleness=sum(m["staleness/mean"] for m in window) / len(window),
+        max_staleness=result.max_token_staleness,
+        dropped_rows=len(dropped),
+        wasted_tokens=sum(workload.length(f"{row_id}/{i}") for row_id in dropped for i in range(n)),
+        engine=engine_window,
+        fresh_prefill_tokens=(fresh1 - fresh0) * workload.prompt_tokens,
+        train_s=train1 - train0,
+        push_pause_s=sum(m["weight_sync/pause_s"] for m in window),
+        push_update_s=sum(m["weight_sync/update_s"] for m in window),
+        resumed_calls=int(sum(m["rollout/resumed_calls"] for m in window)),
+        cpu_s=cpu_s,
+        bound_samples_per_s=split_bound(workload, gen_devices) if not sync else 0.0,
+    )
+
+
+def simulate(workload: Workload, spec: SimSpec) -> SimResult:
+    """Run one simulated training run on a fresh virtual-clock event loop."""
+    return run_virtual(lambda: _simulate(workload, spec))

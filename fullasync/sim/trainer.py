@@ -1,0 +1,83 @@
+"""`SimulatedTrainer`: the trainer face `TrainingLoop` uses, with time proportional to trained tokens.
+
+Owns: the timing of a train step on `num_devices` data-parallel devices and a record of where the
+trainer's time went. Does not own: any model, loss or weights — `export_weights` returns a token
+object; the push time is modelled by the engines (`DecodeCost.push_s`).
+
+    train_step time = step_overhead_s + per_token_device_s · trained tokens / num_devices
+
+where trained tokens are prompt + output tokens of every sequence (forward and backward see the
+whole sequence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fullasync.types import TrajectoryGroup
+
+
+@dataclass(frozen=True)
+class TrainCost:
+    per_token_device_s: float = 1e-4  # device-seconds to train on one token (forward + backward + optimizer share)
+    step_overhead_s: float = 0.5  # fixed per step (optimizer step, gradient all-reduce, bookkeeping)
+
+    def step_s(self, tokens: int, num_devices: int) -> float:
+        return self.step_overhead_s + self.per_token_device_s * tokens / num_devices
+
+
+@dataclass(frozen=True)
+class SimulatedBatch:
+    groups: tuple[TrajectoryGroup, ...]
+    samples: int
+    tokens: int  # prompt + output tokens over all calls
+
+
+@dataclass
+class TrainerTime:
+    train_s: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+
+
+class SimulatedTrainer:
+    """Implements what `TrainingLoop` and `AsyncAgentTrainer` call on a trainer."""
+
+    def __init__(self, cost: TrainCost, num_devices: int) -> None:
+        if num_devices < 1:
+            raise ValueError(f"SimulatedTrainer needs at least one device, got {num_devices}")
+        self.cost = cost
+        self.num_devices = num_devices
+        self.step = 0
+        self.time = TrainerTime()
+
+    async def start(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        return None
+
+    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> SimulatedBatch:
+        calls = [c for g in groups for t in g.trajectories for c in t.calls]
+        return SimulatedBatch(
+            groups=tuple(groups),
+            samples=sum(len(g.trajectories) for g in groups),
+            tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
+        )
+
+    async def train_step(self, batch: SimulatedBatch) -> dict[str, float]:
+        seconds = self.cost.step_s(batch.tokens, self.num_devices)
+        await asyncio.sleep(seconds)
+        self.step += 1
+        self.time.train_s += seconds
+        self.time.steps += 1
+        self.time.tokens += batch.tokens
+        return {"train/tokens": float(batch.tokens), "train/step_s": seconds}
+
+    async def export_weights(self) -> dict[str, int]:
+        return {"version": self.step}
+
+    async def save_checkpoint(self, path: str | None = None) -> str:
+        return path or ""
