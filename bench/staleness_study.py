@@ -1,31 +1,30 @@
 """Staleness study: does fully async learn as well as sync, with and without the off-policy correction?
 
 The built-in task (`fullasync train` defaults: 8 groups × 8 episodes per step), the same sample
-budget for every run (`--steps` × 64 trained samples), and these configurations:
+budget for every run (`--steps` × 64 trained samples), and ten configurations:
 
     sync                            on-policy baseline (correction auto → none)
-    fully_async, max_staleness k    k ∈ {1, 4, 8}, partial rollouts on,
-                                    × correction ∈ {none, auto (the default: decoupled PPO)}
+    fully_async, max_staleness k    k ∈ {1, 4, 8}, partial rollouts on, × correction ∈ {none,
+                                    decoupled/recompute, decoupled/loglinear (the default)}
 
 each with `--seeds` seeds (engine sampling and trainer seeded alike). Every run starts from the
 warm policy: a new trainer, and the engine reset to the warm weights (a weight push, which also
 clears its prefix cache). One process per seed hosts Ray and that seed's engine (a vLLM start
-costs about a minute on this machine) and runs the seven configurations on it through
-`AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)`. The trainer is given the
-engine's weight version at each step (`train_step(batch, trainer_version)`), so the version gaps of
-the loglinear proximal are exact. Held-out accuracy (mean
-reward of `--val-samples` episodes per held-out row) is measured before training, every `--val-every` steps
-and at the end; samples/s is trained samples over the training wall time (the periodic
-validations, the same number in every run, included).
+costs about a minute on this machine) and runs the configurations on it through
+`AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)`. The trainer is given
+the engine's weight version at each step (`train_step(batch, trainer_version)`), so the version
+gaps of the loglinear proximal are exact. Held-out accuracy (mean reward of `--val-samples`
+episodes per held-out row) is measured before training, every `--val-every` steps and at the
+end; samples/s is trained samples over the training wall time (the periodic validations, the
+same number in every run, included).
 
 Results go to outputs/staleness_study/results.jsonl as each run ends (a rerun skips the runs
 already there); the table docs/staleness_study.md and the plot docs/staleness_accuracy.png are
 rewritten after every seed, so an interrupted study still leaves what it measured (a `## Notes`
-section at the end of the page is kept). A benchmark,
-not a test: nothing is asserted.
+section at the end of the page is kept). A benchmark, not a test: nothing is asserted.
 
-    .venv/bin/python bench/staleness_study.py --steps 40 --seeds 3        # the whole study
-    .venv/bin/python bench/staleness_study.py --steps 40 --seeds 3 --report-only   # table and plot only
+    .venv/bin/python bench/staleness_study.py --steps 40 --seeds 3                # the whole study
+    .venv/bin/python bench/staleness_study.py --steps 40 --seeds 3 --report-only  # table and plot only
 """
 
 from __future__ import annotations
@@ -295,7 +294,7 @@ def plot(by_name: dict[str, list[dict]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 5))
+    figure, axes = plt.subplots(figsize=(11, 5.5))
     colors = {1: "tab:blue", 4: "tab:orange", 8: "tab:red"}
     for name, runs in by_name.items():
         if not runs:
@@ -322,7 +321,7 @@ def plot(by_name: dict[str, list[dict]]) -> None:
     axes.set_ylabel("held-out accuracy")
     axes.set_title("Built-in task: held-out accuracy vs samples (mean ± std over seeds)")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     figure.savefig(PLOT, dpi=120)
     plt.close(figure)

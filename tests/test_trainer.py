@@ -179,8 +179,8 @@ async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tin
     """N = 2 data-parallel ranks (gloo), a frozen reference, gspo, decoupled PPO with the loglinear proximal."""
     config = TrainerConfig(lr=1e-2, micro_batch_size=1, num_workers=2, worker_num_cpus=0.25, worker_threads=1,
                            kl_coef=0.05, policy_loss="gspo", loss_agg_mode="seq-mean-token-mean",
-                           advantage_estimator="rloo", correction="decoupled", proximal="loglinear", mini_batches=2, ppo_epochs=2,
-                           call_timeout_s=120)
+                           advantage_estimator="rloo", correction="decoupled", proximal="loglinear", mini_batches=2,
+                           ppo_epochs=2, call_timeout_s=120)
     trainer = VerlTrainer(tiny_model_path, config)
     await trainer.start()
     try:

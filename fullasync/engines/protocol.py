@@ -6,6 +6,7 @@ Does not own: any backend (see `vllm_engine.py`) or routing (see `router.py`).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -110,3 +111,12 @@ class Engine(Protocol):
     async def version(self) -> int: ...
 
     async def num_in_flight(self) -> int: ...
+
+
+async def wait_until_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """True once `event` is set, False if `timeout_s` passes first (engines' `wait_resumed`)."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True

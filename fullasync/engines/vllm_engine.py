@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from fullasync.errors import EngineDiedError
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
 from fullasync.types import FinishReason
 
 
@@ -183,11 +183,7 @@ class VLLMEngineActor:
         self._resumed.set()
 
     async def wait_resumed(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._resumed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_until_set(self._resumed, timeout_s)
 
     async def is_paused(self) -> bool:
         return not self._resumed.is_set()

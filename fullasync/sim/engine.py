@@ -29,7 +29,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, wait_until_set
 from fullasync.types import FinishReason
 
 TOKEN_ID = 7  # every simulated output token has this id
@@ -150,11 +150,7 @@ class SimulatedEngine:
         self._wake.set()
 
     async def wait_resumed(self, timeout_s: float) -> bool:
-        try:
-            await asyncio.wait_for(self._resumed.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_until_set(self._resumed, timeout_s)
 
     async def update_weights(self, named_tensors: object, version: int) -> None:
         if self._pause is None:
