@@ -187,7 +187,7 @@ async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tin
         model = fresh_model(tiny_model_path)
         batch = trainer.build_batch(groups_for(model))
         assert torch.allclose(await trainer.compute_logprobs(batch), batch_hf_logprobs(model, batch), atol=1e-5)
-        metrics = await trainer.train_step(batch)
+        metrics = await trainer.train_step(batch, trainer_version=0)
         assert metrics["num_updates"] == 4 and metrics["kl_loss"] >= 0 and "logprob_gap_max" not in metrics
         assert metrics["correction/tokens_frac/gap_0"] == 1.0  # statistics summed over both ranks
         assert metrics["correction/is_weight_mean"] == 1.0  # gap 0: the loglinear proximal is the behaviour

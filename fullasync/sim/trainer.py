@@ -67,7 +67,7 @@ class SimulatedTrainer:
             tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
         )
 
-    async def train_step(self, batch: SimulatedBatch) -> dict[str, float]:
+    async def train_step(self, batch: SimulatedBatch, trainer_version: int | None = None) -> dict[str, float]:
         seconds = self.cost.step_s(batch.tokens, self.num_devices)
         await asyncio.sleep(seconds)
         self.step += 1

@@ -118,7 +118,7 @@ class TrainingLoop:
         result = self.result
         version = self.weight_sync.version
         batch = self.trainer.build_batch(groups)
-        metrics = dict(await self.trainer.train_step(batch))
+        metrics = dict(await self.trainer.train_step(batch, version))
         timing = await self.weight_sync.push(await self.trainer.export_weights())
         self.rollouter.on_version()
         for group in groups:
