@@ -40,6 +40,15 @@ class TextDeltas:
         self.ids: list[int] = []
         self.sent = ""
         self.stopped = False  # a held string (tool tag) appeared: send nothing more as content
+        self.generation: StitchedGeneration | None = None  # the stitched whole, once the stream ended
+
+    async def follow(self, stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, str]]:
+        """(token delta, safe text increment) pairs; the stitched generation lands in `self.generation`."""
+        async for item in stream:
+            if isinstance(item, StitchedGeneration):
+                self.generation = item
+                return
+            yield item, self.push(item.output_ids)
 
     def push(self, ids: tuple[int, ...]) -> str:
         self.ids += ids
@@ -82,12 +91,7 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
     texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
     yield _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""),
                  token_ids=tuple(prompt_ids) if token_ids else None)
-    generation: StitchedGeneration | None = None
-    async for item in stream:
-        if isinstance(item, StitchedGeneration):
-            generation = item
-            break
-        text = texts.push(item.output_ids)
+    async for item, text in texts.follow(stream):
         logprobs = None
         if with_logprobs:
             part = StitchedGeneration(output_ids=list(item.output_ids), output_logprobs=list(item.output_logprobs),
@@ -96,6 +100,7 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
         if text or logprobs is not None or token_ids:
             yield _chunk(chunk_id, created, model, ChoiceDelta(content=text), logprobs=logprobs,
                          token_ids=item.output_ids if token_ids else None)
+    generation = texts.generation
     assert generation is not None
     full = responses.visible_text(chat_tokens, generation)
     content, calls = parser.parse(full) if parser is not None else (full, [])
@@ -128,14 +133,10 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
         return Completion.model_construct(id=chunk_id, object="text_completion", created=created, model=model,
                                           choices=[choice])
 
-    generation: StitchedGeneration | None = None
-    async for item in stream:
-        if isinstance(item, StitchedGeneration):
-            generation = item
-            break
-        text = texts.push(item.output_ids)
+    async for _, text in texts.follow(stream):
         if text:
             yield chunk(text)
+    generation = texts.generation
     assert generation is not None
     full = responses.visible_text(chat_tokens, generation)
     on_done(generation)
