@@ -1,12 +1,14 @@
 """Staleness study: does fully async learn as well as sync, with and without the off-policy correction?
 
 The built-in task (`fullasync train` defaults: 8 groups × 8 episodes per step), the same sample
-budget for every run (`--steps` × 64 trained samples), and ten configurations:
+budget for every run (`--steps` × 64 trained samples), and thirteen configurations (CONFIGS):
 
     sync                            on-policy baseline (correction auto → none)
     fully_async, max_staleness k    k ∈ {1, 4, 8}, partial rollouts on, × correction ∈ {none,
-                                    decoupled/recompute, decoupled/loglinear (the default)}
+                                    decoupled/recompute, decoupled/loglinear, gspo (the default)}
 
+plus CANDIDATES, screened at k = 4 in search of a default and run only when named in `--configs`
+(other corrections and knobs; `sync gspo` tells the objective's own effect from staleness tolerance),
 each with `--seeds` seeds (engine sampling and trainer seeded alike). Every run starts from the
 warm policy: a new trainer, and the engine reset to the warm weights (a weight push, which also
 clears its prefix cache). One process per seed hosts Ray and that seed's engine (a vLLM start
@@ -55,29 +57,54 @@ class StudyConfig:
     max_staleness: int
     correction: str  # "auto" (sync: the default rule gives none) or an explicit correction
     proximal: str = "recompute"  # proximal source of decoupled
+    knobs: tuple[tuple[str, object], ...] = ()  # further TrainerConfig fields, e.g. (("mini_batches", 4),)
 
     @property
     def name(self) -> str:
+        correction = f"{self.correction}/{self.proximal}" if self.correction in PROXIMAL else self.correction
         if self.mode == "sync":
-            return "sync"
-        label = f"decoupled/{self.proximal}" if self.correction == "decoupled" else self.correction
-        return f"async k={self.max_staleness} {label}"
+            label = "sync" if self.correction == "auto" else f"sync {correction}"
+        else:
+            label = f"async k={self.max_staleness} {correction}"
+        return " ".join([label, *(f"{key}={value}" for key, value in self.knobs)])
 
     @property
     def is_default(self) -> bool:
         """Whether this is what `fullasync train` applies when no correction is configured."""
-        from fullasync.trainer.config import DEFAULT_CORRECTION, TrainerConfig
+        from fullasync.config import RunConfig
 
+        trainer = RunConfig().trainer
+        if any(getattr(trainer, key) != value for key, value in self.knobs):
+            return False
         if self.mode == "sync":
-            return True
-        return self.correction == DEFAULT_CORRECTION.value and self.proximal == TrainerConfig().proximal
+            return self.correction == "auto"
+        default = RunConfig(mode="fully_async", max_staleness=self.max_staleness).resolved_trainer()
+        return (self.correction == default.correction
+                and (self.correction not in PROXIMAL or self.proximal == default.proximal))
 
 
+PROXIMAL = ("token_tis", "seq_tis", "token_mask", "seq_mask", "decoupled", "token_rs")  # corrections with a proximal policy
 CONFIGS = [StudyConfig("sync", 0, "auto")] + [
     StudyConfig("fully_async", k, correction, proximal)
     for k in STALENESS
-    for correction, proximal in (("none", "recompute"), ("decoupled", "recompute"), ("decoupled", "loglinear"))
+    for correction, proximal in (("none", "recompute"), ("decoupled", "recompute"), ("decoupled", "loglinear"),
+                                 ("gspo", "recompute"))
 ]
+# Screened at staleness 4 in search of a default that holds there (`--configs` picks them by name).
+CANDIDATES = [
+    StudyConfig("sync", 0, "gspo"),  # is the default's gain over `none` staleness tolerance, or GSPO itself?
+    StudyConfig("sync", 0, "auto", knobs=(("mini_batches", 4),)),
+    StudyConfig("fully_async", 4, "decoupled", "recompute", (("mini_batches", 4),)),
+    StudyConfig("fully_async", 4, "decoupled", "loglinear", (("mini_batches", 4),)),
+    StudyConfig("fully_async", 4, "decoupled", "loglinear", (("mask_high", 2.0),)),
+    StudyConfig("fully_async", 4, "token_tis", "loglinear", (("is_threshold", 1.0),)),
+    StudyConfig("fully_async", 4, "token_mask", "loglinear", (("mask_low", 0.5), ("mask_high", 2.0))),
+    StudyConfig("fully_async", 4, "token_rs", "loglinear"),
+    StudyConfig("fully_async", 4, "token_rs", "loglinear", (("mask_high", 2.0),)),
+    StudyConfig("fully_async", 4, "token_rs", "recompute"),
+    StudyConfig("fully_async", 4, "cispo"),
+]
+CATALOGUE = CONFIGS + CANDIDATES
 
 
 def run_config(spec: dict) -> object:
@@ -91,7 +118,8 @@ def run_config(spec: dict) -> object:
         mode=spec["mode"], max_staleness=spec["max_staleness"] if spec["mode"] != "sync" else -1,
         total_steps=spec["steps"], val_every=spec["val_every"], val_samples_per_row=spec["val_samples"],
         seed=spec["seed"],
-        trainer=replace(base.trainer, correction=spec["correction"], proximal=spec["proximal"], seed=spec["seed"]),
+        trainer=replace(base.trainer, correction=spec["correction"], proximal=spec["proximal"], seed=spec["seed"],
+                        **dict(spec.get("knobs", ()))),
         output_dir=str(REPO / "outputs" / "staleness_study" / spec["run_id"]),
     )
 
@@ -175,15 +203,15 @@ def run_study(args: argparse.Namespace) -> None:
     for seed in range(args.seeds):  # seed-major: an interrupted study has whole seeds
         done = {r["run_id"] for r in load_results(args.steps) if "error" not in r}
         specs = []
-        for study in CONFIGS:
-            if args.configs and study.name not in args.configs:
+        for study in CATALOGUE:
+            if study.name not in args.configs if args.configs else study not in CONFIGS:
                 continue
             label = study.name.replace(" ", "_").replace("=", "").replace("/", "-")
             run_id = f"{label}_steps{args.steps}_seed{seed}"
             if run_id not in done:
                 specs.append({"run_id": run_id, "name": study.name, "mode": study.mode,
                               "max_staleness": study.max_staleness, "correction": study.correction,
-                              "proximal": study.proximal,
+                              "proximal": study.proximal, "knobs": list(study.knobs),
                               "seed": seed, "steps": args.steps, "val_every": args.val_every,
                               "val_samples": args.val_samples})
         if not specs:
@@ -221,11 +249,19 @@ def within_noise(a: list[float], b: list[float]) -> tuple[float, float, bool]:
     return difference, error, abs(difference) <= 2 * error
 
 
+SCHEDULE_KNOBS = ("mini_batches", "ppo_epochs")  # knobs that change sync too: its baseline shares them
+
+
+def baseline(config: StudyConfig) -> str:
+    """Name of the sync run a configuration is compared with: same update schedule."""
+    return StudyConfig("sync", 0, "auto", knobs=tuple(kv for kv in config.knobs if kv[0] in SCHEDULE_KNOBS)).name
+
+
 def write_report(results: list[dict], command: str) -> None:
     ok = [r for r in results if "error" not in r]
     failed = [r for r in results if "error" in r and r["run_id"] not in {o["run_id"] for o in ok}]
-    by_name = {c.name: [r for r in ok if r["name"] == c.name] for c in CONFIGS}
-    sync = [r["val_after"] for r in by_name["sync"]]
+    shown = [c for c in CATALOGUE if c in CONFIGS or any(r["name"] == c.name for r in ok)]
+    by_name = {c.name: [r for r in ok if r["name"] == c.name] for c in shown}
     lines = [
         "# Staleness study: fully async vs sync, with and without the off-policy correction",
         "",
@@ -234,97 +270,118 @@ def write_report(results: list[dict], command: str) -> None:
         f"    {command}",
         "",
         "The built-in task (single-digit sums; warm-started tiny policy), 8 groups × 8 episodes per step,",
-        "one optimizer update per step, the same number of trained samples in every run; every run starts",
-        "from the warm policy (a fresh trainer; the seed's engine reset to the warm weights). Corrections:",
-        "`none` is plain PPO clipped against the behaviour log-probs; `decoupled/<proximal>` is AReaL's",
-        "decoupled PPO (clip against the proximal policy, weight by proximal/behaviour, weights above 5",
-        "zeroed) with the proximal log-probs recomputed by a forward pass or interpolated by version gap",
-        "(loglinear). **(default)** marks what runs when no correction is configured (sync: `none`).",
+        "the same number of trained samples in every run; every run starts from the warm policy (a fresh",
+        "trainer; the seed's engine reset to the warm weights). Corrections: `none` is plain PPO clipped",
+        "against the behaviour log-probs; `decoupled/<proximal>` is AReaL's decoupled PPO (clip against the",
+        "proximal policy, weight by proximal/behaviour, weights above `mask_high` zeroed) with the proximal",
+        "log-probs recomputed by a forward pass or interpolated by version gap (loglinear); `token_tis` and",
+        "`token_mask` truncate or mask the per-token weight instead. Trailing `knob=value` are TrainerConfig",
+        "fields changed from the built-in run's (`mini_batches`: optimizer updates per step).",
+        "**(default)** marks what runs when no correction is configured (sync: `none`); Δ is against the",
+        "sync run with the same update schedule.",
         f"Accuracy: mean reward of {ok[0]['val_samples'] if ok else '?'} episodes on each of the 11 held-out "
-        "rows. samples/s:",
-        "trained samples / training wall time (periodic validations included), on a shared 2-core CPU.",
+        "rows. samples/s: trained samples / training wall time (periodic validations included), on a",
+        "shared 2-core CPU.",
         "",
-        "| configuration | correction used | seeds | accuracy before | final accuracy (mean ± std) "
+        "| configuration | correction used | seeds | accuracy before | final accuracy (mean ± std) | worst seed "
         "| Δ vs sync | samples/s (mean ± std) | mean token staleness | mean KL k3 (behaviour ‖ current) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for config in CONFIGS:
+    for config in shown:
         runs = by_name[config.name]
         if not runs:
-            lines.append(f"| {config.name} | – | 0 | – | – | – | – | – | – |")
+            lines.append(f"| {config.name} | – | 0 | – | – | – | – | – | – | – |")
             continue
         before, _ = mean_std([r["val_before"] for r in runs])
         accuracy, accuracy_std = mean_std([r["val_after"] for r in runs])
         speed, speed_std = mean_std([r["samples_per_s"] for r in runs])
-        delta = f"{accuracy - statistics.fmean(sync):+.3f}" if sync and config.name != "sync" else "–"
+        sync = [r["val_after"] for r in by_name.get(baseline(config), [])]
+        delta = f"{accuracy - statistics.fmean(sync):+.3f}" if sync and config.mode != "sync" else "–"
         marker = " **(default)**" if config.is_default else ""
         lines.append(
             f"| {config.name}{marker} | {runs[0]['correction_used']} | {len(runs)} | {before:.3f} | "
-            f"{accuracy:.3f} ± {accuracy_std:.3f} | {delta} | {speed:.2f} ± {speed_std:.2f} | "
+            f"{accuracy:.3f} ± {accuracy_std:.3f} | {min(r['val_after'] for r in runs):.3f} | {delta} | "
+            f"{speed:.2f} ± {speed_std:.2f} | "
             f"{statistics.fmean(r['mean_staleness'] for r in runs):.2f} | "
             f"{statistics.fmean(r['kl_k3_mean'] for r in runs):.4f} |"
         )
     lines += ["", f"![held-out accuracy vs trained samples]({PLOT.name})", ""]
-    lines += verdict_lines(by_name, sync)
+    lines += verdict_lines(shown, by_name)
     if failed:
         lines += ["", "Runs that failed (not in the table):", ""]
         lines += [f"- {r['run_id']}: {r['error']}" for r in failed]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     notes = TABLE.read_text().partition(NOTES)[2] if TABLE.exists() else ""
     TABLE.write_text("\n".join(lines) + "\n" + (f"\n{NOTES}{notes}" if notes else ""))
-    plot(by_name)
+    plot([c for c in shown if c in CONFIGS or (c.mode == "sync" and not c.knobs)], by_name)  # screened ones: table
 
 
-def verdict_lines(by_name: dict[str, list[dict]], sync: list[float]) -> list[str]:
+def verdict_lines(shown: list[StudyConfig], by_name: dict[str, list[dict]]) -> list[str]:
     lines = ["Within noise means |Δ| ≤ 2 standard errors of the difference of means (Welch)."]
-    for config in CONFIGS[1:]:
+    for config in shown:
         runs = [r["val_after"] for r in by_name[config.name]]
-        if len(runs) < 2 or len(sync) < 2:
+        sync = [r["val_after"] for r in by_name.get(baseline(config), [])]
+        if config.mode == "sync" or len(runs) < 2 or len(sync) < 2:
             continue
         difference, error, ok = within_noise(runs, sync)
         marker = " (default)" if config.is_default else ""
-        lines.append(f"- {config.name}{marker}: Δ = {difference:+.3f} ± {error:.3f} (s.e.) vs sync — "
-                     + ("within noise of sync" if ok else "outside noise of sync"))
+        verdict = "within noise of sync" if ok else ("above sync" if difference > 0 else "below sync") + ", beyond noise"
+        lines.append(f"- {config.name}{marker}: Δ = {difference:+.3f} ± {error:.3f} (s.e.) vs {baseline(config)} — "
+                     + verdict)
     return lines
 
 
-def plot(by_name: dict[str, list[dict]]) -> None:
+def plot(shown: list[StudyConfig], by_name: dict[str, list[dict]]) -> None:
+    """One panel per staleness: its corrections against the sync baselines (mean ± std over seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(11, 5.5))
-    colors = {1: "tab:blue", 4: "tab:orange", 8: "tab:red"}
-    for name, runs in by_name.items():
-        if not runs:
-            continue
-        points = sorted({samples for r in runs for samples, _ in r["curve"]})
-        # runs validate at the same sample counts (same steps); average those present in every run
-        common = [p for p in points if all(any(s == p for s, _ in r["curve"]) for r in runs)]
-        means, stds = [], []
-        for p in common:
-            values = [next(a for s, a in r["curve"] if s == p) for r in runs]
-            mean, std = mean_std(values)
-            means.append(mean)
-            stds.append(std)
-        if name == "sync":
-            style = {"color": "black", "linestyle": "-", "linewidth": 2.2}
-        else:
-            k = int(name.split("k=")[1].split()[0])
-            dashes = {"none": ":", "decoupled/recompute": "--", "decoupled/loglinear": "-"}
-            style = {"color": colors[k], "linestyle": dashes[name.split()[-1]]}
-        axes.plot(common, means, marker="o", markersize=3, label=f"{name} (n={len(runs)})", **style)
-        axes.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                          color=style["color"], alpha=0.08)
-    axes.set_xlabel("trained samples")
-    axes.set_ylabel("held-out accuracy")
-    axes.set_title("Built-in task: held-out accuracy vs samples (mean ± std over seeds)")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    staleness = sorted({c.max_staleness for c in shown if c.mode != "sync"}) or [0]
+    figure, panels = plt.subplots(1, len(staleness), figsize=(5.2 * len(staleness), 4.8), sharey=True, squeeze=False)
+    dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 3))]
+    labels = [c.name.split(" ", 2)[-1] for c in shown if c.mode != "sync"]
+    labels = list(dict.fromkeys(labels))
+    colors = plt.get_cmap("tab10")
+    for axes, k in zip(panels[0], staleness):
+        for config in [c for c in shown if c.mode == "sync" or c.max_staleness == k]:
+            runs = by_name[config.name]
+            if not runs:
+                continue
+            common, means, stds = curve(runs)
+            if config.mode == "sync":
+                style = {"color": "black" if config.correction == "auto" else "dimgray", "linewidth": 2.2,
+                         "linestyle": "-" if config.correction == "auto" else ":"}
+            else:
+                index = labels.index(config.name.split(" ", 2)[-1])
+                style = {"color": colors(index), "linestyle": dashes[index % len(dashes)],
+                         "linewidth": 2.2 if config.is_default else 1.4}
+            label = config.name.removeprefix(f"async k={k} ") + (" (default)" if config.is_default else "")
+            axes.plot(common, means, marker="o", markersize=3, label=f"{label} (n={len(runs)})", **style)
+            axes.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                              color=style["color"], alpha=0.07)
+        axes.set_title(f"max_staleness {k}")
+        axes.set_xlabel("trained samples")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="lower right")
+    panels[0][0].set_ylabel("held-out accuracy")
+    figure.suptitle("Built-in task: held-out accuracy vs trained samples (mean ± std over seeds)")
     figure.tight_layout()
     figure.savefig(PLOT, dpi=120)
     plt.close(figure)
+
+
+def curve(runs: list[dict]) -> tuple[list[int], list[float], list[float]]:
+    """Sample counts validated in every run, with the mean and std of accuracy there."""
+    points = sorted({samples for r in runs for samples, _ in r["curve"]})
+    common = [p for p in points if all(any(s == p for s, _ in r["curve"]) for r in runs)]
+    means, stds = [], []
+    for p in common:
+        mean, std = mean_std([next(a for s, a in r["curve"] if s == p) for r in runs])
+        means.append(mean)
+        stds.append(std)
+    return common, means, stds
 
 
 def main() -> None:
@@ -343,9 +400,9 @@ def main() -> None:
     args = parser.parse_args()
     args.command = (f".venv/bin/python bench/staleness_study.py --steps {args.steps} --seeds {args.seeds} "
                     f"--val-every {args.val_every} --val-samples {args.val_samples}")
-    unknown = set(args.configs) - {c.name for c in CONFIGS}
+    unknown = set(args.configs) - {c.name for c in CATALOGUE}
     if unknown:
-        parser.error(f"--configs: unknown {sorted(unknown)}; the names are {[c.name for c in CONFIGS]}")
+        parser.error(f"--configs: unknown {sorted(unknown)}; the names are {[c.name for c in CATALOGUE]}")
     if args.run_seed:
         asyncio.run(run_seed(json.loads(args.run_seed)))
         return

@@ -74,7 +74,7 @@ class RunConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     data: DataSection = field(default_factory=DataSection)
     # Sized for the built-in task. trainer.correction=auto applies the default off-policy correction
-    # (decoupled PPO, loglinear proximal) whenever staleness > 0, plain PPO when the data is on-policy.
+    # (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32))
 
     @property
@@ -94,7 +94,7 @@ class RunConfig:
     @property
     def correction(self) -> Correction:
         """The off-policy correction of this run: trainer.correction, with `auto` resolved by staleness."""
-        return default_correction(self.trainer.correction, self.staleness)
+        return default_correction(self.trainer.correction, self.staleness, self.trainer.policy_loss)
 
     def resolved_trainer(self) -> TrainerConfig:
         """The trainer's config with `auto` resolved for this run's staleness (what VerlTrainer gets)."""
@@ -106,6 +106,9 @@ class RunConfig:
         correction = used.resolved_correction
         if trainer is not None and correction is not self.correction:
             why = "set on the given trainer"
+        elif self.trainer.correction == Correction.AUTO.value and self.staleness > 0 \
+                and self.trainer.policy_loss != "vanilla":
+            why = f"policy_loss={self.trainer.policy_loss} chosen, applied to the behaviour log-probs as is"
         elif self.trainer.correction == Correction.AUTO.value:
             why = f"default for max_staleness={self.staleness}"
         else:

@@ -86,6 +86,27 @@ def test_behaviour_corrections_clip_against_the_behaviour_policy_without_weights
     assert not config.recomputes_proximal
 
 
+def test_token_rs_clips_against_the_behaviour_policy_and_drops_drifted_tokens():
+    result = corrected("token_rs")
+    assert torch.equal(result.old_log_probs, BEHAVIOUR)
+    # r = [[3, 0.4, 1], [6, 1, -]], kept where 0.5 <= r <= 5; a kept token's weight is 1, not r
+    assert torch.equal(result.weights, torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+    stats = result.stats
+    assert (stats.weighted_tokens, stats.clipped, stats.masked) == (5, 0, 2)
+    assert stats.weight_max == 1.0
+    assert TrainerConfig(correction="token_rs", proximal="recompute").recomputes_proximal
+
+
+def test_token_rs_loglinear_drift_grows_with_the_version_gap():
+    # the same θ − b = 2 on every token: α(θ − b) = 2g/(g+1), so r = e^{2g/(g+1)} crosses hi = 5 (ln 5 = 1.61)
+    # between gap 3 (r = e^1.5 = 4.5, kept) and gap 7 (r = e^1.75 = 5.75, dropped); gap 0 always stays
+    behaviour = torch.full((1, 3), -3.0)
+    result = corrected("token_rs", proximal="loglinear", recomputed=None, behaviour=behaviour,
+                       current=behaviour + 2.0, versions=torch.tensor([[7, 4, 0]]),
+                       response_mask=torch.ones((1, 3), dtype=torch.long), trainer_version=7)
+    assert torch.equal(result.weights, torch.tensor([[1.0, 1.0, 0.0]]))
+
+
 def test_loglinear_token_tis_uses_version_interpolated_proximal_mid_sequence():
     result = corrected("token_tis", proximal="loglinear", recomputed=None)
     # gaps [[0, 1, 3], [2, 2]] → α [[0, 1/2, 3/4], [2/3, 2/3]]; p − b = α (θ − b)
@@ -191,6 +212,22 @@ def test_decoupled_loss_and_gradient_match_the_hand_computed_objective():
     assert torch.allclose(gradient, expected_gradient, atol=1e-6)
 
 
+def test_token_rs_loss_and_gradient_match_the_hand_computed_objective():
+    config = TrainerConfig(correction="token_rs", proximal="recompute")
+    batch = train_batch(BEHAVIOUR, VERSIONS, MASK, ADVANTAGES)
+    loss, gradient, _ = loss_and_grad(config, batch, CURRENT, PROXIMAL, TRAINER_VERSION)
+    keep = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    ratio = torch.exp(CURRENT - BEHAVIOUR)  # π_θ / π_behaviour: the PPO ratio is against the sampling policy
+    clipped = ratio.clamp(0.8, 1.2)
+    per_token = torch.maximum(-ADVANTAGES * ratio, -ADVANTAGES * clipped)
+    per_token = torch.where(ADVANTAGES < 0, torch.minimum(per_token, -ADVANTAGES * 3.0), per_token)
+    assert loss == pytest.approx(float((keep * per_token * MASK).sum() / MASK.sum()), rel=1e-5)
+    unclipped = -ADVANTAGES * ratio >= -ADVANTAGES * clipped
+    active = unclipped & ((ADVANTAGES >= 0) | (-ADVANTAGES * ratio < -ADVANTAGES * 3))
+    expected_gradient = torch.where(active, -keep * ADVANTAGES * ratio, torch.zeros(())) * MASK / MASK.sum()
+    assert torch.allclose(gradient, expected_gradient, atol=1e-6)
+
+
 ALL_CORRECTIONS = [c.value for c in Correction if c is not Correction.AUTO]
 
 
@@ -213,7 +250,8 @@ def test_all_masked_sequences_and_micro_batches_train_nothing_and_do_not_fail(co
     config = TrainerConfig(correction=correction, proximal="recompute")
     mask = torch.tensor([[1, 1, 1], [0, 0, 0]])
     batch = train_batch(BEHAVIOUR, VERSIONS, mask, ADVANTAGES)
-    _, gradient, _ = loss_and_grad(config, batch, CURRENT, PROXIMAL, TRAINER_VERSION)
+    near = BEHAVIOUR + 0.1  # θ within every clip range of b, so row 0's kept tokens carry a gradient
+    _, gradient, _ = loss_and_grad(config, batch, near, PROXIMAL, TRAINER_VERSION)
     assert torch.equal(gradient[1], torch.zeros(3)) and gradient[0].abs().sum() > 0
     weights = corrected(correction, response_mask=mask).weights
     assert weights is None or torch.equal(weights[1], torch.zeros(3))
@@ -224,7 +262,7 @@ def test_all_masked_sequences_and_micro_batches_train_nothing_and_do_not_fail(co
     assert corrected(correction, response_mask=torch.zeros_like(MASK)).stats.metrics() == {}
 
 
-@pytest.mark.parametrize("correction", ["token_mask", "seq_mask", "decoupled"])
+@pytest.mark.parametrize("correction", ["token_mask", "seq_mask", "decoupled", "token_rs"])
 def test_a_micro_batch_whose_every_weight_is_zeroed_trains_nothing_and_does_not_fail(correction):
     far = torch.tensor([[LN(9.0), LN(9.0), LN(9.0)], [LN(8.0), LN(8.0), 0.0]])  # every r and ρ above 5
     batch = train_batch(BEHAVIOUR, VERSIONS, MASK, ADVANTAGES)
@@ -257,15 +295,25 @@ def test_the_loss_records_statistics_only_while_recording():
 
 def test_default_correction_rule_follows_staleness():
     assert RunConfig(mode="sync").correction is Correction.NONE
-    assert RunConfig(mode="fully_async").correction is Correction.DECOUPLED  # staleness 2
-    assert RunConfig(mode="one_step_off").resolved_trainer().correction == "decoupled"
+    assert RunConfig(mode="fully_async").correction is Correction.GSPO  # staleness 2
+    assert RunConfig(mode="one_step_off").resolved_trainer().correction == "gspo"
+    assert RunConfig(mode="one_step_off").resolved_trainer().loss_mode == "gspo"
     assert RunConfig(mode="sync").resolved_trainer().correction == "none"
     chosen = RunConfig(mode="fully_async", max_staleness=4, trainer=TrainerConfig(correction="seq_tis"))
     assert chosen.correction is Correction.SEQ_TIS
-    assert RunConfig().correction_summary() == "correction=decoupled (default for max_staleness=2, proximal=loglinear)"
+    assert RunConfig().correction_summary() == "correction=gspo (default for max_staleness=2)"
     assert chosen.correction_summary() == "correction=seq_tis (chosen, proximal=loglinear)"
     assert RunConfig(mode="sync").correction_summary() == "correction=none (default for max_staleness=0)"
-    assert TrainerConfig().resolved_correction is Correction.DECOUPLED  # a trainer alone: staleness unknown
+    assert TrainerConfig().resolved_correction is Correction.GSPO  # a trainer alone: staleness unknown
+
+
+def test_auto_keeps_a_chosen_policy_loss():
+    run = RunConfig(mode="fully_async", max_staleness=4, trainer=TrainerConfig(policy_loss="cispo"))
+    run.validate()  # auto does not turn into gspo and contradict the chosen loss
+    assert run.correction is Correction.NONE and run.resolved_trainer().loss_mode == "cispo"
+    assert run.correction_summary() == ("correction=none (policy_loss=cispo chosen, applied to the behaviour "
+                                        "log-probs as is)")
+    assert TrainerConfig(policy_loss="cispo").resolved_correction is Correction.NONE
 
 
 def test_choosing_none_with_staleness_warns_and_is_allowed():

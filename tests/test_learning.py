@@ -1,7 +1,9 @@
 """The learning check: fully async with partial rollouts raises held-out accuracy on the built-in task.
 
 A fresh engine and trainer (the policy must start from the warm-up), the `make run` defaults
-(60 steps of 8 groups × 8 episodes, max_staleness 2). Seen here: 0.15 → 0.50; asserted: +0.15.
+(60 steps of 8 groups × 8 episodes, max_staleness 2, the default correction). Seen here: 0.15 →
+0.50; asserted: +0.15. Answers are 2–3 tokens, so whether a push lands mid-generation depends on
+timing; that partial rollouts resume is asserted in test_training_loop with answers that outlast a step.
 """
 
 from __future__ import annotations
@@ -17,5 +19,4 @@ async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster,
     result = await AsyncAgentTrainer(config).train_async()
     assert result.steps == config.total_steps == 60
     assert result.max_token_staleness <= 2
-    assert sum(step["rollout/resumed_calls"] for step in result.history) > 0  # partial rollouts did happen
     assert result.val_after - result.val_before >= MARGIN, (result.val_before, result.val_after)

@@ -22,7 +22,8 @@ RESPONSES = ((300, 301, 302), (310, 311), (320, 321, 322, 323), (330,), (340, 34
 @pytest.fixture(scope="module")
 async def trainer(ray_cluster, tiny_model_path):
     # decoupled PPO with recomputed proximal log-probs (the first test checks them against a plain forward)
-    config = TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120, proximal="recompute")
+    config = TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120, correction="decoupled",
+                           proximal="recompute")
     trainer = VerlTrainer(tiny_model_path, config)
     await trainer.start()
     yield trainer

@@ -96,6 +96,25 @@ async def test_an_epoch_accounts_for_every_row_and_survives_failing_rollouts(sta
     assert result.steps == -(-result.outcomes.get("trained", 0) // 4)
 
 
+async def test_fully_async_pushes_interrupt_long_generations_which_resume_under_new_weights(stack, tmp_path):
+    """Answers of 96 tokens outlast a train step, so pushes land mid-generation: partial rollouts happen."""
+    engines, trainer = stack
+
+    async def long_rollout(client, row):
+        await client.chat.completions.create(model="policy", messages=arithmetic.messages(row), max_tokens=96,
+                                             extra_body={"ignore_eos": True})
+        return 1.0 if client.episode.id.endswith("/0") else 0.0  # a reward spread, so every group trains
+
+    rows = arithmetic.ArithmeticTask().rows("train")[:24]
+    run = AsyncAgentTrainer(config(tmp_path, mode="fully_async", partial_rollout=True, max_staleness=2),
+                            rollout_fn=long_rollout, train_dataset=rows, val_dataset=None)
+    result = await run.train_async(engines=engines, trainer=trainer)
+    assert result.steps == 3
+    assert sum(step["rollout/resumed_calls"] for step in result.history) > 0
+    assert sum(step["rollout/resubmitted_tokens"] for step in result.history) > 0
+    assert result.max_token_staleness <= 2
+
+
 HARNESS_SCRIPT = """
 import json, sys
 from openai import OpenAI

@@ -22,13 +22,14 @@ ESTIMATOR_INPUTS = ("token_level_rewards", "response_mask", "index", "config", "
 class Correction(str, enum.Enum):
     """Off-policy corrections of the policy loss; formulas in `fullasync.trainer.corrections`."""
 
-    AUTO = "auto"  # DEFAULT when the data may be stale (staleness > 0), NONE when it is on-policy
+    AUTO = "auto"  # DEFAULT_CORRECTION when the data may be stale (staleness > 0), NONE when it is on-policy
     NONE = "none"  # PPO clipped against the behaviour log-probs, no weights (the baseline)
     TOKEN_TIS = "token_tis"  # PPO against the proximal policy × per-token truncated IS weight (TIS)
     SEQ_TIS = "seq_tis"  # PPO against the proximal policy × per-sequence truncated IS weight
     TOKEN_MASK = "token_mask"  # PPO against the proximal policy × per-token IS weight, zeroed out of range (IcePop)
     SEQ_MASK = "seq_mask"  # PPO against the proximal policy × per-sequence IS weight, zeroed out of range (MIS)
     DECOUPLED = "decoupled"  # AReaL decoupled PPO: proximal clip × proximal/behaviour weight, capped
+    TOKEN_RS = "token_rs"  # PPO against the behaviour policy, tokens whose proximal/behaviour ratio is out of range dropped
     GSPO = "gspo"  # sequence-level (length-normalised) ratio clipped against the behaviour policy
     CISPO = "cispo"  # clipped, stop-gradient IS weight × log-prob, against the behaviour policy
 
@@ -40,23 +41,29 @@ class ProximalSource(str, enum.Enum):
     RECOMPUTE = "recompute"  # a forward pass of the trainer's weights before the update (exact)
 
 
-DEFAULT_CORRECTION = Correction.DECOUPLED
+# What `auto` applies to possibly stale data: chosen by docs/staleness_study.md, where GSPO at max_staleness 4
+# learned as well as sync and the token-level corrections (decoupled, TIS, IcePop masks, token_rs) did not.
+DEFAULT_CORRECTION = Correction.GSPO
 PROXIMAL_CORRECTIONS = frozenset(
-    {Correction.TOKEN_TIS, Correction.SEQ_TIS, Correction.TOKEN_MASK, Correction.SEQ_MASK, Correction.DECOUPLED}
+    {Correction.TOKEN_TIS, Correction.SEQ_TIS, Correction.TOKEN_MASK, Correction.SEQ_MASK, Correction.DECOUPLED,
+     Correction.TOKEN_RS}
 )
 LOSS_CORRECTIONS = frozenset({Correction.GSPO, Correction.CISPO})  # corrections that are a verl policy loss
 
 
-def default_correction(correction: str, staleness: int | None) -> Correction:
+def default_correction(correction: str, staleness: int | None, policy_loss: str = "vanilla") -> Correction:
     """The correction a run uses: the chosen one, or for `auto` DEFAULT_CORRECTION unless staleness is 0.
 
-    `staleness` None means unknown (a trainer used on its own): then `auto` is DEFAULT_CORRECTION,
-    which at version gap 0 reduces to on-policy PPO anyway.
+    `staleness` None means unknown (a trainer used on its own): then `auto` is DEFAULT_CORRECTION.
+    A chosen `policy_loss` other than vanilla is kept: `auto` then adds no correction (NONE), since
+    the default correction is itself a policy loss.
     """
     chosen = Correction(correction)
     if chosen is not Correction.AUTO:
         return chosen
-    return Correction.NONE if staleness == 0 else DEFAULT_CORRECTION
+    if staleness == 0 or policy_loss != "vanilla":
+        return Correction.NONE
+    return DEFAULT_CORRECTION
 
 
 @dataclass
@@ -81,11 +88,11 @@ class TrainerConfig:
     kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 = no reference model is loaded
     kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the KL loss: k1, k2, low_var_kl (k3), abs
     temperature: float = 1.0  # sampling temperature of the rollout; the trainer divides logits by it
-    correction: str = "auto"  # none|token_tis|seq_tis|token_mask|seq_mask|decoupled|gspo|cispo; auto: by staleness
+    correction: str = "auto"  # none|token_tis|seq_tis|token_mask|seq_mask|decoupled|token_rs|gspo|cispo; auto: by staleness
     proximal: str = "loglinear"  # proximal log-probs: loglinear (by version gap, no forward pass) | recompute
     is_threshold: float = 2.0  # token_tis / seq_tis: importance weights are truncated at this value
-    mask_low: float = 0.5  # token_mask / seq_mask: importance weights below this are zeroed
-    mask_high: float = 5.0  # token_mask / seq_mask / decoupled: importance weights above this are zeroed
+    mask_low: float = 0.5  # token_mask / seq_mask / token_rs: importance weights below this are zeroed (tokens dropped)
+    mask_high: float = 5.0  # token_mask / seq_mask / decoupled / token_rs: weights above this are zeroed (dropped)
     checkpoint_dir: str = ""  # save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; "" = no default
     seed: int = 0  # seeds torch in the workers and verl's engine
     model_dtype: str = "fp32"  # dtype of parameters, gradients and optimizer state (CPU supports fp32 only)
@@ -116,7 +123,7 @@ class TrainerConfig:
     @property
     def resolved_correction(self) -> Correction:
         """The correction this trainer applies (`auto` with unknown staleness: DEFAULT_CORRECTION)."""
-        return default_correction(self.correction, None)
+        return default_correction(self.correction, None, self.policy_loss)
 
     @property
     def loss_mode(self) -> str:
@@ -136,7 +143,7 @@ class TrainerConfig:
 
     def for_staleness(self, staleness: int) -> TrainerConfig:
         """A copy with `auto` resolved for data at most `staleness` versions old."""
-        return replace(self, correction=default_correction(self.correction, staleness).value)
+        return replace(self, correction=default_correction(self.correction, staleness, self.policy_loss).value)
 
     def _check_correction(self) -> None:
         names = [c.value for c in Correction]

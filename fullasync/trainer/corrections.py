@@ -27,6 +27,11 @@ The loss is `agg_t( w_t · PPO_t(old) )` (agg = `loss_agg_mode`), with per corre
     token_mask   old = p   w_t = r_t · 1[lo ≤ r_t ≤ hi]   IcePop; lo, hi = mask_low, mask_high
     seq_mask     old = p   w_t = ρ_i · 1[lo ≤ ρ_i ≤ hi]   masked IS over the whole sequence
     decoupled    old = p   w_t = r_t · 1[r_t ≤ hi]        AReaL's decoupled PPO with its weight cap
+    token_rs     old = b   w_t = 1[lo ≤ r_t ≤ hi]         PPO against the behaviour policy (the ratio
+                                                         θ/b is the importance weight), tokens whose
+                                                         proximal policy has drifted out of range
+                                                         dropped: verl's bypass mode with token-level
+                                                         rejection sampling, drift measured per token
     gspo         old = b   verl gspo: ratio s_i = exp(mean_t(θ_t − b_t)) per sequence, clipped
     cispo        old = b   verl cispo: −sg(clip(exp(θ_t − b_t))) · A_t · θ_t
 
@@ -62,7 +67,7 @@ import torch
 
 from fullasync.trainer.config import Correction, ProximalSource, TrainerConfig
 
-TOKEN_LEVEL = frozenset({Correction.TOKEN_TIS, Correction.TOKEN_MASK, Correction.DECOUPLED})
+TOKEN_LEVEL = frozenset({Correction.TOKEN_TIS, Correction.TOKEN_MASK, Correction.DECOUPLED, Correction.TOKEN_RS})
 SEQUENCE_LEVEL = frozenset({Correction.SEQ_TIS, Correction.SEQ_MASK})
 # Lower bound handed to verl's IcePop for `decoupled` (an upper cap only): below any weight
 # exp(-LOG_RATIO_BOUND) that verl's clamped log-ratio can produce, so nothing is zeroed from below.
@@ -198,9 +203,28 @@ def correct(
         proximal = recomputed
     proximal = torch.where(mask, proximal, behaviour).detach()
     log_ratio = (proximal - behaviour) * mask
+    if correction is Correction.TOKEN_RS:
+        keep = rejection_mask(log_ratio, response_mask, config)
+        _add_weight_stats(stats, keep, mask.to(keep.dtype), mask)  # a kept token's weight is 1: never clipped
+        return CorrectedInputs(behaviour, keep, stats)
     weights = importance_weights(correction, log_ratio, response_mask, config)
     _add_weight_stats(stats, weights, _raw_weights(correction, log_ratio, mask), mask)
     return CorrectedInputs(proximal, weights, stats)
+
+
+def rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, config: TrainerConfig) -> torch.Tensor:
+    """1 where mask_low ≤ r_t ≤ mask_high, else 0, by verl's `compute_rollout_rejection_mask` (token_k1).
+
+    verl's token_k1 statistic is −log r, so its bounds are the reciprocals of the ratio bounds.
+    """
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
+
+    mask = response_mask.to(log_ratio.dtype)
+    if not bool(mask.any()):  # verl rejects a micro-batch without sampled tokens
+        return torch.zeros_like(log_ratio)
+    kept, _ = compute_rollout_rejection_mask(log_ratio.detach(), mask, rollout_rs="token_k1",
+                                             rollout_rs_threshold=f"{1.0 / config.mask_high}_{1.0 / config.mask_low}")
+    return kept.to(log_ratio.dtype)
 
 
 def _raw_weights(correction: Correction, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
