@@ -103,6 +103,12 @@ CANDIDATES = [
     StudyConfig("fully_async", 4, "token_rs", "loglinear", (("mask_high", 2.0),)),
     StudyConfig("fully_async", 4, "token_rs", "recompute"),
     StudyConfig("fully_async", 4, "cispo"),
+    # decoupled PPO in its intended regime: several updates per step at a proportionally smaller lr
+    StudyConfig("sync", 0, "auto", knobs=(("lr", 1.25e-4), ("mini_batches", 4))),
+    StudyConfig("fully_async", 4, "decoupled", "recompute", (("lr", 1.25e-4), ("mini_batches", 4))),
+    StudyConfig("fully_async", 4, "decoupled", "loglinear", (("lr", 1.25e-4), ("mini_batches", 4))),
+    StudyConfig("fully_async", 4, "none", knobs=(("lr", 1.25e-4), ("mini_batches", 4))),
+    StudyConfig("fully_async", 4, "gspo", knobs=(("lr", 1.25e-4), ("mini_batches", 4))),
 ]
 CATALOGUE = CONFIGS + CANDIDATES
 
@@ -249,7 +255,7 @@ def within_noise(a: list[float], b: list[float]) -> tuple[float, float, bool]:
     return difference, error, abs(difference) <= 2 * error
 
 
-SCHEDULE_KNOBS = ("mini_batches", "ppo_epochs")  # knobs that change sync too: its baseline shares them
+SCHEDULE_KNOBS = ("lr", "mini_batches", "ppo_epochs")  # knobs that change sync too: its baseline shares them
 
 
 def baseline(config: StudyConfig) -> str:
