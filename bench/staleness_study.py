@@ -13,9 +13,9 @@ each with `--seeds` seeds (engine sampling and trainer seeded alike). Every run 
 warm policy: a new trainer, and the engine reset to the warm weights (a weight push, which also
 clears its prefix cache). One process per seed hosts Ray and that seed's engine (a vLLM start
 costs about a minute on this machine) and runs the configurations on it through
-`AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)`. The trainer is given
-the engine's weight version at each step (`train_step(batch, trainer_version)`), so the version
-gaps of the loglinear proximal are exact. Held-out accuracy (mean reward of `--val-samples`
+`AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)`; the loop hands the
+trainer the engine's weight version at each step, so the version gaps of the loglinear proximal
+are exact. Held-out accuracy (mean reward of `--val-samples`
 episodes per held-out row) is measured before training, every `--val-every` steps and at the
 end; samples/s is trained samples over the training wall time (the periodic validations, the
 same number in every run, included).
@@ -42,6 +42,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from fullasync.trainer.config import PROXIMAL_CORRECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "outputs" / "staleness_study" / "results.jsonl"
@@ -83,7 +85,7 @@ class StudyConfig:
                 and (self.correction not in PROXIMAL or self.proximal == default.proximal))
 
 
-PROXIMAL = ("token_tis", "seq_tis", "token_mask", "seq_mask", "decoupled", "token_rs")  # corrections with a proximal policy
+PROXIMAL = {c.value for c in PROXIMAL_CORRECTIONS}  # corrections with a proximal policy: named with its source
 CONFIGS = [StudyConfig("sync", 0, "auto")] + [
     StudyConfig("fully_async", k, correction, proximal)
     for k in STALENESS
@@ -138,7 +140,6 @@ async def run_seed(specs: list[dict]) -> None:
     from fullasync.api import AsyncAgentTrainer
     from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
     from fullasync.runtime import init_ray
-    from fullasync.trainer.verl_trainer import VerlTrainer
     from fullasync.weight_sync import WeightSync
 
     first = run_config(specs[0])
@@ -148,16 +149,10 @@ async def run_seed(specs: list[dict]) -> None:
     (engine,) = await launch_vllm_engines(VLLMEngineConfig(
         model_path=model_path, served_model_name=first.model.served_name, dtype=first.engine.dtype,
         max_model_len=first.engine.max_model_len, max_num_seqs=first.engine.max_num_seqs, seed=first.seed))
-    class EngineVersionTrainer(VerlTrainer):
-        """Hands train_step the weight version the engine serves, i.e. the one the trainer holds."""
-
-        async def train_step(self, batch: object, trainer_version: int | None = None) -> dict[str, float]:
-            return await super().train_step(batch, await engine.version())
-
     try:
         for spec in specs:
             await WeightSync([engine], version=await engine.version()).push(warm)  # back to the warm policy
-            record = await run_one(spec, engine, model_path, AsyncAgentTrainer, EngineVersionTrainer)
+            record = await run_one(spec, engine, model_path)
             with RESULTS.open("a") as out:
                 out.write(json.dumps(record) + "\n")
             print(f"[study] {spec['run_id']}: " + (f"error {record['error']}" if "error" in record else
@@ -167,14 +162,17 @@ async def run_seed(specs: list[dict]) -> None:
         await engine.shutdown()
 
 
-async def run_one(spec: dict, engine: object, model_path: str, trainer_api: type, trainer_type: type) -> dict:
+async def run_one(spec: dict, engine: object, model_path: str) -> dict:
     """One training run on `engine` with a fresh trainer; a failure is recorded, not raised."""
+    from fullasync.api import AsyncAgentTrainer
+    from fullasync.trainer.verl_trainer import VerlTrainer
+
     config = run_config(spec)
     started = time.perf_counter()
-    trainer = trainer_type(model_path, config.resolved_trainer())
+    trainer = VerlTrainer(model_path, config.resolved_trainer())
     try:
         await trainer.start()
-        result = await trainer_api(config).train_async(engines=[engine], trainer=trainer)
+        result = await AsyncAgentTrainer(config).train_async(engines=[engine], trainer=trainer)
     except Exception as error:  # recorded in the results and shown in the report
         return {**spec, "error": repr(error)[:300]}
     finally:
@@ -331,7 +329,8 @@ def verdict_lines(shown: list[StudyConfig], by_name: dict[str, list[dict]]) -> l
             continue
         difference, error, ok = within_noise(runs, sync)
         marker = " (default)" if config.is_default else ""
-        verdict = "within noise of sync" if ok else ("above sync" if difference > 0 else "below sync") + ", beyond noise"
+        side = "above sync" if difference > 0 else "below sync"
+        verdict = "within noise of sync" if ok else f"{side}, beyond noise"
         lines.append(f"- {config.name}{marker}: Δ = {difference:+.3f} ± {error:.3f} (s.e.) vs {baseline(config)} — "
                      + verdict)
     return lines

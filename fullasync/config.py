@@ -106,8 +106,7 @@ class RunConfig:
         correction = used.resolved_correction
         if trainer is not None and correction is not self.correction:
             why = "set on the given trainer"
-        elif self.trainer.correction == Correction.AUTO.value and self.staleness > 0 \
-                and self.trainer.policy_loss != "vanilla":
+        elif self.trainer.correction == Correction.AUTO.value and self.staleness > 0 and correction is Correction.NONE:
             why = f"policy_loss={self.trainer.policy_loss} chosen, applied to the behaviour log-probs as is"
         elif self.trainer.correction == Correction.AUTO.value:
             why = f"default for max_staleness={self.staleness}"

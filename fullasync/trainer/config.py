@@ -29,7 +29,7 @@ class Correction(str, enum.Enum):
     TOKEN_MASK = "token_mask"  # PPO against the proximal policy × per-token IS weight, zeroed out of range (IcePop)
     SEQ_MASK = "seq_mask"  # PPO against the proximal policy × per-sequence IS weight, zeroed out of range (MIS)
     DECOUPLED = "decoupled"  # AReaL decoupled PPO: proximal clip × proximal/behaviour weight, capped
-    TOKEN_RS = "token_rs"  # PPO against the behaviour policy, tokens whose proximal/behaviour ratio is out of range dropped
+    TOKEN_RS = "token_rs"  # PPO against the behaviour policy; tokens with proximal/behaviour out of range dropped
     GSPO = "gspo"  # sequence-level (length-normalised) ratio clipped against the behaviour policy
     CISPO = "cispo"  # clipped, stop-gradient IS weight × log-prob, against the behaviour policy
 
@@ -88,10 +88,10 @@ class TrainerConfig:
     kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 = no reference model is loaded
     kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the KL loss: k1, k2, low_var_kl (k3), abs
     temperature: float = 1.0  # sampling temperature of the rollout; the trainer divides logits by it
-    correction: str = "auto"  # none|token_tis|seq_tis|token_mask|seq_mask|decoupled|token_rs|gspo|cispo; auto: by staleness
+    correction: str = "auto"  # auto: by staleness; else none, {token,seq}_{tis,mask}, decoupled, token_rs, gspo, cispo
     proximal: str = "loglinear"  # proximal log-probs: loglinear (by version gap, no forward pass) | recompute
     is_threshold: float = 2.0  # token_tis / seq_tis: importance weights are truncated at this value
-    mask_low: float = 0.5  # token_mask / seq_mask / token_rs: importance weights below this are zeroed (tokens dropped)
+    mask_low: float = 0.5  # token_mask / seq_mask / token_rs: importance weights below this are zeroed (dropped)
     mask_high: float = 5.0  # token_mask / seq_mask / decoupled / token_rs: weights above this are zeroed (dropped)
     checkpoint_dir: str = ""  # save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; "" = no default
     seed: int = 0  # seeds torch in the workers and verl's engine
