@@ -119,6 +119,7 @@ class AsyncAgentTrainer:
         engine_config = VLLMEngineConfig(
             model_path=model_path, served_model_name=cfg.model.served_name, dtype=cfg.engine.dtype,
             max_model_len=cfg.engine.max_model_len, max_num_seqs=cfg.engine.max_num_seqs, seed=cfg.seed,
+            stall_timeout_s=cfg.engine.stall_timeout_s, probe_interval_s=cfg.engine.probe_interval_s,
         )
         started = await asyncio.gather(
             launch_vllm_engines(engine_config, cfg.engine.num_engines) if own_engines else _ready(engines),
@@ -165,7 +166,8 @@ class AsyncAgentTrainer:
         loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync, staleness=staleness,
             batch_size=batch, total_steps=cfg.total_steps, val_every=cfg.val_every,
-            validate=(lambda: evaluate(service, rollouter.run_harness, self.val_rows, cfg.val_samples_per_row))
+            validate=(lambda: evaluate(service, rollouter.run_harness, self.val_rows, cfg.val_samples_per_row,
+                                       cfg.rollout.episode_timeout_s))
             if self.val_rows else None,
             sink=sink,
         )
@@ -187,15 +189,15 @@ async def _ready(value: Any) -> Any:
 
 
 async def evaluate(service: RolloutService, run_harness: Any, rows: list[Any], samples_per_row: int,
-                   concurrency: int = 64) -> float:
-    """Mean reward of `samples_per_row` episodes per row; failures count as 0."""
+                   episode_timeout_s: float, concurrency: int = 64) -> float:
+    """Mean reward of `samples_per_row` episodes per row; failures (and episodes past the timeout) count as 0."""
     limit = asyncio.Semaphore(concurrency)
 
     async def one(index: int, row: Any, sample: int) -> float:
         async with limit:
             client = service.client(f"val-{index}-{sample}")
             try:
-                result = await run_harness(client, row)
+                result = await asyncio.wait_for(run_harness(client, row), episode_timeout_s)
                 return float(result.reward if isinstance(result, Trajectory) else result)
             finally:
                 client.close()

@@ -36,7 +36,8 @@ def _train(cfg) -> None:
     print(
         f"[fullasync] done: {result.steps} steps, {result.trained_samples} samples in {result.train_wall_s:.1f} s "
         f"({result.samples_per_s:.1f} samples/s), rows {result.outcomes}, episode failures "
-        f"{result.episode_failures}, max token staleness {result.max_token_staleness}"
+        f"{result.episode_failures}{f' {result.failure_reasons}' if result.failure_reasons else ''}, "
+        f"max token staleness {result.max_token_staleness}"
     )
     if result.val_before is not None and result.val_after is not None:
         print(f"[fullasync] held-out accuracy: before {result.val_before:.3f} → after {result.val_after:.3f} "

@@ -35,6 +35,8 @@ class EngineSection:
     dtype: str = "float32"  # engine dtype; float32 matches the trainer's log-probs
     max_model_len: int = 1024  # context length (prompt + output)
     max_num_seqs: int = 128  # concurrent sequences per engine
+    stall_timeout_s: float = 120.0  # an engine with in-flight requests and no new token this long is declared dead
+    probe_interval_s: float = 5.0  # how often the engine watchdog probes each engine
 
 
 @dataclass
@@ -134,6 +136,9 @@ class RunConfig:
         if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
             raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
                              "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
+        if not 0 < self.engine.probe_interval_s < self.engine.stall_timeout_s:
+            raise ValueError(f"engine.probe_interval_s={self.engine.probe_interval_s} must be > 0 and below "
+                             f"engine.stall_timeout_s={self.engine.stall_timeout_s}")
         if self.total_steps < 0 or self.data.epochs < 1:
             raise ValueError("total_steps must be >= 0 and data.epochs >= 1")
         self.trainer.validate()

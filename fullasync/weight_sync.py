@@ -37,8 +37,15 @@ class WeightSync:
         self.mode = PauseMode(mode)
         self.version = version
 
+    def check_engines(self) -> None:
+        """Raise the death of the first engine declared dead (the run cannot push to it)."""
+        for engine in self.engines:
+            if engine.death is not None:
+                raise engine.death
+
     async def push(self, named_tensors: object) -> WeightPushTiming:
         """Install `named_tensors` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
+        self.check_engines()
         new_version = self.version + 1
         clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
         start = clock()

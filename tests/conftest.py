@@ -6,8 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from fullasync.client import RolloutService
 from fullasync.engines.protocol import PauseMode
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.gateway import Gateway
 from fullasync.models import build_tiny_model, load_tokenizer
 from fullasync.runtime import init_ray
 from fullasync.weight_sync import WeightSync
@@ -30,6 +32,15 @@ def ray_cluster():
     init_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def gateway(engine, tokenizer):
+    """A gateway in front of the shared engine, one per test module."""
+    gateway = Gateway(RolloutService([engine], tokenizer))
+    await gateway.start()
+    yield gateway
+    await gateway.stop()
 
 
 @pytest.fixture(scope="session")

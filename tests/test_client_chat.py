@@ -99,8 +99,8 @@ BAD_REQUESTS = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text is supported"),
     ({"tools": [{"type": "function"}]}, "tools[0] must look like"),
     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
-    ({"messages": [{"role": "user", "content": "x " * 3000}]}, "the context holds 2048"),
-    ({"frequency_penalty": 1.0}, "unsupported parameter(s) ['frequency_penalty']"),
+    ({"messages": [{"role": "user", "content": "x " * 3000}]}, "maximum context length is 2048"),
+    ({"frequency_penalty": 1.0}, "frequency_penalty=1.0 is not supported"),
     ({"extra_body": {"guided_json": {}}}, "unsupported extra_body key(s) ['guided_json']"),
 ]
 

@@ -31,6 +31,7 @@ class CountingEngine:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.death = None
         self.seen: list[str] = []
         self.release = asyncio.Event()
 

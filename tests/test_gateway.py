@@ -11,18 +11,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from fullasync.client import RolloutService
-from fullasync.gateway import Gateway
 from test_client_chat import TOOLS, spelled, tool_call_regex
 from test_client_continuation import wait_for_tokens
-
-
-@pytest.fixture(scope="module")
-async def gateway(engine, tokenizer):
-    gateway = Gateway(RolloutService([engine], tokenizer))
-    await gateway.start()
-    yield gateway
-    await gateway.stop()
 
 
 def assert_token_exact(client, rendered_messages, tokenizer):
@@ -115,19 +105,20 @@ async def test_weight_push_mid_stream_is_one_continuous_stream(gateway, engine, 
         stream = await sdk.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "Tell a long story."}], max_tokens=150,
             stream=True, extra_body={"ignore_eos": True, "return_token_ids": True})
-        ids, text = [], ""
+        ids, text, prompt_ids = [], "", []
         async for chunk in stream:
+            prompt_ids += chunk.model_extra.get("prompt_token_ids") or []  # chunk level, first chunk (as vLLM)
             for choice in chunk.choices:
-                ids += getattr(choice, "token_ids", None) or []
+                ids += choice.model_extra.get("token_ids") or []
                 text += choice.delta.content or ""
-        return ids, text
+        return prompt_ids, ids, text
 
     reader = asyncio.create_task(consume())
     await wait_for_tokens(engine, episode.episode_id, 20)
     await policy.push(policy.perturbed(seed=21))
-    ids, text = await reader
+    prompt_ids, ids, text = await reader
     (call,) = episode.client.episode.calls
-    assert ids == list(call.prompt_ids) + list(call.output_ids)  # the prompt ids first, then every token once
+    assert prompt_ids == list(call.prompt_ids) and ids == list(call.output_ids)  # every token once
     assert text == episode.client.service.chat_tokens.decode(call.output_ids)
     assert len(call.output_ids) == 150 and call.num_resumes == 1
     assert len(set(call.output_versions)) == 2  # the push shows in the record, not in the stream
@@ -142,7 +133,7 @@ BAD = [
     ("POST", "/sessions/{key}/v1/chat/completions", {"model": "policy", "messages": [{"role": "user", "content": "x"}],
                                                       "functions": []}, 400, "unsupported parameter(s) ['functions']"),
     ("POST", "/sessions/{key}/v1/chat/completions", {"model": "policy", "messages": [{"role": "user",
-                                                      "content": "x " * 3000}]}, 400, "the context holds"),
+                                                      "content": "x " * 3000}]}, 400, "This model's maximum context length is"),
     ("POST", "/sessions/{key}/v1/completions", {"model": "policy", "prompt": "x", "max_tokens": 0}, 400,
      "max_tokens must be a positive integer"),
     ("POST", "/sessions/not-a-key/v1/chat/completions", {"model": "policy"}, 404, "episode is unknown"),

@@ -96,6 +96,30 @@ async def test_an_epoch_accounts_for_every_row_and_survives_failing_rollouts(sta
     assert result.steps == -(-result.outcomes.get("trained", 0) // 4)
 
 
+async def test_a_harness_sending_a_string_seed_fails_its_rows_and_the_run_finishes(stack, tmp_path):
+    """A string seed once wedged the engine core for every request; now those rows fail, counted by reason."""
+    engines, trainer = stack
+    rows = arithmetic.ArithmeticTask().rows("train")[:12]
+    bad = {row["id"] for row in rows[::3]}
+
+    async def seeding_rollout(client, row):
+        seed = "1" if row["id"] in bad else 1
+        response = await client.chat.completions.create(model="policy", messages=arithmetic.messages(row),
+                                                        max_tokens=4, seed=seed)
+        return arithmetic.reward(response.choices[0].message.content, row["answer"]) + (
+            0.1 if client.episode.id.endswith("/0") else 0.0)
+
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=0, data=DataSection(task="", epochs=1),
+               rollout=RolloutSection(n=2, batch_size=4, max_running_rows=8)),
+        rollout_fn=seeding_rollout, train_dataset=rows, val_dataset=None,
+    )
+    result = await asyncio.wait_for(run.train_async(engines=engines, trainer=trainer), 300)
+    assert {row_id for row_id, outcome in result.row_outcomes.items() if outcome == "failed"} == bad
+    assert result.failure_reasons == {"InvalidRequestError(seed)": 2 * len(bad)}
+    assert result.steps == 2 and result.outcomes == {"failed": len(bad), "trained": len(rows) - len(bad)}
+
+
 async def test_fully_async_pushes_interrupt_long_generations_which_resume_under_new_weights(stack, tmp_path):
     """Answers of 96 tokens outlast a train step, so pushes land mid-generation: partial rollouts happen."""
     engines, trainer = stack

@@ -3,7 +3,8 @@
 Owns: the resubmission loop. After `finish_reason == "abort"` it waits (bounded) for the engine to
 resume, then sends prompt + tokens generated so far with the remaining budget, and stitches ids,
 log-probs and per-token versions. The caller's `max_tokens` bounds the total, whatever the number
-of interruptions.
+of interruptions. A segment lost to an engine that died is resubmitted the same way on a live
+engine (when one is left and, for a stream, when none of the lost segment's tokens were sent yet).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 from fullasync.engines.router import EngineRouter
-from fullasync.errors import EngineResumeTimeoutError
+from fullasync.errors import EngineDiedError, EngineResumeTimeoutError
 from fullasync.types import FinishReason
 
 
@@ -80,9 +81,21 @@ async def generate_with_resume(
     """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts."""
     done = StitchedGeneration()
     while True:
-        result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+        try:
+            result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+        except EngineDiedError as error:
+            _count_resubmission(router, done, error)
+            continue
         if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):
             return done
+
+
+def _count_resubmission(router: EngineRouter, done: StitchedGeneration, error: EngineDiedError) -> None:
+    """A segment died with its engine: count its resubmission, or re-raise when no engine is left."""
+    if len(router.dead_engines()) == len(router.engines):
+        raise error
+    done.num_resumes += 1
+    done.resubmitted_tokens += len(done.output_ids)
 
 
 async def stream_with_resume(
@@ -102,12 +115,20 @@ async def stream_with_resume(
     request, result = None, None
     try:
         while True:
-            request, result = _request(request_id, prompt_ids, done, max_tokens, sampling), None
-            async for item in router.generate_stream(request, episode_id):
-                if isinstance(item, GenerateResult):
-                    result = item
-                else:
-                    yield item
+            request, result, sent = _request(request_id, prompt_ids, done, max_tokens, sampling), None, False
+            try:
+                async for item in router.generate_stream(request, episode_id):
+                    if isinstance(item, GenerateResult):
+                        result = item
+                    else:
+                        sent = True
+                        yield item
+            except EngineDiedError as error:
+                if sent:  # the consumer saw tokens that no record will hold: the stream cannot go on
+                    raise
+                _count_resubmission(router, done, error)
+                request = None
+                continue
             if result is None:
                 raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
             if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):

@@ -53,9 +53,15 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         raise InvalidRequestError(f"{where}.function.arguments must be a JSON string", param=where)
     try:
         parsed = json.loads(arguments)
-    except json.JSONDecodeError as error:
-        raise InvalidRequestError(f"{where}.function.arguments is not valid JSON: {error}", param=where) from error
-    return {"id": call.get("id", ""), "type": "function", "function": {"name": name, "arguments": parsed}}
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise InvalidRequestError(f"{where}.function.arguments is not valid JSON: {error}", param=where) from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequestError(f"{where}.function.arguments must encode a JSON object, got {type(parsed).__name__}",
+                                  param=where)
+    call_id = call.get("id", "")
+    if not isinstance(call_id, str):
+        raise InvalidRequestError(f"{where}.id must be a string", param=where)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -72,6 +78,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         out: dict[str, Any] = {"role": "system" if role == "developer" else role}
         out["content"] = _text_content(message.get("content"), f"{where}.content")
         tool_calls = message.get("tool_calls")
+        if tool_calls is not None and (not isinstance(tool_calls, Sequence) or isinstance(tool_calls, (str, bytes))):
+            raise InvalidRequestError(f"{where}.tool_calls must be a list", param="messages")
         if tool_calls:
             if role != "assistant":
                 raise InvalidRequestError(f"{where}: only assistant messages carry tool_calls", param="messages")
@@ -79,6 +87,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         elif out["content"] is None and role != "assistant":
             raise InvalidRequestError(f"{where} ({role}) needs a string content", param="messages")
         if role == "tool" and message.get("tool_call_id") is not None:
+            if not isinstance(message["tool_call_id"], str):
+                raise InvalidRequestError(f"{where}.tool_call_id must be a string", param="messages")
             out["tool_call_id"] = message["tool_call_id"]
         result.append(out)
     return result
@@ -103,6 +113,8 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
             raise InvalidRequestError(f"tools[{i}].function.name must be a non-empty string", param="tools")
         if not isinstance(function.get("parameters", {}), dict):
             raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON-schema object", param="tools")
+        if not isinstance(function.get("description", ""), str):
+            raise InvalidRequestError(f"tools[{i}].function.description must be a string", param="tools")
         result.append({"type": "function", "function": dict(function)})
     return result or None
 

@@ -130,8 +130,9 @@ def completion(
                 tokens=tokens, token_logprobs=list(generation.output_logprobs), text_offset=offsets, top_logprobs=top
             )
         choice = CompletionChoice(index=index, text=text, finish_reason=generation.finish_reason.value, logprobs=logprobs)
-        if token_ids:
+        if token_ids:  # vLLM puts both on each completion choice
             choice.token_ids = list(generation.output_ids)
+            choice.prompt_token_ids = list(prompt_ids)
         choices.append(choice)
     return _envelope(Completion, "text_completion", model, prompt_ids, choices, generations, token_ids)
 

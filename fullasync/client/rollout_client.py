@@ -1,6 +1,7 @@
 """`RolloutClient`: an `openai.AsyncOpenAI` look-alike that is token-in/token-out underneath.
 
-Owns: request validation, prompt ids (template applied here, earlier turns reused exactly),
+Owns: request validation (through `request_schema`, plus the limits that depend on tokens and
+engines: context length, vocabulary, `top_logprobs`), prompt ids (template applied here, earlier turns reused exactly),
 generation through the engine router with resumption across weight pushes, `openai` response
 objects, and recording every call into the episode that made it.
 Does not own: engines, routing, or what the episode's trajectory is used for.
@@ -12,6 +13,7 @@ Does not own: engines, routing, or what the episode's trajectory is used for.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,14 +27,14 @@ from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.continuation import StitchedGeneration, generate_with_resume, stream_with_resume
 from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.messages import normalize_messages, normalize_tools, same_assistant_turn
+from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
 from fullasync.client.tool_parsers import make_tool_parser
 from fullasync.engines.protocol import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import InvalidRequestError
 from fullasync.types import FinishReason, ModelCall, Trajectory
 
-ACCEPTED_AND_IGNORED = frozenset({"user", "metadata", "parallel_tool_calls", "timeout", "extra_headers", "store"})
-EXTRA_BODY_KEYS = frozenset({"return_token_ids", "ignore_eos", "top_k", "structured_outputs"})
+log = logging.getLogger("fullasync")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ClientConfig:
     max_model_len: int = 2048  # the engines' context length (prompt + output)
     resume_timeout_s: float = 300.0  # how long an interrupted generation waits for the engines to resume
     tool_parser: str = "hermes"  # format of tool calls in the output; see fullasync.client.tool_parsers
+    max_top_logprobs: int = 20  # the engines' max_logprobs: most alternatives per token a request may ask for
 
 
 @dataclass
@@ -65,6 +68,20 @@ class RolloutService:
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
         self.tool_parser = make_tool_parser(config.tool_parser)
+        self.vocab_size = len(tokenizer)
+        self._warned: set[str] = set()  # fields accepted but ignored, warned about once
+
+    def accept(self, parsed: Parsed) -> Any:
+        """The validated request, once its model is checked; warns once per ignored field."""
+        request = parsed.request
+        if request.model != self.config.model_name:
+            raise InvalidRequestError(
+                f"unknown model {request.model!r}; this client serves {self.config.model_name!r}", param="model"
+            )
+        for name in set(parsed.ignored) - self._warned:
+            self._warned.add(name)
+            log.warning("request field %r is accepted and ignored (see fullasync.client.request_schema)", name)
+        return request
 
     def client(self, episode_id: str | None = None) -> RolloutClient:
         return RolloutClient(self, episode_id or uuid.uuid4().hex)
@@ -99,63 +116,44 @@ class RolloutClient:
 
     # -- shared steps -------------------------------------------------------------------------
 
-    def _check_common(self, model: str, params: Mapping[str, Any], extra_body: Mapping[str, Any] | None) -> None:
-        if model != self.service.config.model_name:
+    def _prepare(self, prompt_ids: list[int], request: Any, *, max_tokens: int | None, num_top_logprobs: int,
+                 with_logprobs: bool, prompt_field: str) -> _Request:
+        """Check the limits that depend on tokens and engines, then build the engine-side request."""
+        config = self.service.config
+        context, length = config.max_model_len, len(prompt_ids)
+        if length >= context or max_tokens is not None and length + max_tokens > context:
+            asked = (f"your {prompt_field} resulted in {length} tokens" if max_tokens is None else
+                     f"you requested {length + max_tokens} tokens ({length} in the {prompt_field}, {max_tokens} in "
+                     "the completion)")
             raise InvalidRequestError(
-                f"unknown model {model!r}; this client serves {self.service.config.model_name!r}", param="model"
+                f"This model's maximum context length is {context} tokens. However, {asked}. Please reduce the "
+                f"length of the {prompt_field}{'' if max_tokens is None else ' or completion'}.",
+                param=prompt_field, code="context_length_exceeded",
             )
-        unsupported = sorted(set(params) - ACCEPTED_AND_IGNORED)
-        if unsupported:
-            raise InvalidRequestError(f"unsupported parameter(s) {unsupported}; remove them", param=unsupported[0])
-        unknown = sorted(set(extra_body or {}) - EXTRA_BODY_KEYS)
-        if unknown:
-            raise InvalidRequestError(
-                f"unsupported extra_body key(s) {unknown}; supported: {sorted(EXTRA_BODY_KEYS)}", param=unknown[0]
-            )
-
-    def _prepare(self, prompt_ids: list[int], *, max_tokens: int | None, n: int, temperature: float | None,
-                 top_p: float | None, stop: Any, seed: int | None, num_top_logprobs: int, with_logprobs: bool,
-                 extra_body: Mapping[str, Any] | None) -> _Request:
-        extra = dict(extra_body or {})
-        context = self.service.config.max_model_len
-        if len(prompt_ids) >= context:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt_ids)} tokens but the context holds {context} (prompt + output); "
-                "shorten the conversation or raise the engine's max_model_len",
-                param="messages",
-            )
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise InvalidRequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", param="max_tokens")
-        if not isinstance(n, int) or n < 1:
-            raise InvalidRequestError(f"n must be a positive integer, got {n!r}", param="n")
-        if temperature is not None and temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {temperature}", param="temperature")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {top_p}", param="top_p")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        if not all(isinstance(s, str) and s for s in stops):
-            raise InvalidRequestError("stop must be a non-empty string or a list of them", param="stop")
-        structured = extra.get("structured_outputs") or {}
-        if set(structured) - {"regex"}:
-            raise InvalidRequestError("structured_outputs supports only {'regex': ...}", param="structured_outputs")
-        budget = context - len(prompt_ids)  # never ask for more than the context holds
+        if max(prompt_ids) >= self.service.vocab_size:
+            raise InvalidRequestError(f"token id {max(prompt_ids)} is outside the vocabulary (ids must be in "
+                                      f"[0, {self.service.vocab_size}))", param=prompt_field)
+        if num_top_logprobs > config.max_top_logprobs:
+            raise InvalidRequestError(f"at most {config.max_top_logprobs} top log-probs per token can be returned, "
+                                      f"got {num_top_logprobs}", param="top_logprobs")
         sampling = SamplingOptions(
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=1.0 if top_p is None else float(top_p),
-            top_k=int(extra.get("top_k", 0) or 0),
-            stop=stops,
-            ignore_eos=bool(extra.get("ignore_eos", False)),
-            seed=seed,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=request.top_k or 0,
+            min_p=request.min_p or 0.0,
+            stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
+            ignore_eos=bool(request.ignore_eos),
+            seed=request.seed,
             num_top_logprobs=num_top_logprobs,
-            regex=structured.get("regex"),
+            structured=structured_output(request),
         )
         return _Request(
             prompt_ids=prompt_ids,
-            max_tokens=min(max_tokens or budget, budget),
-            n=n,
+            max_tokens=max_tokens or context - length,
+            n=request.n,
             sampling=sampling,
             with_logprobs=with_logprobs,
-            token_ids=bool(extra.get("return_token_ids", False)),
+            token_ids=bool(request.return_token_ids),
         )
 
     async def _generate(self, request: _Request) -> list[StitchedGeneration]:
@@ -204,7 +202,7 @@ class RolloutClient:
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     model: str, with_logprobs: bool, stream_options: Mapping[str, Any] | None) -> AsyncIterator[Any]:
+                     model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[Any]:
         def on_done(generation: StitchedGeneration, content: str | None, calls: list) -> None:
             self._record(request.prompt_ids, generation)
             self.episode.turns = [self._turn(messages, tools, request.prompt_ids, generation, content, calls)]
@@ -213,7 +211,7 @@ class RolloutClient:
             self._stream(request), chat_tokens=self.service.chat_tokens,
             parser=self.service.tool_parser if tools else None, model=model, prompt_ids=request.prompt_ids,
             stop=request.sampling.stop, with_logprobs=with_logprobs, token_ids=request.token_ids,
-            include_usage=bool((stream_options or {}).get("include_usage")), on_done=on_done,
+            include_usage=include_usage, on_done=on_done,
         )
 
     def _chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -235,46 +233,23 @@ class _ChatCompletions:
     def __init__(self, client: RolloutClient) -> None:
         self._client = client
 
-    async def create(
-        self,
-        *,
-        messages: Any,
-        model: str,
-        tools: Any = None,
-        tool_choice: Any = None,
-        n: int = 1,
-        max_tokens: int | None = None,
-        max_completion_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: Any = None,
-        logprobs: bool | None = None,
-        top_logprobs: int | None = None,
-        seed: int | None = None,
-        stream: bool | None = None,
-        stream_options: Mapping[str, Any] | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+    async def create(self, **fields: Any) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+        """`openai.AsyncOpenAI().chat.completions.create`: the fields and their allowed values are
+        `request_schema.ChatRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
         client, service = self._client, self._client.service
-        client._check_common(model, params, extra_body)
-        if stream and n != 1:
-            raise InvalidRequestError("stream=True supports n=1 only", param="n")
-        if tool_choice not in (None, "auto", "none"):
-            raise InvalidRequestError("tool_choice supports 'auto' and 'none'", param="tool_choice")
-        if max_tokens is not None and max_completion_tokens is not None and max_tokens != max_completion_tokens:
-            raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
-        normalized = normalize_messages(messages)
-        tool_list = normalize_tools(tools) if tool_choice != "none" else None
+        asked = service.accept(parse_chat(fields))
+        normalized = normalize_messages(asked.messages)
+        tool_list = normalize_tools(asked.tools) if asked.tool_choice != "none" else None
+        logprobs, model = bool(asked.logprobs), asked.model
         request = client._prepare(
-            client._chat_prompt_ids(normalized, tool_list),
-            max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
-            n=n, temperature=temperature, top_p=top_p, stop=stop, seed=seed,
-            num_top_logprobs=int(top_logprobs or 0) if logprobs else 0, with_logprobs=bool(logprobs),
-            extra_body=extra_body,
+            client._chat_prompt_ids(normalized, tool_list), asked,
+            max_tokens=asked.max_completion_tokens if asked.max_completion_tokens is not None else asked.max_tokens,
+            num_top_logprobs=(asked.top_logprobs or 0) if logprobs else 0, with_logprobs=logprobs,
+            prompt_field="messages",
         )
-        if stream:
-            return client._chat_stream(request, normalized, tool_list, model, bool(logprobs), stream_options)
+        if asked.stream:
+            include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
+            return client._chat_stream(request, normalized, tool_list, model, logprobs, include_usage)
         generations = await client._generate(request)
         choices, turns = [], []
         for index, generation in enumerate(generations):
@@ -303,11 +278,9 @@ class _Completions:
     def __init__(self, client: RolloutClient) -> None:
         self._client = client
 
-    def _prompt_ids(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
             return list(prompt)
-        if not isinstance(prompt, str) or not prompt:
-            raise InvalidRequestError("prompt must be a non-empty string or a list of token ids", param="prompt")
         chat_tokens = self._client.service.chat_tokens
         last = self._client.episode.last_completion
         if last is not None and prompt.startswith(last[0]):
@@ -315,40 +288,23 @@ class _Completions:
             return list(last[1]) + (chat_tokens.encode(rest) if rest else [])
         return chat_tokens.encode(prompt)
 
-    async def create(
-        self,
-        *,
-        model: str,
-        prompt: Any,
-        max_tokens: int | None = 16,
-        n: int = 1,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        stop: Any = None,
-        logprobs: int | None = None,
-        seed: int | None = None,
-        stream: bool | None = None,
-        stream_options: Mapping[str, Any] | None = None,
-        echo: bool | None = None,
-        extra_body: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> Completion | AsyncIterator[Completion]:
+    async def create(self, **fields: Any) -> Completion | AsyncIterator[Completion]:
+        """`openai.AsyncOpenAI().completions.create`: the fields and their allowed values are
+        `request_schema.CompletionRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
         client, service = self._client, self._client.service
-        client._check_common(model, params, extra_body)
-        if echo:
-            raise InvalidRequestError("echo is not supported; the prompt ids are in prompt_token_ids", "echo")
-        if stream and n != 1:
-            raise InvalidRequestError("stream=True supports n=1 only", param="n")
-        if logprobs is not None and (not isinstance(logprobs, int) or logprobs < 0):
-            raise InvalidRequestError(f"logprobs must be an integer >= 0, got {logprobs!r}", param="logprobs")
+        asked = service.accept(parse_completion(fields))
+        prompt, model, logprobs = asked.prompt, asked.model, asked.logprobs
+        if isinstance(prompt, list) and min(prompt) < 0:
+            raise InvalidRequestError(f"token ids must be >= 0, got {min(prompt)}", param="prompt")
         request = client._prepare(
-            self._prompt_ids(prompt), max_tokens=max_tokens, n=n, temperature=temperature, top_p=top_p, stop=stop,
-            seed=seed, num_top_logprobs=logprobs or 0, with_logprobs=logprobs is not None, extra_body=extra_body,
+            self._prompt_ids(prompt), asked, max_tokens=asked.max_tokens, num_top_logprobs=logprobs or 0,
+            with_logprobs=logprobs is not None, prompt_field="prompt",
         )
-        if stream:
+        include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
+        if asked.stream:
             return completion_stream(
                 client._stream(request), chat_tokens=service.chat_tokens, model=model, prompt_ids=request.prompt_ids,
-                stop=request.sampling.stop, include_usage=bool((stream_options or {}).get("include_usage")),
+                stop=request.sampling.stop, token_ids=request.token_ids, include_usage=include_usage,
                 on_done=lambda generation: client._record(request.prompt_ids, generation),
             )
         generations = await client._generate(request)

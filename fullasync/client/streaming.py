@@ -89,8 +89,10 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
     """Chunks of one streamed chat completion; `on_done(generation, content, calls)` records it."""
     chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
-    yield _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""),
-                 token_ids=tuple(prompt_ids) if token_ids else None)
+    first = _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""))
+    if token_ids:
+        first.prompt_token_ids = list(prompt_ids)  # chunk level, on the first chunk only (as vLLM streams it)
+    yield first
     async for item, text in texts.follow(stream):
         logprobs = None
         if with_logprobs:
@@ -121,26 +123,33 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
 
 
 async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, model: str,
-                            prompt_ids: list[int], stop: tuple[str, ...], include_usage: bool,
+                            prompt_ids: list[int], stop: tuple[str, ...], token_ids: bool, include_usage: bool,
                             on_done: Callable[[StitchedGeneration], None]) -> AsyncIterator[Completion]:
-    """Text-completion chunks (`object: text_completion`), as OpenAI streams them."""
+    """Text-completion chunks (`object: text_completion`), as OpenAI streams them; with `token_ids`, each
+    choice carries its delta's ids and the first one also `prompt_token_ids` (vLLM's placement)."""
     chunk_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     texts = TextDeltas(chat_tokens, stop)
+    prompt_pending = token_ids
 
-    def chunk(text: str, finish: str | None = None) -> Completion:
+    def chunk(text: str, ids: tuple[int, ...], finish: str | None = None) -> Completion:
+        nonlocal prompt_pending
         # streamed choices carry finish_reason null until the last one, which the pydantic type forbids
         choice = CompletionChoice.model_construct(index=0, text=text, finish_reason=finish, logprobs=None)
+        if token_ids:
+            choice.token_ids = list(ids)
+            if prompt_pending:
+                choice.prompt_token_ids, prompt_pending = list(prompt_ids), False
         return Completion.model_construct(id=chunk_id, object="text_completion", created=created, model=model,
                                           choices=[choice])
 
-    async for _, text in texts.follow(stream):
-        if text:
-            yield chunk(text)
+    async for item, text in texts.follow(stream):
+        if text or token_ids:
+            yield chunk(text, item.output_ids)
     generation = texts.generation
     assert generation is not None
     full = responses.visible_text(chat_tokens, generation)
     on_done(generation)
-    last = chunk(full[len(texts.sent) :] if full.startswith(texts.sent) else "", generation.finish_reason.value)
+    last = chunk(full[len(texts.sent) :] if full.startswith(texts.sent) else "", (), generation.finish_reason.value)
     if include_usage:
         last.usage = responses.usage(len(prompt_ids), [generation])
     yield last

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.types import FinishReason
+
+STRUCTURED_KINDS = ("regex", "json", "choice", "json_object")
 
 
 class PauseMode(str, enum.Enum):
@@ -24,17 +28,43 @@ class PauseMode(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling settings of one request, independent of any engine library."""
+    """Sampling settings of one request, independent of any engine library.
+
+    Checked on construction (types and ranges), so no value an engine library could choke on
+    gets this far: the client's request schema reports bad input first, this is the last guard.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
+    top_k: int = 0  # 0 (or -1) disables top-k
+    min_p: float = 0.0  # 0 disables min-p
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
     num_top_logprobs: int = 0  # alternatives per token to return besides the sampled one
-    regex: str | None = None  # constrain the output to a regular expression (structured output)
+    structured: tuple[str, Any] | None = None  # output constraint (kind, spec), kind in STRUCTURED_KINDS
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 1e-9, 1.0), ("min_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise InvalidRequestError(f"SamplingOptions.{name} must be a finite number in [{low}, {high}], "
+                                          f"got {value!r}", param=name)
+        for name in ("top_k", "num_top_logprobs"):
+            value = getattr(self, name)
+            if type(value) is not int or value < -1:
+                raise InvalidRequestError(f"SamplingOptions.{name} must be an integer >= -1, got {value!r}", name)
+        if self.seed is not None and (type(self.seed) is not int or not -(2**63) <= self.seed < 2**63):
+            raise InvalidRequestError(f"SamplingOptions.seed must be an integer within 64 bits, got {self.seed!r}",
+                                      param="seed")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError(f"SamplingOptions.stop must hold non-empty strings, got {self.stop!r}", "stop")
+        if not all(type(t) is int and t >= 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("SamplingOptions.stop_token_ids must hold token ids >= 0", "stop_token_ids")
+        if self.structured is not None and self.structured[0] not in STRUCTURED_KINDS:
+            raise InvalidRequestError(f"SamplingOptions.structured kind must be one of {STRUCTURED_KINDS}, "
+                                      f"got {self.structured[0]!r}", param="structured_outputs")
 
 
 @dataclass(frozen=True)
@@ -47,10 +77,13 @@ class GenerateRequest:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ValueError(f"GenerateRequest.max_tokens must be > 0, got {self.max_tokens}")
+        if type(self.max_tokens) is not int or self.max_tokens <= 0:
+            raise ValueError(f"GenerateRequest.max_tokens must be an integer > 0, got {self.max_tokens!r}")
         if not self.prompt_ids:
             raise ValueError("GenerateRequest.prompt_ids is empty")
+        if min(self.prompt_ids) < 0:
+            raise InvalidRequestError(f"GenerateRequest.prompt_ids holds a negative id {min(self.prompt_ids)}",
+                                      param="prompt")
 
 
 @dataclass(frozen=True)
@@ -92,6 +125,7 @@ class Engine(Protocol):
     """An inference engine as the client and the weight sync see it. All methods are async."""
 
     name: str
+    death: EngineDiedError | None  # why the engine was declared dead; None while it serves
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 

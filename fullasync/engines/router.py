@@ -2,7 +2,9 @@
 
 Owns: the choice of engine for a request and the in-flight count it is based on.
 Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its
-prefix cache is reused; `release(episode_id)` forgets the binding when the episode ends.
+prefix cache is reused; `release(episode_id)` forgets the binding when the episode ends. An engine
+declared dead (`engine.death`) is never picked again: its episodes move to a live engine, and when
+none is left `pick` raises the death of the first engine.
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ class EngineRouter:
 
     def pick(self, episode_id: str) -> Engine:
         engine = self._by_episode.get(episode_id)
-        if engine is None:
-            engine = min(self.engines, key=lambda e: self._load[e.name])
+        if engine is None or engine.death is not None:
+            alive = [e for e in self.engines if e.death is None]
+            if not alive:
+                raise self.engines[0].death
+            engine = min(alive, key=lambda e: self._load[e.name])
             self._by_episode[episode_id] = engine
         return engine
+
+    def dead_engines(self) -> list[Engine]:
+        return [e for e in self.engines if e.death is not None]
 
     def release(self, episode_id: str) -> None:
         self._by_episode.pop(episode_id, None)

@@ -1,7 +1,11 @@
 """vLLM's `AsyncLLM` hosted in a Ray actor, and the in-process handle that speaks the `Engine` protocol.
 
 Owns: engine start-up, generation with per-token weight versions, pause/resume, in-place weight
-reload, and turning a dead actor into an error that names the engine.
+reload, turning a request the engine library rejects into `InvalidRequestError`, and the watchdog:
+each launched engine is probed every `probe_interval_s`; an actor that is gone, an engine core that
+errored, or in-flight requests with no token for `stall_timeout_s` while not paused mark the engine
+dead, and every call waiting on it (and every later one) fails with an `EngineDiedError` that names
+the engine and the last request it accepted.
 Does not own: routing between engines (`router.py`), the pause→push→resume sequence (`weight_sync.py`),
 or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
 
@@ -14,19 +18,23 @@ tokens sampled before the push and the new one after it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from fullasync.errors import EngineDiedError
+from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
 from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
 from fullasync.types import FinishReason
+
+log = logging.getLogger("fullasync")
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,24 @@ class VLLMEngineConfig:
     enable_prefix_caching: bool = True  # reuse KV of shared prefixes (multi-turn, resumed requests)
     logprobs_mode: str = "processed_logprobs"  # log-probs after temperature/top-p, i.e. of the sampling policy
     seed: int = 0  # engine sampling seed
+    max_logprobs: int = 20  # most alternatives per token a request may ask for (top_logprobs)
     extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to AsyncEngineArgs as is
     start_timeout_s: float = 300.0  # bound on engine start-up
     call_timeout_s: float = 120.0  # bound on control calls (pause, resume, update, version)
     generate_timeout_s: float = 1800.0  # bound on one generate call
+    probe_interval_s: float = 5.0  # how often the watchdog probes the engine
+    stall_timeout_s: float = 120.0  # in-flight requests with no new token this long (not paused) = engine dead
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """One watchdog probe: is the engine core alive, and has it produced anything lately."""
+
+    in_flight: int
+    paused: bool
+    core_errored: bool
+    seconds_without_progress: float  # since the last token, resume, or first in-flight request
+    last_request_id: str | None
 
 
 def _sampling_params(request: GenerateRequest) -> Any:
@@ -52,11 +74,16 @@ def _sampling_params(request: GenerateRequest) -> Any:
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     opts = request.sampling
+    structured = None
+    if opts.structured is not None:
+        kind, spec = opts.structured
+        structured = StructuredOutputsParams(**{kind: list(spec) if kind == "choice" else spec})
     return SamplingParams(
         max_tokens=request.max_tokens,
         temperature=opts.temperature,
         top_p=opts.top_p,
         top_k=opts.top_k if opts.top_k > 0 else 0,
+        min_p=opts.min_p,
         stop=list(opts.stop) or None,
         stop_token_ids=list(opts.stop_token_ids) or None,
         ignore_eos=opts.ignore_eos,
@@ -64,7 +91,7 @@ def _sampling_params(request: GenerateRequest) -> Any:
         logprobs=opts.num_top_logprobs,
         output_kind=RequestOutputKind.DELTA,
         detokenize=bool(opts.stop),
-        structured_outputs=StructuredOutputsParams(regex=opts.regex) if opts.regex else None,
+        structured_outputs=structured,
     )
 
 
@@ -99,6 +126,8 @@ class VLLMEngineActor:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
+        self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
+        self._last_request_id: str | None = None
         self._tied_embeddings = False
 
     async def start(self, initial_version: int = 0) -> None:
@@ -116,6 +145,7 @@ class VLLMEngineActor:
             enable_prefix_caching=cfg.enable_prefix_caching,
             logprobs_mode=cfg.logprobs_mode,
             seed=cfg.seed,
+            max_logprobs=cfg.max_logprobs,
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
         )
         self._llm = AsyncLLM.from_engine_args(args)
@@ -136,17 +166,21 @@ class VLLMEngineActor:
         top: list[dict[int, float]] = []
         finish_reason, stop_reason, spans = None, None, None
         want_top = request.sampling.num_top_logprobs > 0
+        if not self._progress:
+            self._progress_at = time.monotonic()
         self._progress[request.request_id] = 0
+        self._last_request_id = request.request_id
         try:
-            stream = self._llm.generate(
+            stream = self._rejections_as_invalid(request, self._llm.generate(
                 {"prompt_token_ids": list(request.prompt_ids)}, _sampling_params(request), request.request_id
-            )
+            ))
             async for out in stream:
                 completion = out.outputs[0]
                 new_ids = list(completion.token_ids)
                 start = len(output_ids)
                 output_ids += new_ids
                 self._progress[request.request_id] = len(output_ids)
+                self._progress_at = time.monotonic()
                 for token_id, entry in zip(new_ids, completion.logprobs or ()):
                     logprobs.append(entry[token_id].logprob)
                     if want_top:
@@ -171,6 +205,33 @@ class VLLMEngineActor:
             engine=self.name,
         )
 
+    async def _rejections_as_invalid(self, request: GenerateRequest, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """vLLM's input checks raise before the first output: report them as the caller's error."""
+        from vllm.exceptions import VLLMClientError, VLLMValidationError
+
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except (VLLMClientError, ValueError, TypeError) as error:
+            param = error.parameter if isinstance(error, VLLMValidationError) else None
+            raise InvalidRequestError(f"engine {self.name} rejected request {request.request_id}: {error}",
+                                      param=param) from None
+        yield first
+        async for out in stream:
+            yield out
+
+    async def health(self) -> EngineHealth:
+        """What the watchdog needs; answers from the actor's loop without touching the engine core."""
+        idle = not self._progress or not self._resumed.is_set()
+        return EngineHealth(
+            in_flight=len(self._progress),
+            paused=not self._resumed.is_set(),
+            core_errored=self._llm is not None and self._llm.errored,
+            seconds_without_progress=0.0 if idle else time.monotonic() - self._progress_at,
+            last_request_id=self._last_request_id,
+        )
+
     async def abort(self, request_ids: list[str]) -> None:
         await self._llm.abort(request_ids)
 
@@ -180,6 +241,7 @@ class VLLMEngineActor:
 
     async def resume(self) -> None:
         await self._llm.resume_generation()
+        self._progress_at = time.monotonic()  # paused time is not a stall
         self._resumed.set()
 
     async def wait_resumed(self, timeout_s: float) -> bool:
@@ -219,23 +281,93 @@ class VLLMEngineActor:
 
 
 class RayEngine:
-    """In-process handle to a `VLLMEngineActor`; implements `Engine` with timeouts on every call."""
+    """In-process handle to a `VLLMEngineActor`; implements `Engine` with timeouts on every call.
+
+    `watch()` starts the watchdog task (`launch_vllm_engines` does); `death` is the error that
+    marked the engine dead, or None while it serves.
+    """
 
     def __init__(self, actor: Any, name: str, config: VLLMEngineConfig) -> None:
         self.actor = actor
         self.name = name
         self.config = config
+        self.death: EngineDiedError | None = None
+        self._waiting: set[asyncio.Future] = set()  # calls to fail at once if the engine dies
+        self._watchdog: asyncio.Task | None = None
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """Start probing the engine every `probe_interval_s` (idempotent)."""
+        if self._watchdog is None:
+            self._watchdog = asyncio.create_task(self._watch(), name=f"watchdog-{self.name}")
+
+    async def _watch(self) -> None:
+        cfg = self.config
+        while self.death is None:
+            await asyncio.sleep(cfg.probe_interval_s)
+            try:
+                health: EngineHealth = await asyncio.wait_for(self.actor.health.remote(), cfg.stall_timeout_s)
+            except RayActorError as error:
+                self.mark_dead(f"its actor is gone ({type(error).__name__})", None)
+            except (TimeoutError, GetTimeoutError):
+                self.mark_dead(f"it did not answer a health probe within {cfg.stall_timeout_s:.0f} s", None)
+            else:
+                if health.core_errored:
+                    self.mark_dead("its vLLM engine core has failed", health.last_request_id)
+                elif health.seconds_without_progress > cfg.stall_timeout_s:
+                    self.mark_dead(
+                        f"{health.in_flight} in-flight request(s) made no progress for "
+                        f"{health.seconds_without_progress:.0f} s (engines.stall_timeout_s={cfg.stall_timeout_s:g})",
+                        health.last_request_id,
+                    )
+
+    def mark_dead(self, reason: str, last_request_id: str | None) -> None:
+        """Declare the engine dead: waiting calls and every later call fail with an error naming it."""
+        if self.death is not None:
+            return
+        last = f"; the last request it accepted was {last_request_id}" if last_request_id else ""
+        self.death = EngineDiedError(f"engine {self.name} is dead: {reason}{last}")
+        for waiter in self._waiting:
+            if not waiter.done():
+                waiter.set_exception(self.death)
+        self._waiting.clear()
+
+    async def _watched(self, awaitable: Any, what: str, timeout_s: float) -> Any:
+        """Await a reply of the actor, but give up at once if the engine is declared dead meanwhile.
+
+        A call abandoned (timeout, or the caller cancelled) is cancelled in the actor too, which
+        aborts its vLLM request and frees the slot.
+        """
+        if self.death is not None:
+            raise self.death
+        reply = asyncio.ensure_future(awaitable)
+        waiter = asyncio.get_running_loop().create_future()
+        reply.add_done_callback(lambda done: _transfer(done, waiter))
+        self._waiting.add(waiter)
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except RayTaskError as error:
+            if isinstance(error.cause, InvalidRequestError):
+                raise error.cause from None
+            raise
+        except RayActorError as error:
+            self.mark_dead(f"its actor died during {what} ({type(error).__name__})", None)
+            raise EngineDiedError(f"engine {self.name} died during {what}: {error}") from error
+        except (TimeoutError, GetTimeoutError) as error:
+            raise TimeoutError(f"engine {self.name}: {what} took longer than {timeout_s:.0f} s") from error
+        finally:
+            self._waiting.discard(waiter)
+            if not reply.done():
+                reply.cancel()
+                if isinstance(awaitable, ray.ObjectRef) and self.death is None:
+                    ray.cancel(awaitable)
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         timeout = self.config.call_timeout_s if timeout_s is None else timeout_s
-        ref = getattr(self.actor, method).remote(*args)
-        try:
-            return await asyncio.wait_for(ref, timeout)
-        except RayActorError as error:
-            raise EngineDiedError(f"engine {self.name} died during {method}: {error}") from error
-        except (TimeoutError, GetTimeoutError) as error:
-            ray.cancel(ref)
-            raise TimeoutError(f"engine {self.name}: {method} took longer than {timeout:.0f} s") from error
+        return await self._watched(getattr(self.actor, method).remote(*args), method, timeout)
+
+    # -- the Engine protocol -----------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self._call("generate", request, timeout_s=self.config.generate_timeout_s)
@@ -243,17 +375,13 @@ class RayEngine:
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
         """Deltas through a Ray streaming generator; each item is awaited with the generate timeout."""
         stream = self.actor.generate_stream.options(num_returns="streaming").remote(request)
-        try:
-            while True:
-                try:
-                    ref = await asyncio.wait_for(stream.__anext__(), self.config.generate_timeout_s)
-                except StopAsyncIteration:
-                    return
-                yield await ref
-        except RayActorError as error:
-            raise EngineDiedError(f"engine {self.name} died during generate_stream: {error}") from error
-        except TimeoutError as error:
-            raise TimeoutError(f"engine {self.name}: no token for {self.config.generate_timeout_s:.0f} s") from error
+        timeout = self.config.generate_timeout_s
+        while True:
+            try:
+                ref = await self._watched(stream.__anext__(), "generate_stream", timeout)
+            except StopAsyncIteration:
+                return
+            yield await self._watched(ref, "generate_stream", timeout)
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._call("abort", request_ids)
@@ -280,12 +408,34 @@ class RayEngine:
         return await self._call("in_flight_tokens")
 
     async def shutdown(self) -> None:
-        await self._call("shutdown")
-        ray.kill(self.actor)
+        """Stop the watchdog, shut vLLM down (its engine core too, even when declared dead), kill the actor."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        try:
+            await asyncio.wait_for(self.actor.shutdown.remote(), self.config.call_timeout_s)
+        except (RayActorError, RayTaskError, TimeoutError, GetTimeoutError) as error:  # killed below regardless
+            log.warning("engine %s: shutdown failed (%s); killing its actor", self.name, error)
+        finally:
+            ray.kill(self.actor)
+
+
+def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
+    """Hand an actor's reply to the waiting caller (reading it even when nobody waits any more)."""
+    if source.cancelled():
+        if not target.done():
+            target.cancel()
+        return
+    error = source.exception()
+    if target.done():
+        return
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
 
 
 async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, initial_version: int = 0) -> list[RayEngine]:
-    """Start `num_engines` engine actors in the running Ray cluster and wait until all serve."""
+    """Start `num_engines` engine actors in the running Ray cluster, wait until all serve, watch them."""
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
     if not os.path.isdir(config.model_path):
@@ -301,4 +451,6 @@ async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, in
     await asyncio.gather(
         *(e._call("start", initial_version, timeout_s=config.start_timeout_s) for e in engines)
     )
+    for engine in engines:
+        engine.watch()
     return engines

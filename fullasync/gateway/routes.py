@@ -1,22 +1,34 @@
-"""HTTP routes of the gateway (Starlette): parse, call the episode's client, answer or stream."""
+"""HTTP routes of the gateway (Starlette): parse, call the episode's client, answer or stream.
+
+Every answer that is not a completion is an OpenAI-style JSON error body: unknown routes (404),
+wrong methods (405), malformed bodies (400), engine faults (503) and our own bugs (500, logged).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from fullasync.errors import InvalidRequestError
-from fullasync.gateway.server import Gateway, error_body, split_body, sse, status_of
+from fullasync.gateway.server import Gateway, error_body, error_of, sse
+
+log = logging.getLogger("fullasync")
+
+ROUTES_HELP = ("POST /sessions/{key}/v1/chat/completions, POST /sessions/{key}/v1/completions, "
+               "GET /sessions/{key}/v1/models, GET /v1/models")
 
 
-def _error(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param, code), status_code=status)
+def _error(message: str, status: int, param: str | None = None, code: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
 
 
 async def _read_json(gateway: Gateway, request: Request) -> Any:
@@ -24,9 +36,14 @@ async def _read_json(gateway: Gateway, request: Request) -> Any:
     if len(raw) > gateway.max_body_bytes:
         raise OverflowError(f"request body of {len(raw)} bytes exceeds the gateway limit of {gateway.max_body_bytes}")
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise InvalidRequestError(f"the request body is not valid JSON: {error}") from error
+        raise InvalidRequestError(f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise InvalidRequestError("the request body nests objects or lists too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 def _dump(obj: Any) -> dict[str, Any]:
@@ -38,7 +55,10 @@ async def _stream(chunks: Any) -> Any:
         async for chunk in chunks:
             yield sse(_dump(chunk))
     except Exception as error:  # the status line is sent already: report in the stream, as OpenAI does
-        yield sse(error_body(f"{type(error).__name__}: {error}", status_of(error)))
+        body, status = error_of(error)
+        if status >= 500:
+            log.exception("gateway: a streamed request failed")
+        yield sse(body)
     yield sse("[DONE]")
 
 
@@ -48,26 +68,46 @@ def _models_body(gateway: Gateway) -> dict[str, Any]:
                                         "owned_by": "fullasync"}]}
 
 
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    if error.status_code == 404:
+        return _error(f"no route {request.method} {request.url.path}; the gateway serves {ROUTES_HELP}", 404,
+                      code="not_found")
+    if error.status_code == 405:
+        return _error(f"method {request.method} is not allowed on {request.url.path}", 405,
+                      code="method_not_allowed", headers=dict(error.headers or {}))
+    return _error(str(error.detail), error.status_code)
+
+
+async def _server_error(request: Request, error: Exception) -> Response:
+    log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
+    body, status = error_of(error)
+    return JSONResponse(body, status_code=status)
+
+
 def build_app(gateway: Gateway) -> Starlette:
     async def handle(request: Request, kind: str) -> Response:
+        response = await answer(request, kind)
+        gateway.answered[response.status_code] += 1
+        return response
+
+    async def answer(request: Request, kind: str) -> Response:
         try:
             episode = gateway.lookup(request.path_params["key"])
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found")
         try:
-            kwargs = split_body(await _read_json(gateway, request))
+            body = await _read_json(gateway, request)
             endpoint = episode.client.chat.completions if kind == "chat" else episode.client.completions
-            result = await endpoint.create(**kwargs)
+            result = await endpoint.create(**body)
         except OverflowError as error:
             return _error(str(error), 413, code="request_too_large")
-        except TypeError as error:  # a misspelt or misplaced field reaches the signature
-            return _error(f"invalid request fields: {error}", 400)
         except Exception as error:
-            status = status_of(error)
-            if status == 500:
-                raise
-            return _error(str(error), status, getattr(error, "param", None))
-        if kwargs.get("stream"):
+            body, status = error_of(error)
+            if status >= 500:
+                log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
+            return JSONResponse(body, status_code=status)
+        if body.get("stream"):
             return StreamingResponse(_stream(result), media_type="text/event-stream")
         return JSONResponse(_dump(result))
 
@@ -87,9 +127,12 @@ def build_app(gateway: Gateway) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse(_models_body(gateway))
 
-    return Starlette(routes=[
-        Route("/sessions/{key}/v1/chat/completions", chat, methods=["POST"]),
-        Route("/sessions/{key}/v1/completions", completions, methods=["POST"]),
-        Route("/sessions/{key}/v1/models", session_models, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/sessions/{key}/v1/chat/completions", chat, methods=["POST"]),
+            Route("/sessions/{key}/v1/completions", completions, methods=["POST"]),
+            Route("/sessions/{key}/v1/models", session_models, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+    )

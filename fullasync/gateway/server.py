@@ -14,14 +14,12 @@ import asyncio
 import json
 import secrets
 import socket
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
-
-EXTRA_BODY_FIELDS = ("return_token_ids", "ignore_eos", "top_k", "structured_outputs")  # vLLM-style extras
-
 
 @dataclass(frozen=True)
 class GatewayEpisode:
@@ -34,6 +32,7 @@ class GatewayEpisode:
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code or str(status)}}
 
@@ -47,6 +46,7 @@ class Gateway:
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
+        self.answered: Counter[int] = Counter()  # completion requests answered, by HTTP status
         self._episodes: dict[str, GatewayEpisode] = {}
         self._finished: set[str] = set()
         self._server: Any = None
@@ -105,28 +105,21 @@ class Gateway:
         return episode
 
 
-def split_body(body: Any) -> dict[str, Any]:
-    """Request JSON → keyword arguments of the client; vLLM-style extras move into `extra_body`."""
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    kwargs = dict(body)
-    extra = dict(kwargs.pop("extra_body", None) or {})
-    for name in EXTRA_BODY_FIELDS:
-        if name in kwargs:
-            extra[name] = kwargs.pop(name)
-    if "model" not in kwargs:
-        raise InvalidRequestError("'model' is required", param="model")
-    if extra:
-        kwargs["extra_body"] = extra
-    return kwargs
-
-
 def status_of(error: BaseException) -> int:
+    """HTTP status for an error of the request path: 4xx for the caller's mistakes, 503 for engine faults."""
     if isinstance(error, InvalidRequestError):
         return 400
-    if isinstance(error, (EngineDiedError, EngineResumeTimeoutError)):
+    if isinstance(error, (EngineDiedError, EngineResumeTimeoutError, TimeoutError)):
         return 503
     return 500
+
+
+def error_of(error: BaseException) -> tuple[dict[str, Any], int]:
+    """The OpenAI-style body and status of any error raised while serving a request."""
+    if isinstance(error, InvalidRequestError):
+        return error_body(str(error), 400, error.param, error.code), 400
+    status = status_of(error)
+    return error_body(f"{type(error).__name__}: {error}", status), status
 
 
 def sse(payload: Any) -> bytes:

@@ -21,6 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
+from fullasync.errors import InvalidRequestError
 from fullasync.gateway import Gateway
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.staleness import StalenessManager
@@ -66,6 +67,13 @@ class EpisodeFailure:
     traceback: str
 
 
+def failure_reason(error: BaseException) -> str:
+    """A short, countable reason: the error class, and for a malformed request the field it named."""
+    if isinstance(error, InvalidRequestError) and error.param:
+        return f"InvalidRequestError({error.param})"
+    return type(error).__name__
+
+
 class Rollouter:
     """Runs until the rows are exhausted or `stop()`; `wait_idle()` drains running rows."""
 
@@ -80,6 +88,7 @@ class Rollouter:
         self.outcomes: dict[str, RowOutcome] = {}
         self.trained_twice: list[str] = []  # must stay empty: a row's group is trained at most once
         self.episode_failures = 0
+        self.failure_reasons: Counter = Counter()  # failure_reason(error) -> episodes
         self.recent_failures: deque[EpisodeFailure] = deque(maxlen=settings.keep_tracebacks)
         self._wake = asyncio.Event()  # set when capacity may have changed
         self._admitting = True
@@ -243,6 +252,7 @@ class Rollouter:
             raise
         except Exception as error:  # a harness failure is data, not a crash: record and go on
             self.episode_failures += 1
+            self.failure_reasons[failure_reason(error)] += 1
             self.recent_failures.append(
                 EpisodeFailure(row_id, index, f"{type(error).__name__}: {error}", traceback.format_exc())
             )

@@ -90,6 +90,7 @@ class SimulatedEngine:
 
     def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:
         self.name = name
+        self.death = None  # a simulated engine never dies
         self.cost = cost
         self.time = EngineTime()
         self._version = version

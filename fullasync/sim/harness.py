@@ -40,6 +40,10 @@ class SimTokenizer:
 
     chat_template = "simulated"
     eos_token_id = 0
+    vocab_size = 2**31  # any token id is valid
+
+    def __len__(self) -> int:
+        return self.vocab_size
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
         return ""

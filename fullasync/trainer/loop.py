@@ -46,6 +46,7 @@ class LoopResult:
     trained_samples: int = 0
     train_wall_s: float = 0.0
     episode_failures: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)  # e.g. {"InvalidRequestError(seed)": 12}
     history: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -91,6 +92,7 @@ class TrainingLoop:
         result.row_outcomes = {row_id: outcome.value for row_id, outcome in self.rollouter.outcomes.items()}
         result.trained_rows_seen_twice = list(self.rollouter.trained_twice)
         result.episode_failures = self.rollouter.episode_failures
+        result.failure_reasons = dict(self.rollouter.failure_reasons)
         return result
 
     async def _next_batch(self) -> list[TrajectoryGroup]:
@@ -101,6 +103,7 @@ class TrainingLoop:
         waited = _now()
         while len(groups) < self.batch_size:
             self.rollouter.check()
+            self.weight_sync.check_engines()  # a dead engine ends the run now, with its name
             exhausted = self.rollouter.exhausted  # read before the get: then nothing arrives after it
             got = await self.queue.get.remote(self.batch_size - len(groups), version, k,
                                               0.0 if exhausted else QUEUE_POLL_S)
