@@ -73,19 +73,17 @@ async def push_timing(engine, trainer, repeats: int = 5) -> dict[str, float]:
 
 async def queue_hop_s(groups: int = 64) -> float:
     """Seconds per trajectory group through the Ray queue actor (put, then get in one batch)."""
-    import ray
-
-    from fullasync.queue import MessageQueue
+    from fullasync.run import RayGroupQueue
     from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
     call = ModelCall(tuple(range(40)), tuple(range(4)), (-0.5,) * 4, (0,) * 4, FinishReason.STOP)
     group = TrajectoryGroup("row", tuple(Trajectory((call,), 1.0) for _ in range(8)))
-    queue = ray.remote(MessageQueue).options(num_cpus=0).remote(groups)
+    queue = RayGroupQueue(groups)
     start = time.perf_counter()
-    await asyncio.gather(*(queue.put.remote(group) for _ in range(groups)))
-    await queue.get.remote(groups, 0, 0, 10.0)
+    await asyncio.gather(*(queue.put(group) for _ in range(groups)))
+    await queue.get(groups, 0, 0, 10.0)
     elapsed = time.perf_counter() - start
-    ray.kill(queue)
+    queue.shutdown()
     return elapsed / groups
 
 

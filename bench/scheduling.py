@@ -29,15 +29,13 @@ docs/benchmarks.md / docs/scheduling.png (the exact command is recorded there).
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from fullasync.queue import MessageQueue
-from fullasync.rollout.staleness import StalenessManager
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, analytic_bound, bound_terms, split_bound, sync_bound_without_tail
 
@@ -61,7 +59,7 @@ def _run(args: tuple[Workload, SimSpec]) -> SimResult:
 
 # -- before/after of the two admission and hand-over changes the sweep led to ------------------
 
-VARIANTS = {
+VARIANTS = {  # (StalenessManager count_running, MessageQueue hand_over)
     "before: rows count whole until done, queue in arrival order": ("rows", "arrival"),
     "+ rows count by their unfinished episodes": ("episodes", "arrival"),
     "+ queue hands over oldest tokens first (now)": ("episodes", "oldest"),
@@ -69,30 +67,10 @@ VARIANTS = {
 ABLATION = [(13, 4), (13, 2), (14, 4), (14, 2)]  # (G, k), fully_async with partial rollout
 
 
-@contextlib.contextmanager
-def _control_variant(concurrency: str, order: str):
-    """Reinstate the earlier behaviour of `StalenessManager` / `MessageQueue` for the duration."""
-    saved = StalenessManager.episode_done, StalenessManager.finish, MessageQueue._hand_over
-    finish = StalenessManager.finish
-    if concurrency == "rows":
-        StalenessManager.episode_done = lambda self, share: None
-        StalenessManager.finish = lambda self, produced_group, running_share=1: finish(self, produced_group, 1)
-    if order == "arrival":
-        def arrival_order(self, count):
-            taken, self._groups = self._groups[:count], self._groups[count:]
-            return [group for _, _, group in taken]
-
-        MessageQueue._hand_over = arrival_order
-    try:
-        yield
-    finally:
-        StalenessManager.episode_done, StalenessManager.finish, MessageQueue._hand_over = saved
-
-
 def _run_variant(args: tuple[Workload, SimSpec, str]) -> SimResult:
     workload, spec, variant = args
-    with _control_variant(*VARIANTS[variant]):
-        return simulate(workload, spec)
+    admission, hand_over = VARIANTS[variant]
+    return simulate(workload, dataclasses.replace(spec, admission=admission, hand_over=hand_over))
 
 
 def render_ablation(workload: Workload, results: dict[tuple[str, int, int], SimResult]) -> str:

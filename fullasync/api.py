@@ -1,7 +1,8 @@
-"""`AsyncAgentTrainer`: the Python entry point that wires engines, rollouter, queue and trainer.
+"""`AsyncAgentTrainer`: the Python entry point of a training run.
 
-Owns: resolving the run's inputs (model, rollout_fn, datasets), starting and stopping every
-component (in `try/finally`), and validation. The step logic lives in `trainer/loop.py`.
+Owns: resolving the run's inputs (model, rollout_fn, datasets), starting and stopping the engines and
+the trainer (in `try/finally`), and the metrics sink. The run itself is wired and supervised in
+`fullasync.run` (`assemble`), its steps live in `fullasync/run/loop.py`.
 
     trainer = AsyncAgentTrainer(RunConfig(mode="fully_async"), rollout_fn=my_rollout,
                                 train_dataset=rows, val_dataset=held_out)
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import itertools
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,15 @@ from typing import Any
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.logs import configure_logging
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
-from fullasync.rollout.generator import CustomGenerator
-from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings
-from fullasync.rollout.staleness import StalenessManager
+from fullasync.rollout.rollouter import RolloutFn
+from fullasync.run import LoopResult, RunSettings, assemble
+from fullasync.run.assemble import check_rollout_fn
 from fullasync.runtime import init_ray
-from fullasync.trainer.loop import LoopResult, TrainingLoop
-from fullasync.types import Trajectory
-from fullasync.weight_sync import WeightSync
+
+log = logging.getLogger("fullasync")
 
 
 def resolve_dotted(path: str, what: str) -> Any:
@@ -63,15 +64,13 @@ class AsyncAgentTrainer:
             raise ValueError("no training rows: pass train_dataset=..., or set data.train_dataset=package.module:name, "
                              "or data.task=arithmetic")
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
+        check_rollout_fn(self.rollout_fn)
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
         if train is None:
             train = resolve_dotted(config.data.train_dataset, "data.train_dataset")()
         if val is None and config.data.val_dataset:
             val = resolve_dotted(config.data.val_dataset, "data.val_dataset")()
-        if not (callable(self.rollout_fn) or isinstance(self.rollout_fn, CustomGenerator)):
-            raise TypeError("rollout_fn must be an async function (client, row) -> float | Trajectory, "
-                            "or a fullasync.rollout.generator.CustomGenerator")
         self.train_rows = list(train)
         self.val_rows = list(val) if val is not None else None
         if not self.train_rows:
@@ -98,6 +97,7 @@ class AsyncAgentTrainer:
         return self.config.model.path
 
     def train(self) -> LoopResult:
+        configure_logging()
         return asyncio.run(self.train_async())
 
     def _rows(self) -> Iterable[tuple[str, Any]]:
@@ -112,7 +112,7 @@ class AsyncAgentTrainer:
 
         cfg = self.config
         model_path = self.model_path()
-        init_ray()
+        init_ray(log_to_driver=cfg.worker_logs)
         own_engines, own_trainer = engines is None, trainer is None
         if own_trainer:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
@@ -133,77 +133,37 @@ class AsyncAgentTrainer:
                     raise outcome
             return await self._run(engines, trainer, model_path)
         finally:
-            await asyncio.gather(
-                *([trainer.shutdown()] if own_trainer else []),
-                *([e.shutdown() for e in engines] if own_engines else []),
-                return_exceptions=True,
-            )
+            await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
+
+    @staticmethod
+    async def _shutdown(trainers: list, engines: list) -> None:
+        """Stop what this run started; a component that fails to stop is logged, the others still stop."""
+        stopping = [*(t.shutdown() for t in trainers), *(e.shutdown() for e in engines)]
+        for outcome in await asyncio.gather(*stopping, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("shutdown: %r", outcome)
 
     async def _run(self, engines: list, trainer: Any, model_path: str) -> LoopResult:
-        import ray
-
-        from fullasync.queue import MessageQueue
-
         cfg = self.config
-        k, batch = cfg.staleness, cfg.rollout.batch_size
-        queue = ray.remote(MessageQueue).options(num_cpus=0).remote((k + 1) * batch + cfg.rollout.max_running_rows)
         output_dir = Path(cfg.output_dir)
         sink = MetricsSink(output_dir / "metrics.jsonl", output_dir / "tensorboard" if cfg.tensorboard else None,
                            cfg.wandb_project or None)
         service = RolloutService(engines, load_tokenizer(model_path), ClientConfig(
             model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
             resume_timeout_s=cfg.rollout.resume_timeout_s))
-        weight_sync = WeightSync(engines, mode=cfg.push_mode, version=await engines[0].version())
-        first_version = weight_sync.version  # admission counts versions of this run only
-        staleness = StalenessManager(k, batch, cfg.rollout.max_running_rows,
-                                     version=lambda: weight_sync.version - first_version)
-        rollouter = Rollouter(self.rollout_fn, service, queue, staleness, RolloutSettings(
-            n=cfg.rollout.n, max_running_rows=cfg.rollout.max_running_rows,
-            episode_timeout_s=cfg.rollout.episode_timeout_s, filter_zero_variance=cfg.rollout.filter_zero_variance))
-        print(f"[fullasync] mode={cfg.mode} max_staleness={k} push={cfg.push_mode.value} "
-              f"batch={batch}×{cfg.rollout.n} rows={len(self.train_rows)}×{cfg.data.epochs} epochs", flush=True)
-        print(f"[fullasync] {cfg.correction_summary(trainer.config)}", flush=True)
-        loop = TrainingLoop(
-            trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync, staleness=staleness,
-            batch_size=batch, total_steps=cfg.total_steps, val_every=cfg.val_every,
-            validate=(lambda: evaluate(service, rollouter.run_harness, self.val_rows, cfg.val_samples_per_row,
-                                       cfg.rollout.episode_timeout_s))
-            if self.val_rows else None,
-            sink=sink,
-        )
         try:
-            await rollouter.open()
-            rollouter.start(self._rows())
-            result = await loop.run()
+            run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
+                                 settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows)
+            log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
+                     cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
+            log.info(cfg.correction_summary(trainer.config))
+            result = await run.execute(self._rows())
             if cfg.save_checkpoint:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))
             return result
         finally:
-            await rollouter.close()
             sink.close()
-            ray.kill(queue)
 
 
 async def _ready(value: Any) -> Any:
     return value
-
-
-async def evaluate(service: RolloutService, run_harness: Any, rows: list[Any], samples_per_row: int,
-                   episode_timeout_s: float, concurrency: int = 64) -> float:
-    """Mean reward of `samples_per_row` episodes per row; failures (and episodes past the timeout) count as 0."""
-    limit = asyncio.Semaphore(concurrency)
-
-    async def one(index: int, row: Any, sample: int) -> float:
-        async with limit:
-            client = service.client(f"val-{index}-{sample}")
-            try:
-                result = await asyncio.wait_for(run_harness(client, row), episode_timeout_s)
-                return float(result.reward if isinstance(result, Trajectory) else result)
-            finally:
-                client.close()
-
-    rewards = await asyncio.gather(
-        *(one(i, row, s) for (i, row), s in itertools.product(enumerate(rows), range(samples_per_row))),
-        return_exceptions=True,
-    )
-    return sum(r for r in rewards if isinstance(r, float)) / len(rewards)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from hydra.core.config_store import ConfigStore
@@ -33,15 +34,15 @@ def _train(cfg) -> None:
         print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     result = trainer.train()
-    print(
-        f"[fullasync] done: {result.steps} steps, {result.trained_samples} samples in {result.train_wall_s:.1f} s "
-        f"({result.samples_per_s:.1f} samples/s), rows {result.outcomes}, episode failures "
-        f"{result.episode_failures}{f' {result.failure_reasons}' if result.failure_reasons else ''}, "
-        f"max token staleness {result.max_token_staleness}"
-    )
+    log = logging.getLogger("fullasync")
+    log.info("done: %d steps, %d samples in %.1f s (%.1f samples/s), rows %s, episode failures %d%s, "
+             "max token staleness %d", result.steps, result.trained_samples, result.train_wall_s,
+             result.samples_per_s, result.outcomes, result.episode_failures,
+             f" {result.failure_reasons}" if result.failure_reasons else "", result.max_token_staleness)
     if result.val_before is not None and result.val_after is not None:
-        print(f"[fullasync] held-out accuracy: before {result.val_before:.3f} → after {result.val_after:.3f} "
-              f"({result.val_after - result.val_before:+.3f})")
+        failed = f" ({result.val_failed_episodes} validation episodes failed)" if result.val_failed_episodes else ""
+        log.info("held-out accuracy: before %.3f → after %.3f (%+.3f)%s", result.val_before, result.val_after,
+                 result.val_after - result.val_before, failed)
 
 
 def main() -> None:

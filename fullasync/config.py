@@ -71,6 +71,7 @@ class RunConfig:
     tensorboard: bool = False  # also log to TensorBoard under output_dir/tensorboard
     wandb_project: str = ""  # also log to Weights & Biases (when installed)
     seed: int = 0  # seeds sampling in the engines and the trainer
+    worker_logs: bool = False  # show the Ray workers' console output (vLLM, verl) here; else it stays in Ray's logs
     model: ModelSection = field(default_factory=ModelSection)
     engine: EngineSection = field(default_factory=EngineSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)

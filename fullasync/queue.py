@@ -1,6 +1,7 @@
 """MessageQueue: a bounded Ray actor between the rollouter and the trainer.
 
-Owns: finished `TrajectoryGroup`s (handed over oldest tokens first, then in arrival order),
+Owns: finished `TrajectoryGroup`s (handed over oldest tokens first, then in arrival order — or in
+arrival order only, `hand_over="arrival"`, the earlier policy kept for comparison),
 back-pressure (a `put` waits while the queue is full), and the staleness check at hand-over: a
 group whose oldest token is older than
 `trainer_version - max_staleness` is dropped, counted and reported with its row id. Nothing is
@@ -14,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 from fullasync.types import PROMPT_VERSION, TrajectoryGroup
+
+HAND_OVER_ORDERS = ("oldest", "arrival")
 
 
 def oldest_version(group: TrajectoryGroup) -> int:
@@ -42,12 +45,15 @@ class QueueStats:
 
 
 class MessageQueue:
-    """Hosted as a Ray actor (`ray.remote(MessageQueue)`); all methods run on its event loop."""
+    """Hosted as a Ray actor (`fullasync.run.contracts.RayGroupQueue`), or in process; a `GroupQueue`."""
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(self, max_size: int, hand_over: str = "oldest") -> None:
         if max_size < 1:
             raise ValueError(f"MessageQueue max_size must be >= 1, got {max_size}")
+        if hand_over not in HAND_OVER_ORDERS:
+            raise ValueError(f"MessageQueue hand_over={hand_over!r}; choose one of {HAND_OVER_ORDERS}")
         self.max_size = max_size
+        self.hand_over = hand_over
         self._groups: list[tuple[int, int, TrajectoryGroup]] = []  # (oldest version, arrival number, group)
         self._arrivals = 0
         self._changed = asyncio.Condition()
@@ -74,8 +80,9 @@ class MessageQueue:
             self._groups = [entry for entry in self._groups if entry[0] >= oldest_allowed]
 
     def _hand_over(self, count: int) -> list[TrajectoryGroup]:
-        """Remove and return up to `count` groups: oldest tokens first, then arrival order."""
-        self._groups.sort(key=lambda entry: entry[:2])
+        """Remove and return up to `count` groups: oldest tokens first, then arrival order (or arrival only)."""
+        if self.hand_over == "oldest":
+            self._groups.sort(key=lambda entry: entry[:2])
         taken, self._groups = self._groups[:count], self._groups[count:]
         return [group for _, _, group in taken]
 

@@ -15,12 +15,16 @@ from patches import ray_loopback
 LOOPBACK = "127.0.0.1"
 
 
-def init_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
-    """Start a local Ray on loopback (or connect to `RAY_ADDRESS`); a no-op when already running."""
+def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, log_to_driver: bool = True) -> None:
+    """Start a local Ray on loopback (or connect to `RAY_ADDRESS`); a no-op when already running.
+
+    `log_to_driver=False` keeps the workers' console output (vLLM, verl) in Ray's log files
+    (`/tmp/ray/session_latest/logs`) instead of this console; their errors still reach the caller.
+    """
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=log_to_driver)
         return
     ray_loopback.apply()
     os.environ.setdefault("VLLM_HOST_IP", LOOPBACK)
@@ -31,5 +35,5 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
         _node_ip_address=LOOPBACK,
         include_dashboard=False,
         configure_logging=False,
-        log_to_driver=True,
+        log_to_driver=log_to_driver,
     )

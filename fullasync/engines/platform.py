@@ -32,8 +32,11 @@ def engine_env_vars() -> dict[str, str]:
         "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"),
         # weight reload ships a closure to the worker; vLLM refuses pickled callables otherwise
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-        # vLLM logs every pause/resume at INFO; keep the console for the training progress
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        # vLLM logs every pause/resume at INFO, and at WARNING start-up hints for other builds (triton,
+        # tcmalloc) and, at each push, "RotaryEmbedding: Failed to load weights" (its layer-wise reload
+        # finds no checkpoint tensor for the rotary cache, which is computed, not loaded: harmless).
+        # Errors still show; VLLM_LOGGING_LEVEL=WARNING brings the rest back.
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
     }
     if is_cpu_platform():
         # keep the model worker inside the engine-core process: faster start, one fewer hop

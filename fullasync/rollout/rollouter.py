@@ -2,8 +2,11 @@
 
 Owns: admission (through `StalenessManager`), running the episodes of a row concurrently with a
 timeout, turning their results into a `TrajectoryGroup`, the zero-variance filter, and the
-ledger of what became of every row. An exception or timeout in `rollout_fn` is recorded with its
-traceback and counted; it never stops the run. Does not own: engines, the queue's storage, training.
+ledger of what became of every row (its only writer: the loop reports trained and dropped rows
+through `on_trained` / `on_dropped`). An exception or timeout in `rollout_fn` is recorded with its
+traceback and counted by reason; it never stops the run. A crash of the rollouter itself (the
+dispatcher, or a row task failing outside the harness, e.g. `queue.put` on a dead queue) is kept and
+re-raised by `check()`, naming the row. Does not own: engines, the queue's storage, training.
 
 Components: a dispatcher task (admits rows in dataset order) and one task per running row.
 """
@@ -12,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 import traceback
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -26,6 +30,8 @@ from fullasync.gateway import Gateway
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.types import Trajectory, TrajectoryGroup
+
+log = logging.getLogger("fullasync")
 
 RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
 
@@ -41,11 +47,12 @@ def _now() -> float:
 class RowOutcome(str, enum.Enum):
     """What became of a dataset row; every admitted row ends in exactly one of these."""
 
-    QUEUED = "queued"  # its group is on the queue (becomes TRAINED or TOO_STALE later)
+    QUEUED = "queued"  # its group is on the queue: trained or too_stale later; still queued if the run ends first
     TRAINED = "trained"
     FILTERED = "filtered"  # zero reward variance, filter on
     FAILED = "failed"  # every episode raised or timed out
     TOO_STALE = "too_stale"  # dropped by the queue: oldest token beyond max_staleness
+    UNFINISHED = "unfinished"  # still generating when the run ended (total_steps reached); nothing was kept
 
 
 @dataclass(frozen=True)
@@ -74,11 +81,29 @@ def failure_reason(error: BaseException) -> str:
     return type(error).__name__
 
 
+@dataclass(frozen=True)
+class RolloutReport:
+    """The rollouter's account so far: the row ledger, failures by reason, and how busy it was."""
+
+    outcome_counts: dict[str, int]
+    row_outcomes: dict[str, str]
+    trained_twice: list[str]  # must stay empty: a row's group is trained at most once
+    episode_failures: int
+    failure_reasons: dict[str, int]
+    recent_failures: list[EpisodeFailure] = field(default_factory=list)
+    idle_fraction: float = 0.0  # share of wall time with no row generating
+
+
+class RolloutCrashedError(RuntimeError):
+    """The rollouter itself failed (not a harness): the run cannot go on; the message names the row."""
+
+
 class Rollouter:
     """Runs until the rows are exhausted or `stop()`; `wait_idle()` drains running rows."""
 
     def __init__(self, rollout_fn: RolloutFn, service: RolloutService, queue: Any, staleness: StalenessManager,
                  settings: RolloutSettings) -> None:
+        """`queue`: a `fullasync.run.contracts.GroupQueue` (only `put` is used here)."""
         self.rollout_fn = rollout_fn
         self.service = service
         self.queue = queue
@@ -92,7 +117,8 @@ class Rollouter:
         self.recent_failures: deque[EpisodeFailure] = deque(maxlen=settings.keep_tracebacks)
         self._wake = asyncio.Event()  # set when capacity may have changed
         self._admitting = True
-        self._row_tasks: set[asyncio.Task] = set()
+        self._row_tasks: dict[asyncio.Task, str] = {}  # running row task -> its row id
+        self._crash: RolloutCrashedError | None = None
         self._dispatcher: asyncio.Task | None = None
         self._running_rows = 0
         self._busy_since: float | None = None
@@ -124,10 +150,12 @@ class Rollouter:
         self._dispatcher = asyncio.create_task(self._dispatch(iter(rows)), name="rollouter-dispatch")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._dispatcher, *self._row_tasks) if t is not None]
+        """Cancel the dispatcher and every running row (their rows end `unfinished`); crashes stay for `check()`."""
+        tasks = [t for t in (self._dispatcher, *self._row_tasks) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks)
 
     @property
     def exhausted(self) -> bool:
@@ -135,9 +163,13 @@ class Rollouter:
         return self._dispatcher is not None and self._dispatcher.done() and not self._row_tasks
 
     def check(self) -> None:
-        """Re-raise a crash of the dispatcher (a bug, not a rollout failure) instead of hanging."""
+        """Raise a crash of the dispatcher or of a row task (a fault, not a harness failure) instead of hanging."""
+        if self._crash is not None:
+            raise self._crash
         if self._dispatcher is not None and self._dispatcher.done() and not self._dispatcher.cancelled():
-            self._dispatcher.result()
+            error = self._dispatcher.exception()
+            if error is not None:
+                raise RolloutCrashedError(f"the rollouter's dispatcher crashed: {error!r}") from error
 
     def on_version(self) -> None:
         """The trainer's version advanced: more rows may be admissible."""
@@ -153,19 +185,38 @@ class Rollouter:
     async def wait_idle(self, timeout_s: float) -> None:
         """Wait until no row is running (used to pause generation for validation)."""
         if self._row_tasks:
-            await asyncio.wait_for(asyncio.gather(*self._row_tasks, return_exceptions=True), timeout_s)
+            _, pending = await asyncio.wait(list(self._row_tasks), timeout=timeout_s)
+            if pending:
+                raise TimeoutError(f"{len(pending)} row(s) still generating after {timeout_s:.0f} s: "
+                                   f"{sorted(self._row_tasks[t] for t in pending)[:5]}")
+        self.check()
 
-    # -- metrics -----------------------------------------------------------------------------
+    # -- what the loop reports, and what it reads ------------------------------------------
 
-    def outcome_counts(self) -> Counter:
-        return Counter(outcome.value for outcome in self.outcomes.values())
+    def on_trained(self, groups: Sequence[TrajectoryGroup]) -> None:
+        for group in groups:
+            self._mark(group.row_id, RowOutcome.TRAINED)
 
-    def idle_fraction(self) -> float:
-        """Share of wall time with no row generating."""
+    def on_dropped(self, row_ids: Sequence[str]) -> None:
+        """The queue dropped these rows' groups as too stale: they will never train, their slots are free."""
+        for row_id in row_ids:
+            self._mark(row_id, RowOutcome.TOO_STALE)
+            self.staleness.release()
+        self._wake.set()
+
+    def report(self) -> RolloutReport:
         busy = self._busy_s + (_now() - self._busy_since if self._busy_since is not None else 0.0)
-        return 1.0 - busy / max(_now() - self._created, 1e-9)
+        return RolloutReport(
+            outcome_counts=dict(Counter(outcome.value for outcome in self.outcomes.values())),
+            row_outcomes={row_id: outcome.value for row_id, outcome in self.outcomes.items()},
+            trained_twice=list(self.trained_twice),
+            episode_failures=self.episode_failures,
+            failure_reasons=dict(self.failure_reasons),
+            recent_failures=list(self.recent_failures),
+            idle_fraction=1.0 - busy / max(_now() - self._created, 1e-9),
+        )
 
-    def mark(self, row_id: str, outcome: RowOutcome) -> None:
+    def _mark(self, row_id: str, outcome: RowOutcome) -> None:
         if outcome is RowOutcome.TRAINED and self.outcomes.get(row_id) is RowOutcome.TRAINED:
             self.trained_twice.append(row_id)
         self.outcomes[row_id] = outcome
@@ -181,8 +232,19 @@ class Rollouter:
                 await self._wake.wait()
             self._set_running(+1)
             task = asyncio.create_task(self._run_row(row_id, row), name=f"row-{row_id}")
-            self._row_tasks.add(task)
-            task.add_done_callback(self._row_tasks.discard)
+            self._row_tasks[task] = row_id
+            task.add_done_callback(self._row_done)
+
+    def _row_done(self, task: asyncio.Task) -> None:
+        """A row task ended: a crash (anything but a harness failure, which is data) becomes the run's error."""
+        row_id = self._row_tasks.pop(task)
+        if task.cancelled() or task.exception() is None or self._crash is not None:
+            return
+        error = task.exception()
+        self._crash = RolloutCrashedError(f"row {row_id}: the rollouter failed outside the harness: {error!r}")
+        self._crash.__cause__ = error
+        log.error("row %s crashed the rollouter", row_id, exc_info=error)
+        self._wake.set()
 
     def _set_running(self, delta: int) -> None:
         """Track rows generating; the time with none is the rollout idle time."""
@@ -211,15 +273,19 @@ class Rollouter:
             results = await asyncio.gather(*(episode(i) for i in range(self.settings.n)))
             trajectories = [t for t in results if t is not None]
             if not trajectories:
-                self.mark(row_id, RowOutcome.FAILED)
+                self._mark(row_id, RowOutcome.FAILED)
             elif self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
-                self.mark(row_id, RowOutcome.FILTERED)
+                self._mark(row_id, RowOutcome.FILTERED)
             else:
                 group = TrajectoryGroup(row_id=row_id, trajectories=tuple(trajectories),
                                         metadata={"failed_episodes": self.settings.n - len(trajectories)})
-                await self.queue.put.remote(group)
-                self.mark(row_id, RowOutcome.QUEUED)
+                await self.queue.put(group)
+                self._mark(row_id, RowOutcome.QUEUED)
                 produced = True
+        except asyncio.CancelledError:
+            if not produced:
+                self._mark(row_id, RowOutcome.UNFINISHED)
+            raise
         finally:
             self.staleness.finish(produced_group=produced, running_share=1 - released[0])
             self._set_running(-1)

@@ -14,7 +14,8 @@ sampled at version ≥ v. Rows that end without a group (failed, filtered, dropp
 slot, since they will not occupy a batch. Independently, at most `max_running` rows run at once,
 where a row counts by the share of its episodes still generating (a row of n episodes with one
 long straggler left counts 1/n): the engines' slots, not the rows, are what concurrency protects,
-and a straggler must not keep n − 1 slots empty.
+and a straggler must not keep n − 1 slots empty. (`count_running="rows"` counts a row whole until its
+last episode ends — the earlier policy, kept for comparison in `bench/scheduling.py`.)
 
 For k = 0 this is synchronous on-policy training: batch v + 1 starts only after version v + 1.
 """
@@ -26,6 +27,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+
+RUNNING_COUNTS = ("episodes", "rows")
 
 
 def admission_capacity(max_staleness: int, version: int, batch_size: int, started: int, running: int | Fraction,
@@ -45,9 +48,13 @@ class StalenessCounts:
 class StalenessManager:
     """Thread-safe counters plus the formula; the version source is injected."""
 
-    def __init__(self, max_staleness: int, batch_size: int, max_running: int, version: Callable[[], int]) -> None:
+    def __init__(self, max_staleness: int, batch_size: int, max_running: int, version: Callable[[], int],
+                 count_running: str = "episodes") -> None:
         if max_staleness < 0 or batch_size < 1 or max_running < 1:
             raise ValueError("max_staleness >= 0, batch_size >= 1 and max_running >= 1 are required")
+        if count_running not in RUNNING_COUNTS:
+            raise ValueError(f"count_running={count_running!r}; choose one of {RUNNING_COUNTS}")
+        self.by_episodes = count_running == "episodes"
         self.max_staleness = max_staleness
         self.batch_size = batch_size
         self.max_running = max_running
@@ -72,14 +79,15 @@ class StalenessManager:
 
     def episode_done(self, share: Fraction) -> None:
         """One episode of a running row ended: the row now counts `share` less toward concurrency."""
-        with self._lock:
-            self.counts.running -= share
+        if self.by_episodes:
+            with self._lock:
+                self.counts.running -= share
 
     def finish(self, produced_group: bool, running_share: Fraction | int = 1) -> None:
         """A row's episodes ended (`running_share`: its part not yet released by `episode_done`);
         without a group its slot is released."""
         with self._lock:
-            self.counts.running -= running_share
+            self.counts.running -= running_share if self.by_episodes else 1
             if not produced_group:
                 self.counts.started -= 1
 

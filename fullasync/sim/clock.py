@@ -1,8 +1,8 @@
-"""A virtual clock for asyncio, and an in-process stand-in for a Ray actor handle.
+"""A virtual clock for asyncio.
 
 Owns: `VirtualClockLoop`, an event loop whose `time()` jumps straight to the next timer when
 nothing is ready, so an hour of simulated sleeping takes as long as the Python work between the
-sleeps; and `LocalActor`, which gives an object the `handle.method.remote(...)` call shape.
+sleeps.
 Does not own: what is simulated (see `engine.py`, `trainer.py`).
 
 Why not Ray for the queue in a simulation: a virtual clock may only advance when every pending
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -61,21 +61,3 @@ def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run `main()` to completion on a fresh `VirtualClockLoop`."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
         return runner.run(main())
-
-
-class _RemoteMethod:
-    def __init__(self, method: Callable[..., Awaitable[Any]]) -> None:
-        self._method = method
-
-    def remote(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-        return self._method(*args, **kwargs)
-
-
-class LocalActor:
-    """`LocalActor(obj).method.remote(...)` awaits `obj.method(...)` on this loop (no Ray)."""
-
-    def __init__(self, target: Any) -> None:
-        self._target = target
-
-    def __getattr__(self, name: str) -> _RemoteMethod:
-        return _RemoteMethod(getattr(self._target, name))

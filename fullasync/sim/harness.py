@@ -1,9 +1,10 @@
 """Runs one simulated training run through the real control code and measures where time went.
 
-Owns: wiring simulated engines and trainer into the real `Rollouter`, `StalenessManager`,
-`MessageQueue`, `WeightSync`, `RolloutService` / `RolloutClient` and `TrainingLoop` — the same
-wiring as `AsyncAgentTrainer._run`, with the queue in-process (`LocalActor`) because the clock is
-virtual — and turning their counters into a `SimResult` over the steady-state window.
+Owns: running simulated engines and a simulated trainer through the real control code, wired by
+`fullasync.run.assemble` exactly as `AsyncAgentTrainer` wires a run (`Rollouter`, `StalenessManager`,
+`MessageQueue`, `WeightSync`, `RolloutService` / `RolloutClient`, `TrainingLoop`) — with the queue
+in process because the clock is virtual — and turning their counters into a `SimResult` over the
+steady-state window.
 Does not own: the cost model (`engine.py`, `trainer.py`) or the bound (`workload.py`).
 
 Devices: `sync` generates on all N devices, then trains on all N (colocated, alternating);
@@ -13,8 +14,6 @@ Devices: `sync` generates on all N devices, then trains on all N (colocated, alt
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import itertools
 import math
 import random
@@ -24,15 +23,12 @@ from typing import Any
 
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
-from fullasync.queue import MessageQueue
-from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
-from fullasync.rollout.staleness import StalenessManager
-from fullasync.sim.clock import LocalActor, run_virtual
+from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
+from fullasync.run import RunSettings, assemble
+from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine
 from fullasync.sim.trainer import SimulatedTrainer
 from fullasync.sim.workload import Workload, split_bound
-from fullasync.trainer.loop import TrainingLoop
-from fullasync.weight_sync import WeightSync
 
 
 class SimTokenizer:
@@ -63,6 +59,8 @@ class SimSpec:
     steps: int = 14
     warmup_steps: int = 3  # excluded from the steady-state window (pipeline fill)
     running_rows_per_capacity: float = 1.5  # max_running_rows = this × engine slots / n
+    admission: str = "episodes"  # how running rows count toward max_running_rows (StalenessManager)
+    hand_over: str = "oldest"  # the queue's hand-over order (MessageQueue)
 
     def run_config(self) -> RunConfig:
         # RunConfig.validate() would also resolve the (real) trainer's registry names against verl;
@@ -167,11 +165,8 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
     trainer = SimulatedTrainer(workload.train, train_devices)
     slots = gen_devices * workload.decode.max_num_seqs
     max_running = math.ceil(spec.running_rows_per_capacity * slots / n)
-    queue = LocalActor(MessageQueue((k + 1) * batch + max_running))
     service = RolloutService(engines, SimTokenizer(), ClientConfig(
         model_name="policy", max_model_len=workload.prompt_tokens + workload.cap + 1, resume_timeout_s=1e6))
-    weight_sync = WeightSync(engines, mode=config.push_mode, version=0)
-    staleness = StalenessManager(k, batch, max_running, version=lambda: weight_sync.version)
     prompt = [1] * workload.prompt_tokens
     fresh_calls = [0]
 
@@ -182,26 +177,25 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
         return float(random.Random(client.episode.id).random() < row["difficulty"])
 
     rows = ((f"row-{i}", {"difficulty": random.Random(i).random()}) for i in itertools.count())
-    rollouter = Rollouter(rollout_fn, service, queue, staleness, RolloutSettings(
-        n=n, max_running_rows=max_running, episode_timeout_s=1e9))
     marks: dict[int, tuple[float, EngineTime, float, int, set[str]]] = {}
 
     def on_step(step: int) -> None:
-        dropped = {r for r, outcome in rollouter.outcomes.items() if outcome is RowOutcome.TOO_STALE}
+        outcomes = run.rollouter.outcomes
+        dropped = {r for r, outcome in outcomes.items() if outcome is RowOutcome.TOO_STALE}
         marks[step] = (loop.time(), _snapshot(engines), trainer.time.train_s, fresh_calls[0], dropped)
 
     sink = _RecordingSink(on_step)
-    training = TrainingLoop(trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync,
-                            staleness=staleness, batch_size=batch, total_steps=spec.steps, val_every=0,
-                            validate=None, sink=sink)
+    settings = RunSettings(
+        max_staleness=k, batch_size=batch, total_steps=spec.steps, push_mode=config.push_mode,
+        rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9),
+        admission=spec.admission, hand_over=spec.hand_over, queue_in_process=True)
+    run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=rollout_fn,
+                         settings=settings, sink=sink)
     cpu_start = time.process_time()
     started = loop.time()
     try:
-        rollouter.start(rows)
-        with contextlib.redirect_stdout(io.StringIO()):
-            result = await training.run()
+        result = await run.execute(rows)
     finally:
-        await rollouter.stop()
         await asyncio.gather(*(e.shutdown() for e in engines))
     cpu_s = time.process_time() - cpu_start
     window = sink.history[spec.warmup_steps:]

@@ -1,4 +1,4 @@
-"""`SimulatedTrainer`: the trainer face `TrainingLoop` uses, with time proportional to trained tokens.
+"""`SimulatedTrainer`: the `Trainer` contract of a run, with time proportional to trained tokens.
 
 Owns: the timing of a train step on `num_devices` data-parallel devices and a record of where the
 trainer's time went. Does not own: any model, loss or weights — `export_weights` returns a token
@@ -43,12 +43,13 @@ class TrainerTime:
 
 
 class SimulatedTrainer:
-    """Implements what `TrainingLoop` and `AsyncAgentTrainer` call on a trainer."""
+    """Implements `fullasync.run.contracts.Trainer` with a cost model instead of a model."""
 
     def __init__(self, cost: TrainCost, num_devices: int) -> None:
         if num_devices < 1:
             raise ValueError(f"SimulatedTrainer needs at least one device, got {num_devices}")
         self.cost = cost
+        self.config = cost  # its only settings
         self.num_devices = num_devices
         self.step = 0
         self.time = TrainerTime()

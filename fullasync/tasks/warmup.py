@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from fullasync.models import TinyModelSpec, build_tiny_model, default_cache_root, load_tokenizer
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
+
+log = logging.getLogger("fullasync")
 
 WARMUP_FORMAT = 2  # bump when the procedure changes; part of the cache key
 MARKER = "fullasync_warmup.json"
@@ -90,7 +93,7 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
         loss.backward()
         optimizer.step()
         if step % 100 == 0 or step == spec.steps - 1:
-            print(f"[warm-up] step {step:>4}/{spec.steps} loss {loss.item():.3f}", flush=True)
+            log.info("warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     for name in os.listdir(out_dir):

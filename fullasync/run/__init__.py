@@ -1,0 +1,18 @@
+"""Where a run is assembled and supervised: the one place that wires engines, rollouter, queue and trainer.
+
+- `contracts.py`: the typed seams — `GroupQueue` (with `RayGroupQueue`, the Ray actor behind it) and
+  `Trainer` (`VerlTrainer` and the simulator's `SimulatedTrainer` both satisfy it).
+- `assemble.py`: `assemble(...)` builds one run's components; `Run.execute(rows)` validates, generates,
+  trains and stops everything again, in that order.
+- `loop.py`: the training loop (pull groups → train → push), which sees the rollouter only through
+  `RolloutControl`.
+- `validation.py`: held-out evaluation, run while training generation is paused.
+
+`AsyncAgentTrainer` (`fullasync.api`), the simulator (`fullasync.sim`) and the benchmarks all call `assemble`.
+"""
+
+from fullasync.run.assemble import Run, RunSettings, assemble
+from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
+from fullasync.run.loop import LoopResult, TrainingLoop
+
+__all__ = ["GroupQueue", "LoopResult", "RayGroupQueue", "Run", "RunSettings", "Trainer", "TrainingLoop", "assemble"]

@@ -1,0 +1,158 @@
+"""One run, wired in one place: `assemble(...)` builds its components, `Run.execute(rows)` runs them.
+
+Owns: the construction of the weight sync, the staleness manager (with this run's version as its
+source), the queue (sized here, and only here), the rollouter and the training loop; the start-up
+check of `rollout_fn`; the order of a run (held-out validation with nothing generating, then
+generation and training, then stopping generation) and the final account of every row; validation
+with training generation paused. Does not own: starting engines or the trainer (the caller does, and
+keeps them), the metrics sink, or any step logic (`loop.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.client import RolloutService
+from fullasync.config import RunConfig
+from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.metrics import MetricsSink
+from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
+from fullasync.rollout.generator import CustomGenerator
+from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings
+from fullasync.rollout.staleness import RUNNING_COUNTS, StalenessManager
+from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
+from fullasync.run.loop import LoopResult, TrainingLoop
+from fullasync.run.validation import evaluate
+from fullasync.weight_sync import WeightSync
+
+log = logging.getLogger("fullasync")
+
+VALIDATION_DRAIN_TIMEOUT_S = 600.0  # running rows must finish within this before validation starts
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the assembly needs to know of a run (from a `RunConfig`, or a simulation's spec)."""
+
+    max_staleness: int  # k of the admission bound and the queue's staleness check
+    batch_size: int  # groups per train step
+    total_steps: int  # 0 = until the rows run out
+    rollout: RolloutSettings
+    push_mode: PauseMode = PauseMode.ABORT
+    val_every: int = 0  # validate every this many steps (and always before and after)
+    val_samples_per_row: int = 16
+    admission: str = "episodes"  # how a running row counts toward max_running_rows (see StalenessManager)
+    hand_over: str = "oldest"  # queue hand-over order (see MessageQueue)
+    queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
+
+    def __post_init__(self) -> None:
+        if self.admission not in RUNNING_COUNTS:
+            raise ValueError(f"admission={self.admission!r}; choose one of {RUNNING_COUNTS}")
+        if self.hand_over not in HAND_OVER_ORDERS:
+            raise ValueError(f"hand_over={self.hand_over!r}; choose one of {HAND_OVER_ORDERS}")
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> RunSettings:
+        rollout = config.rollout
+        return cls(
+            max_staleness=config.staleness, batch_size=rollout.batch_size, total_steps=config.total_steps,
+            rollout=RolloutSettings(n=rollout.n, max_running_rows=rollout.max_running_rows,
+                                    episode_timeout_s=rollout.episode_timeout_s,
+                                    filter_zero_variance=rollout.filter_zero_variance),
+            push_mode=config.push_mode, val_every=config.val_every, val_samples_per_row=config.val_samples_per_row,
+        )
+
+    @property
+    def queue_capacity(self) -> int:
+        """k + 1 batches, plus room for every running row, so draining for validation never blocks on a full queue."""
+        return (self.max_staleness + 1) * self.batch_size + self.rollout.max_running_rows
+
+
+def check_rollout_fn(rollout_fn: Any) -> None:
+    """Refuse at start-up what would fail every episode later."""
+    if isinstance(rollout_fn, CustomGenerator):
+        if not inspect.iscoroutinefunction(rollout_fn.generate):
+            raise TypeError(f"{type(rollout_fn).__name__}.generate must be `async def generate(self, episode, row)`")
+        return
+    if inspect.iscoroutinefunction(rollout_fn) or callable(rollout_fn) and inspect.iscoroutinefunction(
+            rollout_fn.__call__):
+        return
+    raise TypeError(
+        f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` and `await` "
+        "the client's calls (or pass a fullasync.CustomGenerator)"
+    )
+
+
+class Run:
+    """The components of one run; `execute(rows)` once."""
+
+    def __init__(self, *, rollouter: Rollouter, queue: GroupQueue, weight_sync: WeightSync, service: RolloutService,
+                 trainer: Trainer, settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None) -> None:
+        self.rollouter = rollouter
+        self.queue = queue
+        self.weight_sync = weight_sync
+        self.service = service
+        self.settings = settings
+        self.val_rows = list(val_rows) if val_rows else []
+        self.loop = TrainingLoop(
+            trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync,
+            max_staleness=settings.max_staleness, batch_size=settings.batch_size, total_steps=settings.total_steps,
+            val_every=settings.val_every, validate=self.validate_paused if self.val_rows else None, sink=sink,
+        )
+
+    async def execute(self, rows: Iterable[tuple[str, Any]]) -> LoopResult:
+        """Validate (nothing generating yet), generate and train, stop generating, account for every row."""
+        result = self.loop.result
+        try:
+            await self.rollouter.open()
+            if self.val_rows:
+                result.val_before = await self.validate_paused()
+            self.rollouter.start(rows)
+            await self.loop.run()
+            await self.rollouter.stop()
+            report = self.rollouter.report()
+            result.outcomes = dict(report.outcome_counts)
+            result.row_outcomes = dict(report.row_outcomes)
+            result.trained_rows_seen_twice = list(report.trained_twice)
+            result.episode_failures = report.episode_failures
+            result.failure_reasons = dict(report.failure_reasons)
+            return result
+        finally:
+            await self.rollouter.close()
+            if isinstance(self.queue, RayGroupQueue):
+                self.queue.shutdown()
+
+    async def validate_paused(self) -> float:
+        """Held-out score with training generation paused: stop admitting, let running rows finish, resume."""
+        self.rollouter.pause_admission()
+        try:
+            await self.rollouter.wait_idle(VALIDATION_DRAIN_TIMEOUT_S)
+            outcome = await evaluate(self.service, self.rollouter.run_harness, self.val_rows,
+                                     self.settings.val_samples_per_row, self.settings.rollout.episode_timeout_s)
+        finally:
+            self.rollouter.resume_admission()
+        self.loop.result.val_failed_episodes += outcome.failed
+        steps = self.loop.result.steps
+        when = "before training" if steps == 0 and self.loop.result.val_before is None else f"at step {steps}"
+        log.info("held-out accuracy %s: %.3f", when, outcome.score)
+        return outcome.score
+
+
+async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: RolloutService, rollout_fn: RolloutFn,
+                   settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None) -> Run:
+    """Wire one run on engines and a trainer that the caller started (and will stop)."""
+    check_rollout_fn(rollout_fn)
+    weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version())
+    first_version = weight_sync.version  # admission counts the versions of this run only
+    staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
+                                 version=lambda: weight_sync.version - first_version,
+                                 count_running=settings.admission)
+    queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
+                         if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
+    rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout)
+    return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
+               settings=settings, sink=sink, val_rows=val_rows)

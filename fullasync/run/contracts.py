@@ -1,0 +1,81 @@
+"""The typed seams of a run: the queue between rollouter and trainer, and the trainer as the loop sees it.
+
+Owns: the `GroupQueue` and `Trainer` protocols, and `RayGroupQueue`, which hosts a `MessageQueue` in a
+Ray actor and hides `.remote` behind the protocol, with a bound on every wait. `MessageQueue` itself
+satisfies `GroupQueue` in process (the simulator uses it so, on its virtual clock).
+Does not own: the queue's logic (`fullasync.queue`) or training (`fullasync.trainer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from fullasync.queue import MessageQueue, QueueBatch, QueueStats
+from fullasync.types import TrajectoryGroup
+
+
+@runtime_checkable
+class GroupQueue(Protocol):
+    """Finished groups from the rollouter to the trainer (bounded; drops only too-stale groups, counted)."""
+
+    async def put(self, group: TrajectoryGroup) -> None: ...
+
+    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch: ...
+
+    async def stats(self) -> QueueStats: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What the loop and the assembly need of a trainer (`VerlTrainer`, `SimulatedTrainer`)."""
+
+    config: Any  # the trainer's settings (`TrainerConfig` for verl)
+
+    async def start(self) -> None: ...
+
+    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> Any: ...
+
+    async def train_step(self, batch: Any, trainer_version: int | None = None) -> Mapping[str, float]: ...
+
+    async def export_weights(self) -> object: ...
+
+    async def save_checkpoint(self, path: str | None = None) -> str: ...
+
+    async def shutdown(self) -> None: ...
+
+
+class RayGroupQueue:
+    """A `MessageQueue` in a Ray actor, seen as a `GroupQueue`; every call is bounded."""
+
+    def __init__(self, max_size: int, hand_over: str = "oldest", call_timeout_s: float = 120.0,
+                 put_timeout_s: float = 3600.0) -> None:
+        import ray
+
+        self.actor = ray.remote(MessageQueue).options(num_cpus=0).remote(max_size, hand_over)
+        self.max_size = max_size
+        self.call_timeout_s = call_timeout_s
+        self.put_timeout_s = put_timeout_s  # a full queue waits for the trainer; this long means it is stuck
+
+    async def _bounded(self, reply: Any, what: str, timeout_s: float) -> Any:
+        try:
+            return await asyncio.wait_for(reply, timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"message queue: {what} took longer than {timeout_s:.0f} s") from None
+
+    async def put(self, group: TrajectoryGroup) -> None:
+        await self._bounded(self.actor.put.remote(group), f"put of row {group.row_id} (queue full: is the trainer "
+                            "making progress?)", self.put_timeout_s)
+
+    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
+        return await self._bounded(self.actor.get.remote(count, trainer_version, max_staleness, timeout_s), "get",
+                                   timeout_s + self.call_timeout_s)
+
+    async def stats(self) -> QueueStats:
+        return await self._bounded(self.actor.stats.remote(), "stats", self.call_timeout_s)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.kill(self.actor)

@@ -1,0 +1,63 @@
+"""Held-out evaluation: `samples_per_row` episodes of the user's harness per validation row.
+
+Owns: running those episodes (bounded concurrency, the training episode timeout), the score (mean
+reward; an episode that raises or times out scores 0) and the record of how many failed and the first
+error, so a harness that breaks only on held-out rows is visible. Does not own: pausing training
+generation around it (`Run` does that), or the harness (`Rollouter.run_harness`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fullasync.client import RolloutClient, RolloutService
+from fullasync.types import Trajectory
+
+log = logging.getLogger("fullasync")
+
+RunHarness = Callable[[RolloutClient, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    score: float  # mean reward over all episodes, failed ones counting 0
+    episodes: int
+    failed: int  # episodes that raised or timed out
+    first_error: str | None  # "row <index>: <error>" of the first failure, for the report
+
+
+async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[Any], samples_per_row: int,
+                   episode_timeout_s: float, concurrency: int = 64) -> ValidationResult:
+    """Mean reward of `samples_per_row` episodes per row (failures count 0 and are reported)."""
+    limit = asyncio.Semaphore(concurrency)
+    failures: list[str] = []
+
+    async def one(index: int, row: Any, sample: int) -> float:
+        async with limit:
+            client = service.client(f"val-{index}-{sample}")
+            try:
+                result = await asyncio.wait_for(run_harness(client, row), episode_timeout_s)
+                return float(result.reward if isinstance(result, Trajectory) else result)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a failed held-out episode scores 0; it is counted and reported
+                kind = "timed out" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+                failures.append(f"row {index}: {kind}")
+                return 0.0
+            finally:
+                client.close()
+
+    rewards = await asyncio.gather(
+        *(one(i, row, s) for (i, row), s in itertools.product(enumerate(rows), range(samples_per_row)))
+    )
+    result = ValidationResult(sum(rewards) / len(rewards), len(rewards), len(failures),
+                              failures[0] if failures else None)
+    if failures:
+        log.warning("validation: %d of %d episodes failed (scored 0); first: %s", result.failed, result.episodes,
+                    result.first_error)
+    return result
