@@ -1,7 +1,7 @@
 """fullasync: agent-harness-agnostic, fully asynchronous RL post-training of LLMs.
 
-`AsyncAgentTrainer` and `RunConfig` are imported lazily so that `fullasync.types` stays free of
-torch, vLLM and Ray.
+`AsyncAgentTrainer`, `RunConfig` and `CustomGenerator` are imported lazily so that `fullasync.types`
+stays free of torch, vLLM and Ray.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["AsyncAgentTrainer", "RunConfig"]
+__all__ = ["AsyncAgentTrainer", "CustomGenerator", "RunConfig"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +17,10 @@ def __getattr__(name: str) -> Any:
         from fullasync.api import AsyncAgentTrainer
 
         return AsyncAgentTrainer
+    if name == "CustomGenerator":
+        from fullasync.rollout.generator import CustomGenerator
+
+        return CustomGenerator
     if name == "RunConfig":
         from fullasync.config import RunConfig
 
