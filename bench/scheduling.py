@@ -257,7 +257,8 @@ def main() -> None:
     if ablation_results:
         section += ("\n\n### Before/after: admission by unfinished episodes, oldest-first hand-over\n\n"
                     f"`fully_async` with partial rollout, max_running_rows = {SimSpec('fully_async').running_rows_per_capacity}"
-                    " × engine slots / n, same workload and window; the earlier behaviour is reinstated in-process "
+                    " × engine slots / n, same workload and window; the earlier policies are chosen by constructor "
+                    "arguments (`StalenessManager(count_running=\"rows\")`, `MessageQueue(hand_over=\"arrival\")`) "
                     "for the 'before' rows.\n\n" + render_ablation(workload, ablation_results))
     print(section)
     if not args.no_write:

@@ -43,6 +43,17 @@ def resolve_dotted(path: str, what: str) -> Any:
         raise ValueError(f"{what}={path!r} could not be resolved: {error}") from error
 
 
+def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
+    """The engines a run of `config` starts (for callers that start them themselves and pass them in)."""
+    section = config.engine
+    return VLLMEngineConfig(
+        model_path=model_path, served_model_name=config.model.served_name, dtype=section.dtype,
+        max_model_len=section.max_model_len, max_num_seqs=section.max_num_seqs, seed=config.seed,
+        stall_timeout_s=section.stall_timeout_s, probe_interval_s=section.probe_interval_s,
+        start_timeout_s=section.start_timeout_s,
+    )
+
+
 def _row_id(row: Any, index: int) -> str:
     if isinstance(row, dict) and "id" in row:
         return str(row["id"])
@@ -116,13 +127,9 @@ class AsyncAgentTrainer:
         own_engines, own_trainer = engines is None, trainer is None
         if own_trainer:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
-        engine_config = VLLMEngineConfig(
-            model_path=model_path, served_model_name=cfg.model.served_name, dtype=cfg.engine.dtype,
-            max_model_len=cfg.engine.max_model_len, max_num_seqs=cfg.engine.max_num_seqs, seed=cfg.seed,
-            stall_timeout_s=cfg.engine.stall_timeout_s, probe_interval_s=cfg.engine.probe_interval_s,
-        )
         started = await asyncio.gather(
-            launch_vllm_engines(engine_config, cfg.engine.num_engines) if own_engines else _ready(engines),
+            launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if own_engines
+            else _ready(engines),
             trainer.start() if own_trainer else _ready(None),
             return_exceptions=True,
         )
@@ -150,7 +157,9 @@ class AsyncAgentTrainer:
                            cfg.wandb_project or None)
         service = RolloutService(engines, load_tokenizer(model_path), ClientConfig(
             model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
-            resume_timeout_s=cfg.rollout.resume_timeout_s))
+            resume_timeout_s=cfg.rollout.resume_timeout_s,
+            # a call whose engines all died waits for the restart (detection is already behind it)
+            restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0))
         try:
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows)

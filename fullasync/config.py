@@ -37,6 +37,8 @@ class EngineSection:
     max_num_seqs: int = 128  # concurrent sequences per engine
     stall_timeout_s: float = 120.0  # an engine with in-flight requests and no new token this long is declared dead
     probe_interval_s: float = 5.0  # how often the engine watchdog probes each engine
+    restart_on_failure: bool = True  # restart a dead engine with the current weights (else the run stops)
+    start_timeout_s: float = 300.0  # bound on starting (or restarting) an engine
 
 
 @dataclass

@@ -1,16 +1,24 @@
-"""Pushes new weights into running engines: pause → push → bump version → resume.
+"""Pushes new weights into running engines: pause → push → bump version → resume; keeps them there.
 
 Owns: the order of those steps, their timeouts, and their timing. Resume happens in `finally`, so
-an engine is never left paused by a failed push. Does not own: how the trainer exports weights.
+an engine is never left paused by a failed push. It also keeps every engine at the current version:
+with `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog
+declared dead and installs the current weights on it; an engine that dies during a push is skipped
+and gets the new weights at its restart. Push and restart never interleave (one lock).
+Does not own: how the trainer exports weights, or how an engine notices it died (its watchdog).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.errors import EngineDiedError
+
+log = logging.getLogger("fullasync")
 
 
 @dataclass(frozen=True)
@@ -30,33 +38,79 @@ class WeightPushTiming:
 class WeightSync:
     """Installs successive weight versions on a fixed set of engines."""
 
-    def __init__(self, engines: Sequence[Engine], mode: PauseMode = PauseMode.ABORT, version: int = 0) -> None:
+    def __init__(self, engines: Sequence[Engine], mode: PauseMode = PauseMode.ABORT, version: int = 0,
+                 restart_on_failure: bool = False) -> None:
         if not engines:
             raise ValueError("WeightSync needs at least one engine")
         self.engines = list(engines)
         self.mode = PauseMode(mode)
         self.version = version
+        self.restart_on_failure = restart_on_failure
+        self.restarts = 0  # engines restarted so far
+        self._latest: object | None = None  # the weights of `version` (None: the engines' own initial weights)
+        self._lock = asyncio.Lock()
+        self._failure: BaseException | None = None  # a restart that failed ends the run
 
     def check_engines(self) -> None:
-        """Raise the death of the first engine declared dead (the run cannot push to it)."""
-        for engine in self.engines:
-            if engine.death is not None:
-                raise engine.death
+        """Raise what ends the run: a failed restart, or a dead engine when restarts are off."""
+        if self._failure is not None:
+            raise self._failure
+        if not self.restart_on_failure:
+            for engine in self.engines:
+                if engine.death is not None:
+                    raise engine.death
 
     async def push(self, named_tensors: object) -> WeightPushTiming:
         """Install `named_tensors` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
         self.check_engines()
-        new_version = self.version + 1
-        clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
-        start = clock()
-        try:
-            await asyncio.gather(*(e.pause(self.mode) for e in self.engines))
-            paused = clock()
-            await asyncio.gather(*(e.update_weights(named_tensors, new_version) for e in self.engines))
-            self.version = new_version
-            updated = clock()
-        finally:
-            resume_start = clock()
-            await asyncio.gather(*(e.resume() for e in self.engines))
-        end = clock()
+        async with self._lock:
+            new_version = self.version + 1
+            clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
+            live = [e for e in self.engines if e.death is None]
+            start = clock()
+            try:
+                await self._on_each(live, lambda e: e.pause(self.mode))
+                paused = clock()
+                await self._on_each(live, lambda e: e.update_weights(named_tensors, new_version))
+                self.version, self._latest = new_version, named_tensors
+                updated = clock()
+            finally:
+                resume_start = clock()
+                await self._on_each([e for e in live if e.death is None], lambda e: e.resume())
+            end = clock()
         return WeightPushTiming(new_version, paused - start, updated - paused, end - resume_start)
+
+    async def _on_each(self, engines: list[Engine], step: Callable[[Engine], Awaitable[None]]) -> None:
+        """Run `step` on every engine at once; one that dies meanwhile is left to its restart (if on)."""
+        outcomes = await asyncio.gather(*(step(e) for e in engines), return_exceptions=True)
+        for engine, outcome in zip(engines, outcomes):
+            if isinstance(outcome, EngineDiedError) and self.restart_on_failure:
+                log.warning("engine %s died during a weight push; it gets version %d when restarted",
+                            engine.name, self.version + 1)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def restart_dead(self) -> list[str]:
+        """Restart every engine declared dead, serving the current version; the names restarted."""
+        async with self._lock:
+            restarted = []
+            for engine in self.engines:
+                if engine.death is not None:
+                    log.warning("restarting %s (%s)", engine.name, engine.death)
+                    await engine.restart(self._latest, self.version)
+                    self.restarts += 1
+                    restarted.append(engine.name)
+            return restarted
+
+    async def supervise(self, interval_s: float) -> None:
+        """Run as a task: restart dead engines as they appear; a restart that fails is kept for `check_engines`."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if not any(e.death is not None for e in self.engines):
+                continue
+            try:
+                await self.restart_dead()
+            except Exception as error:  # kept: the loop raises it as the run's error
+                self._failure = EngineDiedError(f"an engine could not be restarted: {error!r}")
+                self._failure.__cause__ = error
+                return

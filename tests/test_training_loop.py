@@ -11,10 +11,11 @@ import json
 import sys
 
 import pytest
+import ray
 
 from fullasync.api import AsyncAgentTrainer
-from fullasync.config import DataSection, RolloutSection, RunConfig
-from fullasync.rollout.generator import CustomGenerator
+from fullasync.config import DataSection, EngineSection, RolloutSection, RunConfig
+from fullasync.rollout.generator import CustomGenerator, run_process
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.tasks import arithmetic
 from fullasync.tasks.warmup import build_warm_policy
@@ -187,3 +188,71 @@ async def test_an_out_of_process_harness_is_trained_on(stack, tmp_path):
     assert result.episode_failures == 0
     assert result.steps == 2 and result.outcomes == {"trained": 4}
     assert all(step["rollout/samples"] == 4 and step["rollout/output_tokens"] > 0 for step in result.history)
+
+
+async def test_an_engine_killed_mid_run_is_restarted_and_no_row_is_lost(stack, tmp_path):
+    engines, trainer = stack
+    rows = arithmetic.ArithmeticTask().rows("train")[:16]
+    restarts_before = engines[0].restarts
+
+    async def killing_rollout(client, row):
+        if row["id"] == rows[6]["id"] and client.episode.id.endswith("/0"):
+            ray.kill(engines[0].actor)  # the engine process dies under the run
+        response = await client.chat.completions.create(model="policy", messages=arithmetic.messages(row),
+                                                        max_tokens=4)
+        return arithmetic.reward(response.choices[0].message.content, row["answer"]) + (
+            0.1 if client.episode.id.endswith("/0") else 0.0)
+
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=0, data=DataSection(task="", epochs=1),
+               rollout=RolloutSection(n=2, batch_size=4, max_running_rows=8),
+               engine=EngineSection(probe_interval_s=1.0)),
+        rollout_fn=killing_rollout, train_dataset=rows, val_dataset=None,
+    )
+    result = await asyncio.wait_for(run.train_async(engines=engines, trainer=trainer), 900)
+    assert result.outcomes == {"trained": len(rows)} and result.episode_failures == 0  # nothing lost
+    assert engines[0].restarts == restarts_before + 1 and engines[0].death is None
+    assert result.history[-1]["engines/restarts"] == 1  # the metrics show it
+    versions = [step["version"] for step in result.history]
+    assert versions == sorted(set(versions))  # strictly increasing across the restart
+
+
+SLEEPER = ("import os, subprocess, sys, time\n"
+           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+           "open(sys.argv[1], 'w').write(f'{os.getpid()} {child.pid}')\n"
+           "time.sleep(600)\n")
+
+
+class HangingHarness(CustomGenerator):
+    """A harness process that never ends (and starts a child of its own), for some rows."""
+
+    def __init__(self, hang_on: set[str], pid_dir) -> None:
+        self.hang_on = hang_on
+        self.pid_dir = pid_dir
+
+    async def generate(self, episode, row):
+        if row["id"] in self.hang_on:
+            pid_file = self.pid_dir / f"{episode.episode_id.replace('/', '_')}.pids"
+            await run_process(sys.executable, "-c", SLEEPER, str(pid_file))
+        return await arithmetic.rollout_fn(episode.client, row) + (0.1 if episode.episode_id.endswith("/0") else 0.0)
+
+
+async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_process(stack, tmp_path):
+    import psutil
+
+    engines, trainer = stack
+    rows = arithmetic.ArithmeticTask().rows("train")[:8]
+    harness = HangingHarness({rows[1]["id"], rows[5]["id"]}, tmp_path)
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=0, data=DataSection(task="", epochs=1),
+               rollout=RolloutSection(n=2, batch_size=2, max_running_rows=8, episode_timeout_s=5.0)),
+        rollout_fn=harness, train_dataset=rows, val_dataset=None,
+    )
+    result = await asyncio.wait_for(run.train_async(engines=engines, trainer=trainer), 600)
+    assert {r for r, outcome in result.row_outcomes.items() if outcome == "failed"} == harness.hang_on
+    assert result.failure_reasons == {"TimeoutError": 4}
+    pids = [int(pid) for path in tmp_path.glob("*.pids") for pid in path.read_text().split()]
+    assert len(pids) == 8  # 4 hanging harness processes and their children existed ...
+    await asyncio.sleep(1.0)  # SIGKILL takes effect asynchronously
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and
+                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # ... and none is left

@@ -4,7 +4,8 @@ Owns: the resubmission loop. After `finish_reason == "abort"` it waits (bounded)
 resume, then sends prompt + tokens generated so far with the remaining budget, and stitches ids,
 log-probs and per-token versions. The caller's `max_tokens` bounds the total, whatever the number
 of interruptions. A segment lost to an engine that died is resubmitted the same way on a live
-engine (when one is left and, for a stream, when none of the lost segment's tokens were sent yet).
+engine (when one is left — or is restarted within `restart_wait_s` — and, for a stream, when none
+of the lost segment's tokens were sent yet).
 """
 
 from __future__ import annotations
@@ -77,22 +78,25 @@ async def generate_with_resume(
     max_tokens: int,
     sampling: SamplingOptions,
     resume_timeout_s: float,
+    restart_wait_s: float = 0.0,
 ) -> StitchedGeneration:
     """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts."""
     done = StitchedGeneration()
     while True:
         try:
             result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+            finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
         except EngineDiedError as error:
-            _count_resubmission(router, done, error)
+            await _after_engine_death(router, done, error, restart_wait_s)
             continue
-        if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):
+        if finished:
             return done
 
 
-def _count_resubmission(router: EngineRouter, done: StitchedGeneration, error: EngineDiedError) -> None:
-    """A segment died with its engine: count its resubmission, or re-raise when no engine is left."""
-    if len(router.dead_engines()) == len(router.engines):
+async def _after_engine_death(router: EngineRouter, done: StitchedGeneration, error: EngineDiedError,
+                              restart_wait_s: float) -> None:
+    """A segment died with its engine: count its resubmission, or re-raise when no engine serves (in time)."""
+    if not await router.wait_alive(restart_wait_s):
         raise error
     done.num_resumes += 1
     done.resubmitted_tokens += len(done.output_ids)
@@ -106,6 +110,7 @@ async def stream_with_resume(
     max_tokens: int,
     sampling: SamplingOptions,
     resume_timeout_s: float,
+    restart_wait_s: float = 0.0,
 ) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
@@ -123,15 +128,16 @@ async def stream_with_resume(
                     else:
                         sent = True
                         yield item
+                if result is None:
+                    raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
+                finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
             except EngineDiedError as error:
-                if sent:  # the consumer saw tokens that no record will hold: the stream cannot go on
+                if sent and result is None:  # the consumer saw tokens no record will hold: the stream cannot go on
                     raise
-                _count_resubmission(router, done, error)
+                await _after_engine_death(router, done, error, restart_wait_s)
                 request = None
                 continue
-            if result is None:
-                raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
-            if await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s):
+            if finished:
                 yield done
                 return
     finally:

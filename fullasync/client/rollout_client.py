@@ -46,6 +46,7 @@ class ClientConfig:
     resume_timeout_s: float = 300.0  # how long an interrupted generation waits for the engines to resume
     tool_parser: str = "hermes"  # format of tool calls in the output; see fullasync.client.tool_parsers
     max_top_logprobs: int = 20  # the engines' max_logprobs: most alternatives per token a request may ask for
+    restart_wait_s: float = 0.0  # a call whose engines all died waits this long for one to be restarted
 
 
 @dataclass
@@ -165,6 +166,7 @@ class RolloutClient:
                     generate_with_resume(
                         service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
                         request.max_tokens, request.sampling, service.config.resume_timeout_s,
+                        service.config.restart_wait_s,
                     )
                     for i in range(request.n)
                 )
@@ -199,6 +201,7 @@ class RolloutClient:
         return stream_with_resume(
             self.service.router, self.episode.id, f"{self.episode.id}-{uuid.uuid4().hex}", request.prompt_ids,
             request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
+            self.service.config.restart_wait_s,
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

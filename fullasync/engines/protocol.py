@@ -131,6 +131,8 @@ class Engine(Protocol):
 
     # Optional: engines that stream also offer
     #   def generate_stream(request) -> AsyncIterator[TokenDelta | GenerateResult]  (result last)
+    # and engines that can die (Ray-hosted) offer
+    #   async def restart(weights, version) -> None   (WeightSync calls it on an engine declared dead)
 
     async def abort(self, request_ids: list[str]) -> None: ...
 

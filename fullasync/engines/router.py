@@ -9,6 +9,7 @@ none is left `pick` raises the death of the first engine.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult, TokenDelta
@@ -36,6 +37,16 @@ class EngineRouter:
 
     def dead_engines(self) -> list[Engine]:
         return [e for e in self.engines if e.death is not None]
+
+    async def wait_alive(self, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Wait (at most `timeout_s`) until some engine serves again, e.g. after a restart."""
+        waited = 0.0
+        while len(self.dead_engines()) == len(self.engines):
+            if waited >= timeout_s:
+                return False
+            await asyncio.sleep(poll_s)
+            waited += poll_s
+        return True
 
     def release(self, episode_id: str) -> None:
         self._by_episode.pop(episode_id, None)

@@ -292,8 +292,26 @@ class RayEngine:
         self.name = name
         self.config = config
         self.death: EngineDiedError | None = None
+        self.restarts = 0
         self._waiting: set[asyncio.Future] = set()  # calls to fail at once if the engine dies
         self._watchdog: asyncio.Task | None = None
+
+    async def restart(self, weights: object | None, version: int) -> None:
+        """Replace a dead engine by a fresh actor serving `weights` (None: the model's own) as `version`."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        ray.kill(self.actor)  # whatever is left of the old one
+        self.restarts += 1
+        self.actor = _spawn_actor(self.config, self.name, f"{self.name}-r{self.restarts}")
+        await self._call("start", version, timeout_s=self.config.start_timeout_s, even_if_dead=True)
+        if weights is not None:
+            await self._call("pause", PauseMode.ABORT, even_if_dead=True)
+            await self._call("update_weights", weights, version, even_if_dead=True)
+            await self._call("resume", even_if_dead=True)
+        self.death = None
+        self.watch()
+        log.warning("engine %s restarted (restart %d) serving version %d", self.name, self.restarts, version)
 
     # -- liveness ------------------------------------------------------------------------------
 
@@ -333,18 +351,19 @@ class RayEngine:
                 waiter.set_exception(self.death)
         self._waiting.clear()
 
-    async def _watched(self, awaitable: Any, what: str, timeout_s: float) -> Any:
+    async def _watched(self, awaitable: Any, what: str, timeout_s: float, even_if_dead: bool = False) -> Any:
         """Await a reply of the actor, but give up at once if the engine is declared dead meanwhile.
 
         A call abandoned (timeout, or the caller cancelled) is cancelled in the actor too, which
-        aborts its vLLM request and frees the slot.
+        aborts its vLLM request and frees the slot. `even_if_dead`: a restart talking to its new actor.
         """
-        if self.death is not None:
+        if self.death is not None and not even_if_dead:
             raise self.death
         reply = asyncio.ensure_future(awaitable)
         waiter = asyncio.get_running_loop().create_future()
         reply.add_done_callback(lambda done: _transfer(done, waiter))
-        self._waiting.add(waiter)
+        if not even_if_dead:
+            self._waiting.add(waiter)
         try:
             return await asyncio.wait_for(waiter, timeout_s)
         except RayTaskError as error:
@@ -363,9 +382,9 @@ class RayEngine:
                 if isinstance(awaitable, ray.ObjectRef) and self.death is None:
                     ray.cancel(awaitable)
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = None, even_if_dead: bool = False) -> Any:
         timeout = self.config.call_timeout_s if timeout_s is None else timeout_s
-        return await self._watched(getattr(self.actor, method).remote(*args), method, timeout)
+        return await self._watched(getattr(self.actor, method).remote(*args), method, timeout, even_if_dead)
 
     # -- the Engine protocol -----------------------------------------------------------------
 
@@ -434,20 +453,22 @@ def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
         target.set_result(source.result())
 
 
+def _spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> Any:
+    return ray.remote(VLLMEngineActor).options(
+        name=actor_name, num_cpus=0, max_concurrency=4096, runtime_env={"env_vars": engine_env_vars()}
+    ).remote(config, name)
+
+
 async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, initial_version: int = 0) -> list[RayEngine]:
     """Start `num_engines` engine actors in the running Ray cluster, wait until all serve, watch them."""
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
     if not os.path.isdir(config.model_path):
         raise FileNotFoundError(f"model_path {config.model_path!r} is not a directory with a HF model")
-    remote_cls = ray.remote(VLLMEngineActor)
     engines = []
     for index in range(num_engines):
         name = f"engine-{index}-{uuid.uuid4().hex[:6]}"
-        actor = remote_cls.options(
-            name=name, num_cpus=0, max_concurrency=4096, runtime_env={"env_vars": engine_env_vars()}
-        ).remote(config, name)
-        engines.append(RayEngine(actor, name, config))
+        engines.append(RayEngine(_spawn_actor(config, name, name), name, config))
     await asyncio.gather(
         *(e._call("start", initial_version, timeout_s=config.start_timeout_s) for e in engines)
     )

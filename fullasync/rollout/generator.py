@@ -11,13 +11,21 @@ trajectory) or a whole `Trajectory`.
         uses_gateway = True
 
         async def generate(self, episode, row):
-            proc = await asyncio.create_subprocess_exec(
-                "my-agent", "--base-url", episode.base_url, "--api-key", episode.api_key, row["task"])
-            return 1.0 if await proc.wait() == 0 else 0.0
+            done = await run_process("my-agent", "--base-url", episode.base_url, "--api-key", episode.api_key,
+                                     row["task"])
+            return 1.0 if done.returncode == 0 else 0.0
+
+`run_process` runs a harness process in a process group of its own; when the episode ends — or is
+cancelled at `rollout.episode_timeout_s` — the whole group is killed, so nothing outlives its episode.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,3 +56,45 @@ class CustomGenerator:
 
     async def teardown(self) -> None:
         """Called once after the last episode, also when the run fails."""
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    pid: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is already gone
+        return
+
+
+async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str] | None = None,
+                      stdin: bytes | None = None) -> ProcessResult:
+    """Run a harness process to its end in a process group of its own, then kill whatever is left of the group.
+
+    Cancelling the call (the rollouter does at the episode timeout) kills the group at once: a harness
+    that hangs, and every process it started, leave nothing behind. Output goes through files, not
+    pipes, so a background process the harness left holding them cannot keep the episode waiting.
+    """
+    with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        given.write(stdin or b"")
+        given.seek(0)
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=dict(env) if env is not None else None, start_new_session=True,
+            stdin=given, stdout=out, stderr=err,
+        )
+        try:
+            await process.wait()
+        finally:
+            _kill_group(process.pid)  # after an exit: what it left behind; on cancellation: the harness too
+            if process.returncode is None:
+                await process.wait()
+        out.seek(0)
+        err.seek(0)
+        return ProcessResult(process.pid, process.returncode, out.read().decode(errors="replace"),
+                             err.read().decode(errors="replace"))

@@ -10,6 +10,7 @@ keeps them), the metrics sink, or any step logic (`loop.py`).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Iterable, Sequence
@@ -48,6 +49,8 @@ class RunSettings:
     admission: str = "episodes"  # how a running row counts toward max_running_rows (see StalenessManager)
     hand_over: str = "oldest"  # queue hand-over order (see MessageQueue)
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
+    restart_engines: bool = False  # restart engines declared dead, with the current weights
+    engine_probe_interval_s: float = 5.0  # how often dead engines are looked for (with restart_engines)
 
     def __post_init__(self) -> None:
         if self.admission not in RUNNING_COUNTS:
@@ -64,6 +67,7 @@ class RunSettings:
                                     episode_timeout_s=rollout.episode_timeout_s,
                                     filter_zero_variance=rollout.filter_zero_variance),
             push_mode=config.push_mode, val_every=config.val_every, val_samples_per_row=config.val_samples_per_row,
+            restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
         )
 
     @property
@@ -107,6 +111,10 @@ class Run:
     async def execute(self, rows: Iterable[tuple[str, Any]]) -> LoopResult:
         """Validate (nothing generating yet), generate and train, stop generating, account for every row."""
         result = self.loop.result
+        supervisor = None
+        if self.settings.restart_engines:
+            supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
+                                             name="engine-restarts")
         try:
             await self.rollouter.open()
             if self.val_rows:
@@ -122,6 +130,9 @@ class Run:
             result.failure_reasons = dict(report.failure_reasons)
             return result
         finally:
+            if supervisor is not None:
+                supervisor.cancel()
+                await asyncio.wait([supervisor])
             await self.rollouter.close()
             if isinstance(self.queue, RayGroupQueue):
                 self.queue.shutdown()
@@ -146,7 +157,8 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                    settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop)."""
     check_rollout_fn(rollout_fn)
-    weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version())
+    weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
+                             restart_on_failure=settings.restart_engines)
     first_version = weight_sync.version  # admission counts the versions of this run only
     staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
                                  version=lambda: weight_sync.version - first_version,

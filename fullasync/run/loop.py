@@ -161,6 +161,7 @@ class TrainingLoop:
             "weight_sync/total_s": timing.total_s,
             "weight_sync/pause_s": timing.pause_s,
             "weight_sync/update_s": timing.update_s,
+            "engines/restarts": float(self.weight_sync.restarts),
         })
         metrics.update({f"rows/{k}": float(v) for k, v in report.outcome_counts.items()})
         self._tokens += metrics["rollout/output_tokens"]
