@@ -24,7 +24,7 @@ from fullasync.models import (
     default_cache_root,
     load_tokenizer,
 )
-from fullasync.models.tiny import _publish
+from fullasync.models.cache import _publish
 
 ADD_TOOL = {
     "type": "function",

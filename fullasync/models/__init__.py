@@ -1,13 +1,12 @@
-"""Model artifacts fullasync builds itself; today the tiny offline Qwen2-style test model."""
+"""Model artifacts fullasync builds itself (the tiny offline Qwen2-style model), and the build cache they share."""
 
+from fullasync.models.cache import BUILD_MARKER, cached_build, is_complete_build
 from fullasync.models.tiny import (
     BUILD_FORMAT,
-    BUILD_MARKER,
     CACHE_DIR_ENV,
     TinyModelSpec,
     build_tiny_model,
     default_cache_root,
-    is_complete_build,
     load_tokenizer,
     read_chat_template,
 )
@@ -18,6 +17,7 @@ __all__ = [
     "CACHE_DIR_ENV",
     "TinyModelSpec",
     "build_tiny_model",
+    "cached_build",
     "default_cache_root",
     "is_complete_build",
     "load_tokenizer",

@@ -1,7 +1,7 @@
 """The tiny local model: a small Qwen2-style causal LM built offline and cached on disk.
 
 Owns: `TinyModelSpec` (what to build), the deterministic build of tokenizer + weights from a
-seed, the on-disk cache layout and its concurrency-safe publication. Tests, benchmarks and
+seed, and where it is cached (its publication is `cache.cached_build`'s). Tests, benchmarks and
 examples use it wherever a real model is needed without a model hub.
 
 Does not own: serving or training the model (vLLM / the trainer load the returned directory like
@@ -9,10 +9,8 @@ any Hugging Face checkpoint), nor the chat template's text, which lives next to 
 `chat_template.jinja`.
 
 Cache layout: `<root>/models/tiny-<spec.key()>/`, where root is `$FULLASYNC_CACHE_DIR` or
-`~/.cache/fullasync`. A directory is complete iff it holds `BUILD_MARKER`, written last. Builds
-happen in a temporary sibling directory that is published with one atomic `os.rename`, so any
-number of processes may build the same spec at once: the first rename wins, the others discard
-their copy. torch/transformers/tokenizers are imported inside the build functions so that finding
+`~/.cache/fullasync`, complete iff it holds `cache.BUILD_MARKER`; any number of processes may
+build the same spec at once. torch/transformers/tokenizers are imported inside the build functions so that finding
 an already-built model stays cheap.
 """
 
@@ -24,17 +22,16 @@ import importlib.resources
 import json
 import os
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from fullasync.models.cache import cached_build
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 BUILD_FORMAT = 1  # bump whenever the build procedure changes its output; part of every cache key
-BUILD_MARKER = "fullasync_build.json"  # written last into a model dir: its presence means complete
 CACHE_DIR_ENV = "FULLASYNC_CACHE_DIR"  # environment variable overriding the default cache root
 
 ENDOFTEXT_TOKEN = "<|endoftext|>"  # pad token (and bos id in the model config, as in Qwen2.5)
@@ -132,25 +129,7 @@ def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | No
     Safe to call from several processes at once.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    models_dir = root / "models"
-    target = models_dir / f"tiny-{spec.key()}"
-    if is_complete_build(target):
-        return target
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=models_dir))
-    staging.chmod(0o755)  # mkdtemp makes it private; the published model dir is world-readable
-    try:
-        _build_into(spec, staging)
-        _publish(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return target
-
-
-def is_complete_build(model_dir: Path) -> bool:
-    """True iff `model_dir` holds a finished build (its marker file exists)."""
-    return (model_dir / BUILD_MARKER).is_file()
+    return cached_build(root / "models" / f"tiny-{spec.key()}", lambda out_dir: _build_into(spec, out_dir))
 
 
 def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
@@ -160,49 +139,13 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def _publish(staging: Path, target: Path) -> None:
-    """Atomically move a finished build into place unless a complete one got there first."""
-    for _attempt in range(3):
-        try:
-            os.rename(staging, target)
-            return
-        except OSError:
-            if not target.exists():
-                raise
-        if is_complete_build(target):
-            return  # another process won the race; the caller discards `staging`
-        _discard_incomplete(target)
-    raise RuntimeError(
-        f"could not publish tiny model build to {target}: an incomplete directory kept "
-        f"reappearing there; remove it by hand and retry"
-    )
-
-
-def _discard_incomplete(target: Path) -> None:
-    """Move an incomplete model dir out of the way (atomically) and delete it.
-
-    Our own builds never leave one (publication is a single rename); this only recovers from a
-    directory damaged or created by hand.
-    """
-    trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.stale-", dir=target.parent))
-    try:
-        os.rename(target, trash / "model")
-    except FileNotFoundError:
-        return  # a concurrent builder already moved it away
-    finally:
-        shutil.rmtree(trash)
-
-
-def _build_into(spec: TinyModelSpec, out_dir: Path) -> None:
-    """Write tokenizer, weights, configs and finally the marker into `out_dir`."""
+def _build_into(spec: TinyModelSpec, out_dir: Path) -> dict:
+    """Write tokenizer, weights and configs into `out_dir`; the build record is the return value."""
     tokenizer = _build_tokenizer(spec)
     tokenizer.save_pretrained(str(out_dir), save_jinja_files=False)
     model = _build_model(spec, tokenizer)
     model.save_pretrained(str(out_dir))
-    for written in out_dir.iterdir():
-        written.chmod(0o644)  # transformers writes the weights owner-only; the cache is shared
-    marker = {"build_format": BUILD_FORMAT, "key": spec.key(), "spec": dataclasses.asdict(spec)}
-    (out_dir / BUILD_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    return {"build_format": BUILD_FORMAT, "key": spec.key(), "spec": dataclasses.asdict(spec)}
 
 
 def _build_tokenizer(spec: TinyModelSpec) -> PreTrainedTokenizerBase:

@@ -13,20 +13,16 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.models import TinyModelSpec, build_tiny_model, default_cache_root, load_tokenizer
+from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
 
 log = logging.getLogger("fullasync")
 
 WARMUP_FORMAT = 2  # bump when the procedure changes; part of the cache key
-MARKER = "fullasync_warmup.json"
 
 
 @dataclass(frozen=True)
@@ -51,23 +47,12 @@ class WarmupSpec:
 def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-    target = root / "models" / f"arith-warm-{spec.key()}"
-    if (target / MARKER).exists():
-        return target
-    base = build_tiny_model(spec.model, cache_dir=cache_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
-    try:
-        _train(spec, base, staging)
-        (staging / MARKER).write_text(json.dumps(dataclasses.asdict(spec), default=str))
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / MARKER).exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    def build_into(out_dir: Path) -> dict:
+        _train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
+        return dataclasses.asdict(spec)
+
+    return cached_build(root / "models" / f"arith-warm-{spec.key()}", build_into)
 
 
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
@@ -96,8 +81,6 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
             log.info("warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    for name in os.listdir(out_dir):
-        os.chmod(out_dir / name, 0o644)
 
 
 def _sloppy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) -> list[int]:

@@ -1,0 +1,1 @@
+"""Examples run from the repository root (`python -m examples.deepresearch.evaluate ...`); not installed."""
