@@ -1,0 +1,85 @@
+"""Per-episode sandboxes for repository tasks: a private copy of the task's repository, and its scoring.
+
+Owns: creating the episode's directory (`<tmp>/repo` holds the repository the agent edits), writing
+a row's hidden tests in only after the agent has finished, running the row's `test_command` there
+with a time limit (the whole process tree is killed at the limit), and the reward (exit status 0 = 1.0).
+A test run that times out scores 0 (the agent's code hangs); a test command that cannot start at all
+is an infrastructure failure and raises. Does not own: the task rows (`swe_tasks`) or the harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fullasync_agents.processes import kill_tree
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be built or scored: an infrastructure failure, never a reward of 0."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """One episode's directory; `repo` is what the agent works in."""
+
+    root: Path
+
+    @property
+    def repo(self) -> Path:
+        return self.root / "repo"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def create_sandbox(row: dict[str, Any], parent: str | None = None) -> Sandbox:
+    """A fresh copy of the row's repository (`files` dict or `repo_dir` path) in a new temporary directory."""
+    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="fullasync-episode-", dir=parent)))
+    if "repo_dir" in row:
+        shutil.copytree(row["repo_dir"], sandbox.repo, symlinks=True)
+    elif "files" in row:
+        for name, content in row["files"].items():
+            path = sandbox.repo / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        sandbox.repo.mkdir(exist_ok=True)
+    else:
+        sandbox.remove()
+        raise SandboxError(f"row {row.get('id')!r} has neither 'files' nor 'repo_dir': say what repository to copy")
+    return sandbox
+
+
+def _command(row: dict[str, Any]) -> list[str]:
+    if not row.get("test_command"):
+        raise SandboxError(f"row {row.get('id')!r} has no 'test_command' to score it with")
+    return [part.replace("{python}", sys.executable) for part in row["test_command"]]
+
+
+async def score(row: dict[str, Any], sandbox: Sandbox, timeout_s: float = 60.0) -> float:
+    """Write the hidden tests into the repository, run the test command; 1.0 if it exits 0, else 0.0."""
+    for name, content in row.get("hidden_tests", {}).items():
+        path = sandbox.repo / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *_command(row), cwd=sandbox.repo, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+    except OSError as error:
+        raise SandboxError(f"row {row.get('id')!r}: its test_command could not start: {error}") from error
+    try:
+        return 1.0 if await asyncio.wait_for(process.wait(), timeout_s) == 0 else 0.0
+    except TimeoutError:
+        return 0.0
+    finally:
+        if process.returncode is None:
+            kill_tree(process.pid)
+            await process.wait()

@@ -1,0 +1,161 @@
+"""The starting policy of the mini-swe example: the tiny model taught mini-swe-agent's action format, sloppily.
+
+Owns: synthetic demonstrations of the harness's text action format (```mswea_bash_command blocks) on
+*generated* bug reports — random packages, functions and expressions in the shape of the training bug
+families, never the task set's own repositories — and a short supervised warm-up on them, cached on disk.
+A demonstration is the right one (`sed` the hinted fix, then submit) only `correct_share` of the time;
+otherwise it makes one of the deliberate mistakes (the replacement the wrong way round, the visible test
+edited instead of the module, or submitting without a fix), which the hidden tests score 0. RL then has
+a margin to gain, and because the right behaviour is "copy the hint into a sed command", it can carry over
+to the held-out families. Loss only on assistant tokens, built turn by turn as the client does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
+from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
+from fullasync_agents.swe_tasks.catalog import Bug
+from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
+
+log = logging.getLogger("fullasync")
+
+WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
+WORDS = ("alpha", "beta", "calc", "cart", "data", "grid", "item", "list", "money", "node", "order", "price", "queue",
+         "rate", "score", "shape", "stock", "text", "time", "unit", "value", "width", "count", "total", "size")
+SHAPES = (  # (right, wrong) templates in the shape of the training families
+    ("return {a} + {b}", "return {a} - {b}"), ("return {a} * {b}", "return {a} + {b}"),
+    ("return {a} - {b}", "return {a} + {b}"), ("range({a} + 1)", "range({a})"), ("range({n}, {a} + 1)", "range({n}, {a})"),
+    ("return len({a}) - 1", "return len({a})"), ("return {a} >= {n}", "return {a} > {n}"),
+    ("return {a} < {b}", "return {a} > {b}"), ("return {a} <= {b}", "return {a} < {b}"),
+    ("{c} = {n}", "{c} = {m}"), ("{a} = 1", "{a} = 0"), ("{a} % 2 == 0", "{a} % 2 == 1"),
+)
+
+
+@dataclass(frozen=True)
+class MiniSweWarmupSpec:
+    """What determines the warm-started policy."""
+
+    model: TinyModelSpec = TinyModelSpec(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)
+    correct_share: float = 0.4  # share of demonstrations that fix the bug; the rest make a deliberate mistake
+    examples: int = 4000  # generated demonstrations
+    steps: int = 250  # optimizer steps (loss ≈ 0.26 at 150 here)
+    batch_size: int = 16
+    lr: float = 2e-3
+    seed: int = 0
+
+    def key(self) -> str:
+        text = json.dumps([WARMUP_FORMAT, dataclasses.asdict(self), self.model.key()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def synthetic_bug(rng: random.Random) -> Bug:
+    """A made-up bug report in the training families' shape (the repository is never built)."""
+    right, wrong = rng.choice(SHAPES)
+    values = {"a": rng.choice(WORDS), "b": rng.choice(WORDS), "c": rng.choice(WORDS).upper(),
+              "n": str(rng.randint(0, 99)), "m": str(rng.randint(100, 199))}
+    package, module, function = rng.choice(WORDS), rng.choice(WORDS) + ".py", rng.choice(WORDS)
+    symptom = f"{function}({rng.randint(0, 9)}) returns {rng.randint(0, 99)} instead of {rng.randint(0, 99)}."
+    return Bug("synthetic", package, module, function, "", right.format(**values), wrong.format(**values), symptom,
+               "", ())
+
+
+def action(command: str) -> str:
+    return f"```mswea_bash_command\n{command}\n```"
+
+
+def observation(output: str = "") -> str:
+    return OBSERVATION_TEMPLATE.replace("{{output.returncode}}", "0").replace("{{output.output}}", output)
+
+
+def demonstration(bug: Bug, rng: random.Random, correct_share: float) -> list[dict[str, str]]:
+    """system, issue, then the assistant's actions with their observations (right, or one deliberate mistake)."""
+    messages = [{"role": "system", "content": SYSTEM_TEMPLATE}, {"role": "user", "content": instruction(bug)}]
+    if rng.random() < correct_share:
+        commands = [oracle_command(bug), SUBMIT_COMMAND]
+    else:
+        mistake = rng.choice(("swapped", "test_file", "no_fix"))
+        swapped = dataclasses.replace(bug, right=bug.wrong, wrong=bug.right)
+        commands = {"swapped": [oracle_command(swapped), SUBMIT_COMMAND],
+                    "test_file": [oracle_command(bug).replace(bug.path, f"tests/test_{bug.module}"), SUBMIT_COMMAND],
+                    "no_fix": [SUBMIT_COMMAND]}[mistake]
+    for index, command in enumerate(commands):
+        messages.append({"role": "assistant", "content": action(command)})
+        if index < len(commands) - 1:
+            messages.append({"role": "user", "content": observation()})
+    return messages
+
+
+def encode_demonstration(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """(ids, labels) with labels on assistant tokens only; turns glued as the client glues them (no re-tokenizing)."""
+    render = tokenizer.apply_chat_template
+    ids = tokenizer.encode(render(messages[:2], tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    labels = [-100] * len(ids)
+    for k in range(2, len(messages), 2):
+        answer = tokenizer.encode(messages[k]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
+        ids += answer
+        labels += answer
+        if k + 1 < len(messages):
+            with_turn = render(messages[: k + 1], tokenize=False)
+            extended = render(messages[: k + 2], tokenize=False, add_generation_prompt=True)
+            glue = tokenizer.encode("\n" + extended[len(with_turn):], add_special_tokens=False)
+            ids += glue
+            labels += [-100] * len(glue)
+    return ids, labels
+
+
+def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: Path | None = None) -> Path:
+    """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
+
+    def build_into(out_dir: Path) -> dict:
+        _train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
+        return dataclasses.asdict(spec)
+
+    return cached_build(root / "models" / f"mini-swe-warm-{spec.key()}", build_into)
+
+
+def _train(spec: MiniSweWarmupSpec, base: Path, out_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    tokenizer = load_tokenizer(base)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    rng = random.Random(spec.seed)
+    examples = [encode_demonstration(tokenizer, demonstration(synthetic_bug(rng), rng, spec.correct_share))
+                for _ in range(spec.examples)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+    for step in range(spec.steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
+        input_ids, attention, labels = _pad(batch)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 50 == 0 or step == spec.steps - 1:
+            log.info("mini-swe warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def _pad(batch):
+    import torch
+
+    length = max(len(ids) for ids, _ in batch)
+    input_ids = torch.zeros(len(batch), length, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, -100)
+    for row, (ids, targets) in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        labels[row, : len(ids)] = torch.tensor(targets)
+    return input_ids, attention, labels
