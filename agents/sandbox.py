@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullasync_agents.processes import kill_tree
+from fullasync.rollout.processes import kill_tree
 
 
 class SandboxError(RuntimeError):

@@ -14,7 +14,7 @@ import pytest
 from fullasync.rollout.generator import EpisodeContext
 from fullasync_agents.mini_swe import HarnessTimeoutError, MiniSweAgentGenerator, MiniSweConfig
 from fullasync_agents.mini_swe.config import SUBMIT_COMMAND
-from fullasync_agents.processes import alive, descendants
+from fullasync.rollout.processes import alive, descendants
 from fullasync_agents.swe_tasks import rows
 from test_client_chat import spelled
 

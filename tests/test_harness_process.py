@@ -11,7 +11,8 @@ import pytest
 from fullasync.rollout.generator import run_process
 
 SPAWNER = ("import os, subprocess, sys, time\n"
-           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+           "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+           "                         start_new_session=len(sys.argv) > 3)\n"
            "print(os.getpid(), child.pid, flush=True)\n"
            "open(sys.argv[1], 'w').write(f'{os.getpid()} {child.pid}')\n"
            "time.sleep(float(sys.argv[2]))\n")
@@ -30,9 +31,12 @@ async def gone(pids: list[int], within_s: float = 5.0) -> bool:
     return False
 
 
-async def test_cancelling_a_harness_kills_its_whole_process_group(tmp_path):
+@pytest.mark.parametrize("own_session", [False, True])
+async def test_cancelling_a_harness_kills_everything_it_started(tmp_path, own_session):
+    """Also a child in a session of its own (harness shells often start one), out of the group's reach."""
     pid_file = tmp_path / "pids"
-    task = asyncio.create_task(run_process(sys.executable, "-c", SPAWNER, str(pid_file), "600"))
+    extra = ("own-session",) if own_session else ()
+    task = asyncio.create_task(run_process(sys.executable, "-c", SPAWNER, str(pid_file), "600", *extra))
     for _ in range(100):
         if pid_file.exists() and pid_file.read_text():
             break

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullasync_agents.processes import alive, kill_tree
+from fullasync.rollout.processes import alive, kill_tree
 from fullasync_agents.mini_swe.runner import READY
 
 ZYGOTE_START_TIMEOUT_S = 180.0  # importing litellm on a loaded 2-core machine can take a while

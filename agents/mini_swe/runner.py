@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from fullasync_agents.processes import become_subreaper, descendants
+from fullasync.rollout.processes import become_subreaper, descendants
 
 READY = "ready"  # the zygote's first line on stdout once the harness is imported
 

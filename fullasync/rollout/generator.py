@@ -15,8 +15,10 @@ trajectory) or a whole `Trajectory`.
                                      row["task"])
             return 1.0 if done.returncode == 0 else 0.0
 
-`run_process` runs a harness process in a process group of its own; when the episode ends — or is
-cancelled at `rollout.episode_timeout_s` — the whole group is killed, so nothing outlives its episode.
+`run_process` runs a harness process in a process group of its own; when it is cancelled at
+`rollout.episode_timeout_s` it is killed with every process below it (`processes.kill_tree`, which
+also finds those that started sessions of their own), and when it ends whatever it left in its group
+is killed, so nothing outlives its episode.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient
+from fullasync.rollout.processes import kill_tree
 from fullasync.types import Trajectory
 
 
@@ -91,7 +94,9 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
         try:
             await process.wait()
         finally:
-            _kill_group(process.pid)  # after an exit: what it left behind; on cancellation: the harness too
+            if process.returncode is None:  # cancelled: the harness and all below it, own sessions included
+                kill_tree(process.pid)
+            _kill_group(process.pid)  # what it left behind in its group
             if process.returncode is None:
                 await process.wait()
         out.seek(0)
