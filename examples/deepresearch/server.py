@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from examples.deepresearch.retrieval import Retriever, SearchHit
 from examples.deepresearch.world import Document
+from fullasync.gateway.http import ServedApp
 
 MAX_TOP_K = 100
 
@@ -63,43 +63,12 @@ def build_app(retriever: Retriever) -> Any:
     return app
 
 
-class RetrievalServer:
-    """`await start()` serves `retriever` on host:port (0 = any free port); `await stop()`."""
+class RetrievalServer(ServedApp):
+    """`await start()` serves `retriever` on host:port (0 = any free port); `url`; `await stop()`."""
 
     def __init__(self, retriever: Retriever, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(build_app(retriever), "retrieval-server", host, port)
         self.retriever = retriever
-        self.host = host
-        self.port = port
-        self._server: Any = None
-        self._task: asyncio.Task | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def start(self) -> None:
-        import uvicorn
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self.retriever), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="retrieval-server")
-        for _ in range(500):
-            if self._server.started:
-                return
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
-        raise TimeoutError(f"retrieval server on {self.url} did not start within 5 s")
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            await asyncio.wait_for(self._task, 30)
-            self._server = None
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,15 @@ for in-process and HTTP harnesses.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
-import socket
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
+from fullasync.gateway.http import ServedApp
 
 @dataclass(frozen=True)
 class GatewayEpisode:
@@ -49,39 +48,23 @@ class Gateway:
         self.answered: Counter[int] = Counter()  # completion requests answered, by HTTP status
         self._episodes: dict[str, GatewayEpisode] = {}
         self._finished: set[str] = set()
-        self._server: Any = None
-        self._task: asyncio.Task | None = None
+        self._http: ServedApp | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        import uvicorn
-
         from fullasync.gateway.routes import build_app
 
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30)
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
-        for _ in range(500):
-            if self._server.started:
-                return
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
-        raise TimeoutError(f"gateway on {self.url} did not start within 5 s")
+        self._http = ServedApp(build_app(self), "gateway", self.host, self.port, timeout_keep_alive=30)
+        await self._http.start()
+        self.port = self._http.port
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            await asyncio.wait_for(self._task, 30)
-            self._server = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
 
     def open_episode(self, episode_id: str | None = None, client: RolloutClient | None = None) -> GatewayEpisode:
         """A new episode (or `client`'s) reachable at its own base URL until `close_episode`."""

@@ -1,0 +1,55 @@
+"""An ASGI app served by uvicorn as a task of the caller's event loop, on a socket bound first.
+
+Owns: binding (loopback by default; port 0 picks a free one, read back before serving), starting
+uvicorn on the running loop and waiting until it serves, and stopping it. The gateway and the
+examples' services (e.g. deepresearch's retrieval server) share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+START_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 30.0
+
+
+class ServedApp:
+    """`await start()` binds and serves `app`; `url` is then valid; `await stop()` ends it."""
+
+    def __init__(self, app: Any, name: str, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any) -> None:
+        self.app = app
+        self.name = name
+        self.host = host
+        self.port = port
+        self.options = {"log_level": "warning", "access_log": False, "lifespan": "off", **uvicorn_options}
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(self.app, **self.options))
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=self.name)
+        for _ in range(int(START_TIMEOUT_S / 0.01)):
+            if self._server.started:
+                return
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"{self.name} on {self.url} did not start within {START_TIMEOUT_S:.0f} s")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            await asyncio.wait_for(self._task, STOP_TIMEOUT_S)
+            self._server = None
