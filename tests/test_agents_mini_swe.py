@@ -148,6 +148,10 @@ async def test_a_hanging_harness_is_killed_at_the_timeout_with_every_process_it_
         finally:
             episode.cancel()  # a no-op once it ended; else the cancellation kills the tree
             await asyncio.wait([episode])
+        for _ in range(100):  # SIGKILL and reaping take effect asynchronously
+            if not [pid for pid in harness if alive(pid)] and not descendants(generator._launcher.zygote_pid):
+                break
+            await asyncio.sleep(0.05)
         assert [pid for pid in harness if alive(pid)] == []
         assert descendants(generator._launcher.zygote_pid) == []
         assert generator.exit_statuses["HarnessTimeoutError"] == 1

@@ -120,12 +120,7 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
         stats.close()
     summary = {
         "wall_s": time.monotonic() - started,
-        "train_wall_s": result.train_wall_s,
-        "steps": result.steps,
-        "rows": result.outcomes,
-        "episode_failures": result.episode_failures,
-        "max_token_staleness": result.max_token_staleness,
-        "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in result.history),
+        **result.summary(),
         "heldout_before": asdict(before),
         "heldout_after": asdict(after),
         "f1_gain": after.f1 - before.f1,

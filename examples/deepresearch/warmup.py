@@ -41,7 +41,8 @@ from examples.deepresearch.agent import SYSTEM_PROMPT
 from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.tools import SCHEMAS, format_hits
 from examples.deepresearch.world import World, WorldSpec, documents, generate_world, questions
-from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
+from fullasync.tasks.warmup import cached_warm_policy
+from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
 
 WARMUP_FORMAT = 2  # bump when the procedure changes; part of the cache key
@@ -122,13 +123,7 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]], tools:
 
 def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warmed-up policy (an HF model dir), training it first if not cached."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-
-    def build_into(out_dir: Path) -> dict:
-        _train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
-        return dataclasses.asdict(spec)
-
-    return cached_build(root / "models" / f"deepresearch-warm-{spec.key()}", build_into)
+    return cached_warm_policy("deepresearch-warm", spec, _train, cache_dir)
 
 
 @dataclass

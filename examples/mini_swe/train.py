@@ -81,11 +81,7 @@ async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
     calls = generator.model_calls
     summary = {
         "wall_s": time.monotonic() - started,
-        "train_wall_s": result.train_wall_s,
-        "steps": result.steps,
-        "rows": result.outcomes,
-        "episode_failures": result.episode_failures,
-        "failure_reasons": result.failure_reasons,
+        **result.summary(),
         "held_out_before": solve_rate(result.val_before, episodes),
         "held_out_after": solve_rate(result.val_after, episodes),
         "held_out_episodes": episodes,
@@ -95,7 +91,6 @@ async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
         "episodes": generator.episodes,
         "episodes_spanning_weight_versions": generator.episodes_spanning_versions,
         "episodes_with_resumed_calls": generator.episodes_with_resumed_calls,
-        "max_token_staleness": result.max_token_staleness,
     }
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

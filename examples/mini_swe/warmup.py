@@ -20,7 +20,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
+from fullasync.tasks.warmup import cached_warm_policy
+from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
 from fullasync_agents.swe_tasks.catalog import Bug
 from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
@@ -114,13 +115,7 @@ def encode_demonstration(tokenizer, messages: list[dict[str, str]]) -> tuple[lis
 
 def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_root()
-
-    def build_into(out_dir: Path) -> dict:
-        _train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
-        return dataclasses.asdict(spec)
-
-    return cached_build(root / "models" / f"mini-swe-warm-{spec.key()}", build_into)
+    return cached_warm_policy("mini-swe-warm", spec, _train, cache_dir)
 
 
 def _train(spec: MiniSweWarmupSpec, base: Path, out_dir: Path) -> None:

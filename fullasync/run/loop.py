@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from fullasync.metrics import MetricsSink, format_line, generation_stats, reward_stats, token_staleness
 from fullasync.rollout.rollouter import RolloutReport
@@ -75,6 +75,15 @@ class LoopResult:
     @property
     def samples_per_s(self) -> float:
         return self.trained_samples / self.train_wall_s if self.train_wall_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The run in a few JSON-ready numbers (what examples write to their summary.json)."""
+        return {
+            "train_wall_s": self.train_wall_s, "steps": self.steps, "rows": self.outcomes,
+            "episode_failures": self.episode_failures, "failure_reasons": self.failure_reasons,
+            "max_token_staleness": self.max_token_staleness,
+            "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in self.history),
+        }
 
 
 class TrainingLoop:

@@ -14,8 +14,10 @@ import hashlib
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
@@ -46,13 +48,20 @@ class WarmupSpec:
 
 def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
+    return cached_warm_policy("arith-warm", spec, _train, cache_dir)
+
+
+def cached_warm_policy(name: str, spec: Any, train: Callable[[Any, Path, Path], None],
+                       cache_dir: Path | None = None) -> Path:
+    """`<cache>/models/<name>-<spec.key()>`: `train(spec, tiny_model_dir, out_dir)` run once on the tiny
+    model of `spec.model` and cached (the built-in task's and the examples' warm-ups all use it)."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_root()
 
     def build_into(out_dir: Path) -> dict:
-        _train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
+        train(spec, build_tiny_model(spec.model, cache_dir=cache_dir), out_dir)
         return dataclasses.asdict(spec)
 
-    return cached_build(root / "models" / f"arith-warm-{spec.key()}", build_into)
+    return cached_build(root / "models" / f"{name}-{spec.key()}", build_into)
 
 
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
