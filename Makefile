@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.fullasync-installed
 
-.PHONY: setup run demo test test-all clean-venv
+.PHONY: setup setup-terminus run demo test test-all test-slow clean-venv
 
 setup: $(STAMP)
 
@@ -20,6 +20,37 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
+# Terminus-2 lives in harbor, which needs Python >= 3.12: it runs in an interpreter of its own (.venv-harbor),
+# installed resolver-free from requirements/harbor-lock.txt (~1 min). HARBOR_PYTHON=/path/to/python3.12 overrides.
+HARBOR_VENV := .venv-harbor
+HARBOR_STAMP := $(HARBOR_VENV)/.fullasync-installed
+HARBOR_PYTHON ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.12*/bin/python3.12) \
+	$(wildcard /usr/local/bin/python3.12 /usr/bin/python3.12))
+
+setup-terminus: $(HARBOR_STAMP)
+
+$(HARBOR_STAMP): requirements/harbor-lock.txt
+	@test -n "$(HARBOR_PYTHON)" || { echo "setup-terminus: no Python 3.12 found (harbor needs >= 3.12);" \
+		"install one (e.g. pyenv install 3.12) or pass HARBOR_PYTHON=/path/to/python3.12"; exit 1; }
+	test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
+	$(HARBOR_VENV)/bin/pip install --quiet --no-deps -r requirements/harbor-lock.txt
+	touch $(HARBOR_STAMP)
+
+# GPU nodes: vLLM's GPU build, CUDA torch and verl from requirements/gpu-lock.txt, resolver-free as above, into
+# a venv of its own (.venv-gpu; GPU_VENV=... overrides). Not exercised on this project's machines (no GPU).
+# `make check-gpu-lock` re-runs pip's resolver on the lock as a dry run (metadata only, ~2 min, needs the index).
+.PHONY: setup-gpu check-gpu-lock
+GPU_VENV ?= .venv-gpu
+
+setup-gpu:
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(GPU_VENV)/bin/pip install --quiet --no-deps -r requirements/gpu-lock.txt
+	$(GPU_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+
+check-gpu-lock: setup
+	$(PY) requirements/gpu_lock.py check
+
 # The built-in task, fully async, on this machine; pass Hydra overrides with ARGS="mode=sync ...".
 run: setup
 	$(VENV)/bin/fullasync train $(ARGS)
@@ -28,11 +59,15 @@ run: setup
 demo: setup
 	$(PY) -m fullasync.demo
 
-test: setup
+test: setup setup-terminus
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup
+test-all: setup setup-terminus
 	$(PY) -m pytest -q
 
+# The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.
+test-slow: setup setup-terminus
+	$(PY) -m pytest -m slow -q
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(HARBOR_VENV)

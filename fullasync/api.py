@@ -12,9 +12,13 @@ the trainer (in `try/finally`), and the metrics sink. The run itself is wired an
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import importlib
+import json
 import logging
-from collections.abc import Iterable
+import signal
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,8 @@ from fullasync.logs import configure_logging
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
 from fullasync.rollout.rollouter import RolloutFn
-from fullasync.run import LoopResult, RunSettings, assemble
+from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
+from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.run.assemble import check_rollout_fn
 from fullasync.runtime import init_ray
 
@@ -50,7 +55,7 @@ def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
         model_path=model_path, served_model_name=config.model.served_name, dtype=section.dtype,
         max_model_len=section.max_model_len, max_num_seqs=section.max_num_seqs, seed=config.seed,
         stall_timeout_s=section.stall_timeout_s, probe_interval_s=section.probe_interval_s,
-        start_timeout_s=section.start_timeout_s,
+        start_timeout_s=section.start_timeout_s, ray_resources=dict(section.ray_resources),
     )
 
 
@@ -64,7 +69,12 @@ class AsyncAgentTrainer:
     """Trains `rollout_fn` on `train_dataset` with the mode and knobs of `config`."""
 
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
-                 train_dataset: Iterable[Any] | None = None, val_dataset: Iterable[Any] | None = None) -> None:
+                 train_dataset: Iterable[Any] | None = None, val_dataset: Iterable[Any] | None = None,
+                 resume: str | None = None) -> None:
+        """`resume` overrides `config.resume`: "auto" (continue output_dir's newest checkpoint, if any), "never",
+        or a checkpoint directory."""
+        if resume is not None:
+            config.resume = resume
         config.validate()
         self.config = config
         task_rollout, task_train, task_val = self._task_defaults(config)
@@ -83,6 +93,8 @@ class AsyncAgentTrainer:
         if val is None and config.data.val_dataset:
             val = resolve_dotted(config.data.val_dataset, "data.val_dataset")()
         self.train_rows = list(train)
+        if config.data.max_train_rows:
+            self.train_rows = self.train_rows[:config.data.max_train_rows]
         self.val_rows = list(val) if val is not None else None
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
@@ -99,13 +111,29 @@ class AsyncAgentTrainer:
         return None, None, None
 
     def model_path(self) -> str:
-        if self.config.model.path == BUILTIN_MODEL:
+        """The directory engines and trainer load: `model.path` resolved (a named model is converted and cached
+        on first use) with `model.chat_template` applied; raises here if template and tool parser do not fit."""
+        from fullasync.client.tool_parsers import make_tool_parser
+        from fullasync.models import PRETRAINED_MODELS, build_pretrained_model, check_chat_setup, with_chat_template
+
+        model = self.config.model
+        model.validate()
+        if model.path == BUILTIN_MODEL:
             from fullasync.tasks.warmup import build_warm_policy
 
-            return str(build_warm_policy())
-        if not Path(self.config.model.path).is_dir():
-            raise FileNotFoundError(f"model.path={self.config.model.path!r} is not a local model directory")
-        return self.config.model.path
+            base = build_warm_policy()
+        elif model.path in PRETRAINED_MODELS:
+            base = build_pretrained_model(model.path)
+        elif Path(model.path).is_dir():
+            base = Path(model.path)
+        else:
+            raise FileNotFoundError(f"model.path={model.path!r} is not a local model directory, {BUILTIN_MODEL} "
+                                    f"or a named model ({', '.join(sorted(PRETRAINED_MODELS))})")
+        path = with_chat_template(base, model.chat_template)
+        check_chat_setup(load_tokenizer(path), make_tool_parser(model.tool_parser),
+                         f"model.chat_template={model.chat_template}" if model.chat_template
+                         else f"the chat template of {model.path}")
+        return str(path)
 
     def train(self) -> LoopResult:
         configure_logging()
@@ -117,11 +145,31 @@ class AsyncAgentTrainer:
                 row_id = _row_id(row, index)
                 yield (row_id if self.config.data.epochs == 1 else f"{row_id}@{epoch}"), row
 
+    @property
+    def checkpoint_root(self) -> Path:
+        return Path(self.config.output_dir) / "checkpoints"
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint of this run records and a resuming run must match: the config's fixed fields and
+        the training rows (their number, and a digest of their ids and contents)."""
+        digest = hashlib.sha256()
+        for row_id, row in self._rows():
+            digest.update(json.dumps([row_id, row], sort_keys=True, default=repr).encode())
+        return {**self.config.fingerprint(), "data.num_rows": len(self.train_rows), "data.rows_sha256": digest.hexdigest()}
+
+    def resumable(self) -> Checkpoint | None:
+        """The checkpoint this run continues (per `resume`), checked against this run; None: a fresh start."""
+        removed = checkpoint.remove_interrupted_saves(self.checkpoint_root)
+        if removed:
+            log.warning("removed %d checkpoint(s) a crash interrupted while saving: %s", len(removed), removed)
+        return checkpoint.find_resumable(self.checkpoint_root, self.config.resume, self.fingerprint())
+
     async def train_async(self, engines: list | None = None, trainer: Any = None) -> LoopResult:
         """Run the training; `engines` / `trainer` already started by the caller are reused and left running."""
         from fullasync.trainer.verl_trainer import VerlTrainer
 
         cfg = self.config
+        resume = self.resumable()  # before starting anything: an incompatible checkpoint fails fast
         model_path = self.model_path()
         init_ray(log_to_driver=cfg.worker_logs)
         own_engines, own_trainer = engines is None, trainer is None
@@ -138,7 +186,7 @@ class AsyncAgentTrainer:
             for outcome in started:
                 if isinstance(outcome, BaseException):
                     raise outcome
-            return await self._run(engines, trainer, model_path)
+            return await self._run(engines, trainer, model_path, resume)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
 
@@ -150,7 +198,7 @@ class AsyncAgentTrainer:
             if isinstance(outcome, Exception):
                 log.warning("shutdown: %r", outcome)
 
-    async def _run(self, engines: list, trainer: Any, model_path: str) -> LoopResult:
+    async def _run(self, engines: list, trainer: Any, model_path: str, resume: Checkpoint | None) -> LoopResult:
         cfg = self.config
         output_dir = Path(cfg.output_dir)
         sink = MetricsSink(output_dir / "metrics.jsonl", output_dir / "tensorboard" if cfg.tensorboard else None,
@@ -161,14 +209,18 @@ class AsyncAgentTrainer:
             # a call whose engines all died waits for the restart (detection is already behind it)
             restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0))
         try:
+            policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep, self.fingerprint())
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
-                                 settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows)
+                                 settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
+                                 checkpoints=policy)
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
-            result = await run.execute(self._rows())
-            if cfg.save_checkpoint:
+            with _stop_on_signals(run):
+                result = await run.execute(self._rows(), resume=resume)
+            if cfg.save_checkpoint and not result.interrupted:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))
+            write_result(output_dir / "result.json", result)
             return result
         finally:
             sink.close()
@@ -176,3 +228,29 @@ class AsyncAgentTrainer:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+@contextlib.contextmanager
+def _stop_on_signals(run: Run) -> Iterator[None]:
+    """SIGTERM / SIGINT ask the run to checkpoint and stop (a second one stops it at once); main thread only."""
+    loop = asyncio.get_running_loop()
+    handled = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, run.request_stop, signal.Signals(signum).name)
+            handled.append(signum)
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals here
+            pass
+    try:
+        yield
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+
+
+def write_result(path: Path, result: LoopResult) -> None:
+    """The run's account as JSON: the summary, accuracy before/after, and what became of every row."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**result.summary(), "val_before": result.val_before, "val_after": result.val_after,
+                                "trained_rows_seen_twice": result.trained_rows_seen_twice,
+                                "row_outcomes": result.row_outcomes}, indent=1))

@@ -4,6 +4,10 @@
     fullasync train mode=sync trainer.lr=1e-5         # overrides
     fullasync train --cfg job                         # print the merged config and exit
     fullasync train --help                            # every field with its help
+
+A run checkpoints into output_dir/checkpoints (checkpoint.every) and the same command continues it
+(resume=auto). SIGTERM or Ctrl-C: the step under way finishes, a checkpoint is saved and the command
+exits with status 143; a second signal stops at once.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from fullasync.config import RunConfig
 
 COMMANDS = ("train",)
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped by a signal after saving a checkpoint
 
 
 def _register() -> None:
@@ -26,6 +31,7 @@ def _train(cfg) -> None:
     from omegaconf import OmegaConf
 
     from fullasync.api import AsyncAgentTrainer
+    from fullasync.run.checkpoint import IncompatibleCheckpointError
 
     config: RunConfig = OmegaConf.to_object(cfg)
     try:
@@ -33,8 +39,16 @@ def _train(cfg) -> None:
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    result = trainer.train()
+    try:
+        result = trainer.train()
+    except IncompatibleCheckpointError as error:
+        print(f"fullasync: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     log = logging.getLogger("fullasync")
+    if result.interrupted:
+        log.warning("stopped by a signal at step %d; run the same command to continue from the checkpoint",
+                    result.steps)
+        raise SystemExit(EXIT_INTERRUPTED)
     log.info("done: %d steps, %d samples in %.1f s (%.1f samples/s), rows %s, episode failures %d%s, "
              "max token staleness %d", result.steps, result.trained_samples, result.train_wall_s,
              result.samples_per_s, result.outcomes, result.episode_failures,

@@ -7,14 +7,23 @@ Does not own: the trainer's own knobs (`fullasync.trainer.config.TrainerConfig`,
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from fullasync.engines.protocol import PauseMode
+from fullasync.placement import check_ray_resources
 from fullasync.trainer.config import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
+RESUME_MAY_CHANGE = (  # fields (or sections, ending in ".") a resumed run may set differently from its checkpoint
+    "total_steps", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint", "tensorboard",
+    "wandb_project", "worker_logs", "checkpoint.", "engine.", "rollout.episode_timeout_s", "rollout.resume_timeout_s",
+    "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads",
+    "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
+)
 
 
 class Mode(str, enum.Enum):
@@ -25,8 +34,20 @@ class Mode(str, enum.Enum):
 
 @dataclass
 class ModelSection:
-    path: str = BUILTIN_MODEL  # local HF model directory, or builtin:arithmetic (built offline, cached)
+    path: str = BUILTIN_MODEL  # local HF model dir, builtin:arithmetic, or a named model (smollm2-135m-instruct)
     served_name: str = "policy"  # the `model` name harnesses pass to the client
+    chat_template: str = ""  # override the model's chat template: a Jinja file or a built-in name (chatml-tools)
+    tool_parser: str = "hermes"  # format of tool calls in the output (fullasync.client.tool_parsers)
+
+    def validate(self) -> None:
+        """Cheap checks of the names (the template + parser fit is checked once the tokenizer is loaded)."""
+        from fullasync.client.tool_parsers import TOOL_PARSERS
+        from fullasync.models.chat_templates import read_chat_template_source
+
+        if self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"model.tool_parser={self.tool_parser!r} is unknown; choose one of {sorted(TOOL_PARSERS)}")
+        if self.chat_template:
+            read_chat_template_source(self.chat_template)
 
 
 @dataclass
@@ -39,6 +60,7 @@ class EngineSection:
     probe_interval_s: float = 5.0  # how often the engine watchdog probes each engine
     restart_on_failure: bool = True  # restart a dead engine with the current weights (else the run stops)
     start_timeout_s: float = 300.0  # bound on starting (or restarting) an engine
+    ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
 
 
 @dataclass
@@ -58,6 +80,13 @@ class DataSection:
     train_dataset: str = ""  # dotted path to a function returning an iterable of rows (or a datasets.Dataset)
     val_dataset: str = ""  # same, for validation rows
     epochs: int = 20  # passes over the training rows; the run ends at total_steps or when they are consumed
+    max_train_rows: int = 0  # train on the first this many rows only (0 = all)
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 10  # save the whole run every this many steps, and after the last (0 = only on SIGTERM/SIGINT)
+    keep: int = 2  # newest complete checkpoints kept under output_dir/checkpoints (0 = all)
 
 
 @dataclass
@@ -68,7 +97,8 @@ class RunConfig:
     total_steps: int = 60  # train steps to run; 0 = until the rows of all epochs are consumed
     val_every: int = 0  # validate every this many steps (0 = only before and after training)
     val_samples_per_row: int = 16  # episodes per validation row (accuracy = mean reward)
-    output_dir: str = "outputs/run"  # metrics.jsonl and checkpoints go here
+    output_dir: str = "outputs/run"  # metrics.jsonl, result.json and checkpoints/ go here
+    resume: str = "auto"  # auto: continue the newest checkpoint in output_dir if any | never | a checkpoint directory
     save_checkpoint: bool = False  # save the final policy in HF format under output_dir/checkpoint
     tensorboard: bool = False  # also log to TensorBoard under output_dir/tensorboard
     wandb_project: str = ""  # also log to Weights & Biases (when installed)
@@ -78,9 +108,24 @@ class RunConfig:
     engine: EngineSection = field(default_factory=EngineSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     data: DataSection = field(default_factory=DataSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     # Sized for the built-in task. trainer.correction=auto applies the default off-policy correction
     # (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32))
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the run that wrote the checkpoint (flattened, dotted names).
+
+        Left out, free to change on resume: how long to run, where and how to log, timeouts, checkpointing,
+        and the engines (how many, where, their sizes)."""
+        def flatten(prefix: str, value: Any) -> dict[str, Any]:
+            if dataclasses.is_dataclass(value):
+                return {k: v for f in dataclasses.fields(value)
+                        for k, v in flatten(f"{prefix}{f.name}.", getattr(value, f.name)).items()}
+            return {prefix[:-1]: value.value if isinstance(value, enum.Enum) else value}
+
+        return {key: value for key, value in flatten("", self).items()
+                if not any(key == free or key.startswith(free) for free in RESUME_MAY_CHANGE)}
 
     @property
     def staleness(self) -> int:
@@ -142,8 +187,12 @@ class RunConfig:
         if not 0 < self.engine.probe_interval_s < self.engine.stall_timeout_s:
             raise ValueError(f"engine.probe_interval_s={self.engine.probe_interval_s} must be > 0 and below "
                              f"engine.stall_timeout_s={self.engine.stall_timeout_s}")
-        if self.total_steps < 0 or self.data.epochs < 1:
-            raise ValueError("total_steps must be >= 0 and data.epochs >= 1")
+        check_ray_resources("engine.ray_resources", self.engine.ray_resources)
+        if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
+            raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
+        if self.checkpoint.every < 0 or self.checkpoint.keep < 0:
+            raise ValueError(f"checkpoint.every={self.checkpoint.every} and checkpoint.keep={self.checkpoint.keep} "
+                             "must be >= 0")
         self.trainer.validate()
         if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
             warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "

@@ -104,6 +104,12 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
 
+    def rewrite(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Start the JSONL file over with `history` (steps 1..N): a resumed run drops the steps after its checkpoint."""
+        if self.path is not None:
+            self.path.write_text("".join(json.dumps({"step": step, **metrics}) + "\n"
+                                         for step, metrics in enumerate(history, start=1)))
+
     def close(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.close()

@@ -110,6 +110,13 @@ class MessageQueue:
             self._changed.notify_all()
         return batch
 
+    async def snapshot(self) -> list[TrajectoryGroup]:
+        """The queued groups in hand-over order, left in place (what a checkpoint saves)."""
+        async with self._changed:
+            if self.hand_over == "oldest":
+                self._groups.sort(key=lambda entry: entry[:2])
+            return [group for _, _, group in self._groups]
+
     async def stats(self) -> QueueStats:
         elapsed = max(time.monotonic() - self._started, 1e-9)
         return QueueStats(

@@ -200,3 +200,61 @@ class TrajectoryGroup:
         """The oldest weight version that sampled any token in the group (-1 if none sampled)."""
         versions = [v for t in self.trajectories for c in t.calls for v in c.output_versions]
         return min(versions) if versions else PROMPT_VERSION
+
+
+# -- plain-data form (checkpoints): JSON-ready dicts, readable without torch --------------------------------
+
+def _plain_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata as JSON-ready data; a value JSON cannot hold is kept as its `repr` under its key."""
+    import json
+
+    plain = {}
+    for key, value in metadata.items():
+        try:
+            json.dumps(value, allow_nan=True)
+            plain[str(key)] = value
+        except (TypeError, ValueError):
+            plain[str(key)] = repr(value)
+    return plain
+
+
+def call_to_dict(call: ModelCall) -> dict[str, Any]:
+    return {
+        "prompt_ids": list(call.prompt_ids), "output_ids": list(call.output_ids),
+        "output_logprobs": list(call.output_logprobs), "output_versions": list(call.output_versions),
+        "finish_reason": call.finish_reason.value, "num_resumes": call.num_resumes,
+        "resubmitted_tokens": call.resubmitted_tokens, "engine": call.engine,
+    }
+
+
+def call_from_dict(data: Mapping[str, Any]) -> ModelCall:
+    return ModelCall(
+        prompt_ids=tuple(data["prompt_ids"]), output_ids=tuple(data["output_ids"]),
+        output_logprobs=tuple(float(lp) for lp in data["output_logprobs"]),
+        output_versions=tuple(data["output_versions"]), finish_reason=FinishReason(data["finish_reason"]),
+        num_resumes=data.get("num_resumes", 0), resubmitted_tokens=data.get("resubmitted_tokens", 0),
+        engine=data.get("engine", ""),
+    )
+
+
+def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
+    return {"calls": [call_to_dict(c) for c in trajectory.calls], "reward": trajectory.reward,
+            "metadata": _plain_metadata(trajectory.metadata)}
+
+
+def trajectory_from_dict(data: Mapping[str, Any]) -> Trajectory:
+    return Trajectory(calls=tuple(call_from_dict(c) for c in data["calls"]), reward=float(data["reward"]),
+                      metadata=data.get("metadata", {}))
+
+
+def group_to_dict(group: TrajectoryGroup) -> dict[str, Any]:
+    """`group` as JSON-ready data (log-probs of -inf are written as JSON's non-standard `-Infinity`)."""
+    return {"row_id": group.row_id, "trajectories": [trajectory_to_dict(t) for t in group.trajectories],
+            "metadata": _plain_metadata(group.metadata)}
+
+
+def group_from_dict(data: Mapping[str, Any]) -> TrajectoryGroup:
+    """The inverse of `group_to_dict`; every invariant is checked again on the way in."""
+    return TrajectoryGroup(row_id=data["row_id"],
+                           trajectories=tuple(trajectory_from_dict(t) for t in data["trajectories"]),
+                           metadata=data.get("metadata", {}))

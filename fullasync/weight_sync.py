@@ -45,6 +45,7 @@ class WeightSync:
         self.engines = list(engines)
         self.mode = PauseMode(mode)
         self.version = version
+        self.start_version = version  # the version this run started from (a resumed run keeps its first run's)
         self.restart_on_failure = restart_on_failure
         self.restarts = 0  # engines restarted so far
         self._latest: object | None = None  # the weights of `version` (None: the engines' own initial weights)
@@ -62,9 +63,18 @@ class WeightSync:
 
     async def push(self, named_tensors: object) -> WeightPushTiming:
         """Install `named_tensors` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
+        return await self._install(named_tensors, None)
+
+    async def restore(self, named_tensors: object, version: int, start_version: int) -> WeightPushTiming:
+        """Resume a run: install its checkpoint's weights as `version` (numbering goes on from there)."""
+        timing = await self._install(named_tensors, version)
+        self.start_version = start_version
+        return timing
+
+    async def _install(self, named_tensors: object, version: int | None) -> WeightPushTiming:
         self.check_engines()
         async with self._lock:
-            new_version = self.version + 1
+            new_version = self.version + 1 if version is None else version
             clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
             live = [e for e in self.engines if e.death is None]
             start = clock()

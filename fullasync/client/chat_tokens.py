@@ -33,14 +33,26 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
         self.eos_text: str = tokenizer.decode([self.eos_token_id])
+        self._shows_tools: bool | None = None  # does the template render `tools`? learnt on the first call with tools
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
+            rendered = self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
             )
+            if tools and self._shows_tools is None:
+                without = self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=generation_prompt
+                )
+                self._shows_tools = rendered != without
         except Exception as error:  # jinja raises many types; the user needs to know the template refused
             raise InvalidRequestError(f"the chat template could not render these messages: {error}", "messages") from error
+        if tools and not self._shows_tools:
+            raise InvalidRequestError(
+                "the model's chat template ignores `tools`, so the model would never see them; set "
+                "model.chat_template=chatml-tools (or a template file with a tool section)", "tools"
+            )
+        return rendered
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -1,11 +1,12 @@
 """vLLM's `AsyncLLM` hosted in a Ray actor, and the in-process handle that speaks the `Engine` protocol.
 
-Owns: engine start-up, generation with per-token weight versions, pause/resume, in-place weight
-reload, turning a request the engine library rejects into `InvalidRequestError`, and the watchdog:
-each launched engine is probed every `probe_interval_s`; an actor that is gone, an engine core that
-errored, or in-flight requests with no token for `stall_timeout_s` while not paused mark the engine
-dead, and every call waiting on it (and every later one) fails with an `EngineDiedError` that names
-the engine and the last request it accepted.
+Owns: engine start-up (on the nodes that offer its `ray_resources`), generation with per-token
+weight versions, pause/resume, in-place weight reload, turning a request the engine library rejects
+into `InvalidRequestError`, and the watchdog: each launched engine is probed every
+`probe_interval_s`; an actor that is gone, an engine core that errored, or in-flight requests with
+no token for `stall_timeout_s` while not paused mark the engine dead, and every call waiting on it
+(and every later one) fails with an `EngineDiedError` that names the engine and the last request it
+accepted.
 Does not own: routing between engines (`router.py`), the pause→push→resume sequence (`weight_sync.py`),
 or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
 
@@ -32,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
 from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
+from fullasync.placement import check_ray_resources, require_cluster_offers
 from fullasync.types import FinishReason
 
 log = logging.getLogger("fullasync")
@@ -56,6 +58,10 @@ class VLLMEngineConfig:
     generate_timeout_s: float = 1800.0  # bound on one generate call
     probe_interval_s: float = 5.0  # how often the watchdog probes the engine
     stall_timeout_s: float = 120.0  # in-flight requests with no new token this long (not paused) = engine dead
+    ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
+
+    def __post_init__(self) -> None:
+        check_ray_resources("VLLMEngineConfig.ray_resources", self.ray_resources)
 
 
 @dataclass(frozen=True)
@@ -455,7 +461,8 @@ def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
 
 def _spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> Any:
     return ray.remote(VLLMEngineActor).options(
-        name=actor_name, num_cpus=0, max_concurrency=4096, runtime_env={"env_vars": engine_env_vars()}
+        name=actor_name, num_cpus=0, max_concurrency=4096, resources=dict(config.ray_resources),
+        runtime_env={"env_vars": engine_env_vars()},
     ).remote(config, name)
 
 
@@ -465,6 +472,7 @@ async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, in
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
     if not os.path.isdir(config.model_path):
         raise FileNotFoundError(f"model_path {config.model_path!r} is not a directory with a HF model")
+    require_cluster_offers("engine.ray_resources", config.ray_resources)
     engines = []
     for index in range(num_engines):
         name = f"engine-{index}-{uuid.uuid4().hex[:6]}"

@@ -1,6 +1,19 @@
-"""Model artifacts fullasync builds itself (the tiny offline Qwen2-style model), and the build cache they share."""
+"""Model artifacts fullasync builds itself (the tiny offline Qwen2-style model, named pretrained models
+converted offline, chat-template overrides), and the build cache they share."""
 
 from fullasync.models.cache import BUILD_MARKER, cached_build, is_complete_build
+from fullasync.models.chat_templates import (
+    BUILTIN_CHAT_TEMPLATES,
+    check_chat_setup,
+    read_chat_template_source,
+    with_chat_template,
+)
+from fullasync.models.pretrained import (
+    PRETRAINED_MODELS,
+    MissingModelPackageError,
+    PretrainedModelSpec,
+    build_pretrained_model,
+)
 from fullasync.models.tiny import (
     BUILD_FORMAT,
     CACHE_DIR_ENV,
@@ -14,12 +27,20 @@ from fullasync.models.tiny import (
 __all__ = [
     "BUILD_FORMAT",
     "BUILD_MARKER",
+    "BUILTIN_CHAT_TEMPLATES",
     "CACHE_DIR_ENV",
+    "PRETRAINED_MODELS",
+    "MissingModelPackageError",
+    "PretrainedModelSpec",
     "TinyModelSpec",
+    "build_pretrained_model",
     "build_tiny_model",
     "cached_build",
+    "check_chat_setup",
     "default_cache_root",
     "is_complete_build",
     "load_tokenizer",
     "read_chat_template",
+    "read_chat_template_source",
+    "with_chat_template",
 ]

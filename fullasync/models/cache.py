@@ -35,7 +35,8 @@ def cached_build(target: Path, build_into: Callable[[Path], Mapping[str, Any]]) 
     try:
         record = build_into(staging)
         for written in staging.rglob("*"):
-            written.chmod(0o755 if written.is_dir() else 0o644)  # transformers writes weights owner-only
+            if not written.is_symlink():  # a link's target belongs to another build (maybe another user)
+                written.chmod(0o755 if written.is_dir() else 0o644)  # transformers writes weights owner-only
         (staging / BUILD_MARKER).write_text(json.dumps(dict(record), indent=2, sort_keys=True, default=str) + "\n")
         _publish(staging, target)
     finally:

@@ -29,6 +29,7 @@ from fullasync.errors import InvalidRequestError
 from fullasync.gateway import Gateway
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.staleness import StalenessManager
+from fullasync.rollout.state import RolloutState
 from fullasync.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger("fullasync")
@@ -124,6 +125,10 @@ class Rollouter:
         self._busy_since: float | None = None
         self._busy_s = 0.0
         self._created = _now()
+        self._episodes: dict[str, dict[int, Trajectory | None]] = {}  # running row -> its finished episodes
+        self._clients: dict[tuple[str, int], RolloutClient] = {}  # running episode -> its client
+        self._restored: set[str] = set()  # rows a checkpoint accounted for: skipped in the stream
+        self._resumed: dict[str, dict[int, Trajectory | None]] = {}  # rows a checkpoint had running
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -216,6 +221,43 @@ class Rollouter:
             idle_fraction=1.0 - busy / max(_now() - self._created, 1e-9),
         )
 
+    # -- checkpoint and resume ---------------------------------------------------------------
+
+    def snapshot(self) -> RolloutState:
+        """The rollout side now (no await: one consistent instant of the event loop).
+
+        A running row keeps its finished episodes (a row whose group is still being put has all of
+        them); its unfinished episodes are generated again on resume: their tokens so far are the
+        `discarded_tokens` (completed calls; a call in progress is not counted).
+        """
+        in_flight = {row_id: dict(episodes) for row_id, episodes in self._episodes.items()}
+        kept = sum(t.num_output_tokens for eps in in_flight.values() for t in eps.values() if t is not None)
+        discarded = sum(len(call.output_ids) for client in self._clients.values() for call in client.episode.calls)
+        counts = self.staleness.counts
+        return RolloutState(
+            admitted=len(self.outcomes.keys() | self._episodes.keys() | self._resumed.keys()),
+            outcomes={row_id: outcome.value for row_id, outcome in self.outcomes.items()},
+            episode_failures=self.episode_failures, failure_reasons=dict(self.failure_reasons),
+            in_flight=in_flight, kept_tokens=kept, discarded_tokens=discarded,
+            staleness={"started": counts.started, "running": float(counts.running)},
+        )
+
+    def restore(self, state: RolloutState) -> None:
+        """Continue from `state` (before `start`): its ledger stands, its running rows run again first.
+
+        Rows the ledger accounts for are skipped when the stream reaches them; a running row is
+        admitted again when reached, with the episodes it had finished.
+        """
+        if self._dispatcher is not None:
+            raise RuntimeError("Rollouter.restore() must come before start()")
+        self.outcomes = {row_id: RowOutcome(outcome) for row_id, outcome in state.outcomes.items()}
+        self.episode_failures = state.episode_failures
+        self.failure_reasons = Counter(state.failure_reasons)
+        self._restored = set(self.outcomes)
+        self._resumed = {row_id: dict(episodes) for row_id, episodes in state.in_flight.items()}
+        # rows trained or queued keep their admission slots (running rows take theirs again when admitted)
+        self.staleness.restore(sum(o in (RowOutcome.TRAINED, RowOutcome.QUEUED) for o in self.outcomes.values()))
+
     def _mark(self, row_id: str, outcome: RowOutcome) -> None:
         if outcome is RowOutcome.TRAINED and self.outcomes.get(row_id) is RowOutcome.TRAINED:
             self.trained_twice.append(row_id)
@@ -225,15 +267,23 @@ class Rollouter:
 
     async def _dispatch(self, rows: Any) -> None:
         for row_id, row in rows:
-            if row_id in self.outcomes:
+            if row_id in self._restored:
+                self._restored.discard(row_id)
+                continue
+            if row_id in self.outcomes or row_id in self._episodes:
                 raise ValueError(f"row id {row_id!r} appears twice; row ids must be unique")
+            finished = self._resumed.pop(row_id, {})
             while not (self._admitting and self.staleness.try_start()):
                 self._wake.clear()
                 await self._wake.wait()
             self._set_running(+1)
+            self._episodes[row_id] = dict(finished)
             task = asyncio.create_task(self._run_row(row_id, row), name=f"row-{row_id}")
             self._row_tasks[task] = row_id
             task.add_done_callback(self._row_done)
+        if self._resumed:
+            raise ValueError(f"{len(self._resumed)} row(s) the checkpoint had running are not in the dataset "
+                             f"(e.g. {sorted(self._resumed)[:3]}): resume with the dataset the run started with")
 
     def _row_done(self, task: asyncio.Task) -> None:
         """A row task ended: a crash (anything but a harness failure, which is data) becomes the run's error."""
@@ -258,20 +308,22 @@ class Rollouter:
 
     async def _run_row(self, row_id: str, row: Any) -> None:
         produced = False
-        released = [Fraction(0)]  # share of the row's concurrency slot its finished episodes gave back
+        finished = self._episodes[row_id]  # episodes done (a resumed row starts with those its checkpoint kept)
+        share = Fraction(1, self.settings.n)
+        released = [share * len(finished)]  # share of the row's concurrency slot its finished episodes gave back
+        self.staleness.episode_done(released[0])
 
-        async def episode(index: int) -> Trajectory | None:
+        async def episode(index: int) -> None:
             try:
-                return await self._run_episode(row_id, index, row)
+                finished[index] = await self._run_episode(row_id, index, row)
             finally:
-                share = Fraction(1, self.settings.n)
                 released[0] += share
                 self.staleness.episode_done(share)
                 self._wake.set()  # engine slots freed: another row may fit
 
         try:
-            results = await asyncio.gather(*(episode(i) for i in range(self.settings.n)))
-            trajectories = [t for t in results if t is not None]
+            await asyncio.gather(*(episode(i) for i in range(self.settings.n) if i not in finished))
+            trajectories = [finished[i] for i in sorted(finished) if finished[i] is not None]
             if not trajectories:
                 self._mark(row_id, RowOutcome.FAILED)
             elif self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
@@ -287,6 +339,7 @@ class Rollouter:
                 self._mark(row_id, RowOutcome.UNFINISHED)
             raise
         finally:
+            del self._episodes[row_id]
             self.staleness.finish(produced_group=produced, running_share=1 - released[0])
             self._set_running(-1)
             self._wake.set()
@@ -307,6 +360,7 @@ class Rollouter:
 
     async def _run_episode(self, row_id: str, index: int, row: Any) -> Trajectory | None:
         client = self.service.client(f"{row_id}/{index}")
+        self._clients[row_id, index] = client
         try:
             result = await asyncio.wait_for(self.run_harness(client, row), self.settings.episode_timeout_s)
             if isinstance(result, Trajectory):
@@ -324,4 +378,5 @@ class Rollouter:
             )
             return None
         finally:
+            del self._clients[row_id, index]
             client.close()

@@ -91,6 +91,11 @@ class StalenessManager:
             if not produced_group:
                 self.counts.started -= 1
 
+    def restore(self, started: int) -> None:
+        """Continue a run whose `started` rows (trained or queued) hold admission slots; none is running."""
+        with self._lock:
+            self.counts = StalenessCounts(started=started)
+
     def release(self) -> None:
         """A queued group was dropped (too stale) and will never be trained."""
         with self._lock:

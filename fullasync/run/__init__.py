@@ -7,6 +7,8 @@
 - `loop.py`: the training loop (pull groups → train → push), which sees the rollouter only through
   `RolloutControl`.
 - `validation.py`: held-out evaluation, run while training generation is paused.
+- `checkpoint.py`: the checkpoint format, atomic saves, finding the newest complete one, and refusing
+  one written by an incompatible run (`Run.checkpoint` / `Run.restore` capture and restore the state).
 
 `AsyncAgentTrainer` (`fullasync.api`), the simulator (`fullasync.sim`) and the benchmarks all call `assemble`.
 """

@@ -4,7 +4,8 @@ Owns: the construction of the weight sync, the staleness manager (with this run'
 source), the queue (sized here, and only here), the rollouter and the training loop; the start-up
 check of `rollout_fn`; the order of a run (held-out validation with nothing generating, then
 generation and training, then stopping generation) and the final account of every row; validation
-with training generation paused. Does not own: starting engines or the trainer (the caller does, and
+with training generation paused; capturing the whole run into a checkpoint (rollouter first, then the
+queue, then the trainer) and restoring one; a stop request (a signal) that checkpoints and returns. Does not own: starting engines or the trainer (the caller does, and
 keeps them), the metrics sink, or any step logic (`loop.py`).
 """
 
@@ -23,8 +24,10 @@ from fullasync.engines.protocol import Engine, PauseMode
 from fullasync.metrics import MetricsSink
 from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
 from fullasync.rollout.generator import CustomGenerator
-from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings
+from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import RUNNING_COUNTS, StalenessManager
+from fullasync.run import checkpoint
+from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy, SavedCheckpoint
 from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
 from fullasync.run.loop import LoopResult, TrainingLoop
 from fullasync.run.validation import evaluate
@@ -95,29 +98,88 @@ class Run:
     """The components of one run; `execute(rows)` once."""
 
     def __init__(self, *, rollouter: Rollouter, queue: GroupQueue, weight_sync: WeightSync, service: RolloutService,
-                 trainer: Trainer, settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None) -> None:
+                 trainer: Trainer, settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None,
+                 checkpoints: CheckpointPolicy | None = None) -> None:
         self.rollouter = rollouter
         self.queue = queue
         self.weight_sync = weight_sync
         self.service = service
+        self.trainer = trainer
         self.settings = settings
+        self.sink = sink
         self.val_rows = list(val_rows) if val_rows else []
+        self.checkpoints = checkpoints
+        self.saved: list[SavedCheckpoint] = []  # the checkpoints this run wrote
+        self._task: asyncio.Task | None = None
         self.loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync,
             max_staleness=settings.max_staleness, batch_size=settings.batch_size, total_steps=settings.total_steps,
             val_every=settings.val_every, validate=self.validate_paused if self.val_rows else None, sink=sink,
+            checkpoint=self.checkpoint if checkpoints is not None else None,
+            checkpoint_every=checkpoints.every if checkpoints is not None else 0,
         )
 
-    async def execute(self, rows: Iterable[tuple[str, Any]]) -> LoopResult:
-        """Validate (nothing generating yet), generate and train, stop generating, account for every row."""
+    def request_stop(self, reason: str) -> None:
+        """Stop soon (a signal): finish the step under way, checkpoint, return. A second request stops at once."""
+        if self.loop.stop_requested and self._task is not None:
+            log.warning("%s again: stopping now, without a checkpoint", reason)
+            self._task.cancel()
+            return
+        saving = ", save a checkpoint" if self.checkpoints is not None else ""
+        log.warning("%s: finishing the step under way%s and stopping (send it again to stop at once)", reason, saving)
+        self.loop.request_stop()
+
+    async def checkpoint(self, pending: Sequence[Any] = ()) -> SavedCheckpoint:
+        """Save the whole run now (`pending`: groups taken from the queue and not trained)."""
+        policy = self.checkpoints
+        if policy is None:
+            raise RuntimeError("this run has no checkpoint policy")
+        rollout = self.rollouter.snapshot()  # first: a row finishing meanwhile shows up in the queue's snapshot
+        groups = [*pending, *await self.queue.snapshot()]
+        for group in groups:
+            rollout.in_flight.pop(group.row_id, None)
+            rollout.outcomes[group.row_id] = RowOutcome.QUEUED.value
+        saved = await checkpoint.save(policy.root, save_trainer=self.trainer.save_state,
+                                      loop=self.loop.state(self.weight_sync.start_version), rollout=rollout,
+                                      groups=groups, fingerprint=policy.fingerprint, keep=policy.keep)
+        self.saved.append(saved)
+        log.info("checkpoint %s: %.1f MB (trainer %.1f MB) in %.2f s; %d queued groups, %d running rows "
+                 "(%d tokens kept, %d to generate again)", saved.path, saved.num_bytes / 2**20,
+                 saved.trainer_bytes / 2**20, saved.seconds, len(groups), len(rollout.in_flight),
+                 rollout.kept_tokens, rollout.discarded_tokens)
+        return saved
+
+    async def restore(self, saved: Checkpoint) -> None:
+        """Continue `saved`: trainer state, weights at its version on the engines, queue, ledger, running rows."""
+        if len(saved.groups) > self.settings.queue_capacity:
+            raise ValueError(f"{saved.path} holds {len(saved.groups)} queued groups, more than this run's queue "
+                             f"({self.settings.queue_capacity}): resume with the checkpoint's rollout settings")
+        await self.trainer.load_state(str(saved.trainer_dir))
+        await self.weight_sync.restore(await self.trainer.export_weights(), saved.loop.version,
+                                       saved.loop.first_version)
+        self.loop.restore(saved.loop)
+        for group in saved.groups:
+            await self.queue.put(group)
+        self.rollouter.restore(saved.rollout)
+        self.sink.rewrite(saved.loop.history)
+        log.info("resumed from %s: step %d, weight version %d, %d queued groups, %d running rows continue",
+                 saved.path, saved.loop.steps, saved.loop.version, len(saved.groups), len(saved.rollout.in_flight))
+
+    async def execute(self, rows: Iterable[tuple[str, Any]], resume: Checkpoint | None = None) -> LoopResult:
+        """Validate (nothing generating yet), generate and train, stop generating, account for every row.
+
+        With `resume`, the run continues that checkpoint instead of validating first."""
         result = self.loop.result
+        self._task = asyncio.current_task()
         supervisor = None
         if self.settings.restart_engines:
             supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
                                              name="engine-restarts")
         try:
             await self.rollouter.open()
-            if self.val_rows:
+            if resume is not None:
+                await self.restore(resume)
+            elif self.val_rows:
                 result.val_before = await self.validate_paused()
             self.rollouter.start(rows)
             await self.loop.run()
@@ -154,17 +216,18 @@ class Run:
 
 
 async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: RolloutService, rollout_fn: RolloutFn,
-                   settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None) -> Run:
+                   settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
+                   checkpoints: CheckpointPolicy | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop)."""
     check_rollout_fn(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
                              restart_on_failure=settings.restart_engines)
-    first_version = weight_sync.version  # admission counts the versions of this run only
+    # admission counts the versions of this run only (a resumed run: from its first run's start)
     staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
-                                 version=lambda: weight_sync.version - first_version,
+                                 version=lambda: weight_sync.version - weight_sync.start_version,
                                  count_running=settings.admission)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
     rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
-               settings=settings, sink=sink, val_rows=val_rows)
+               settings=settings, sink=sink, val_rows=val_rows, checkpoints=checkpoints)

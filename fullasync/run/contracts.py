@@ -26,6 +26,8 @@ class GroupQueue(Protocol):
 
     async def stats(self) -> QueueStats: ...
 
+    async def snapshot(self) -> list[TrajectoryGroup]: ...  # the queued groups, left in place
+
 
 @runtime_checkable
 class Trainer(Protocol):
@@ -41,7 +43,11 @@ class Trainer(Protocol):
 
     async def export_weights(self) -> object: ...
 
-    async def save_checkpoint(self, path: str | None = None) -> str: ...
+    async def save_checkpoint(self, path: str | None = None) -> str: ...  # the policy, as a HF directory
+
+    async def save_state(self, path: str) -> None: ...  # everything a resumed run needs (weights, optimizer, RNG, step)
+
+    async def load_state(self, path: str) -> None: ...
 
     async def shutdown(self) -> None: ...
 
@@ -74,6 +80,9 @@ class RayGroupQueue:
 
     async def stats(self) -> QueueStats:
         return await self._bounded(self.actor.stats.remote(), "stats", self.call_timeout_s)
+
+    async def snapshot(self) -> list[TrajectoryGroup]:
+        return await self._bounded(self.actor.snapshot.remote(), "snapshot", self.call_timeout_s)
 
     def shutdown(self) -> None:
         import ray

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from fullasync.metrics import MetricsSink, format_line, generation_stats, reward_stats, token_staleness
 from fullasync.rollout.rollouter import RolloutReport
+from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import GroupQueue, Trainer
 from fullasync.types import TrajectoryGroup
 from fullasync.weight_sync import WeightSync
@@ -71,6 +72,8 @@ class LoopResult:
     episode_failures: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)  # e.g. {"InvalidRequestError(seed)": 12}
     history: list[dict[str, float]] = field(default_factory=list)
+    interrupted: bool = False  # stopped by a signal (after saving a checkpoint, when checkpoints are on)
+    resumed_from_step: int | None = None  # the checkpoint's step when the run was resumed
 
     @property
     def samples_per_s(self) -> float:
@@ -83,13 +86,18 @@ class LoopResult:
             "episode_failures": self.episode_failures, "failure_reasons": self.failure_reasons,
             "max_token_staleness": self.max_token_staleness,
             "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in self.history),
+            "interrupted": self.interrupted, "resumed_from_step": self.resumed_from_step,
         }
 
 
 class TrainingLoop:
     def __init__(self, *, trainer: Trainer, rollouter: RolloutControl, queue: GroupQueue, weight_sync: WeightSync,
                  max_staleness: int, batch_size: int, total_steps: int, val_every: int,
-                 validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink) -> None:
+                 validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
+                 checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[None]] | None = None,
+                 checkpoint_every: int = 0) -> None:
+        """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained); it runs
+        every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`."""
         self.trainer = trainer
         self.rollouter = rollouter
         self.queue = queue
@@ -100,34 +108,78 @@ class TrainingLoop:
         self.val_every = val_every
         self.validate = validate
         self.sink = sink
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
         self.result = LoopResult()
+        self.stop_requested = False
         self._idle_s = 0.0
         self._tokens = 0.0
+        self._checkpointed_step: int | None = None
+
+    def request_stop(self) -> None:
+        """Stop at the next step boundary (a step under way finishes), checkpoint, and return."""
+        self.stop_requested = True
+
+    def state(self, first_version: int) -> LoopState:
+        r = self.result
+        return LoopState(steps=r.steps, version=self.weight_sync.version, first_version=first_version,
+                         trained_samples=r.trained_samples, train_wall_s=r.train_wall_s,
+                         max_token_staleness=r.max_token_staleness, val_before=r.val_before,
+                         val_failed_episodes=r.val_failed_episodes, output_tokens=self._tokens, idle_s=self._idle_s,
+                         history=[dict(step) for step in r.history])
+
+    def restore(self, state: LoopState) -> None:
+        """Continue counting from a checkpoint's loop state (steps, history, clocks)."""
+        r = self.result
+        r.steps, r.trained_samples, r.train_wall_s = state.steps, state.trained_samples, state.train_wall_s
+        r.max_token_staleness, r.val_before = state.max_token_staleness, state.val_before
+        r.val_failed_episodes, r.history, r.resumed_from_step = state.val_failed_episodes, list(state.history), state.steps
+        self._tokens, self._idle_s, self._checkpointed_step = state.output_tokens, state.idle_s, state.steps
 
     async def run(self) -> LoopResult:
-        """Train until `total_steps` or until the rows ran out; validate every `val_every` steps and at the end."""
+        """Train until `total_steps`, the rows run out or a stop is requested; checkpoint; validate at the end."""
         result = self.result
-        started = _now()
-        while self.total_steps == 0 or result.steps < self.total_steps:
+        started = _now() - result.train_wall_s  # a resumed run goes on counting its training time
+        pending: list[TrajectoryGroup] = []
+        while (self.total_steps == 0 or result.steps < self.total_steps) and not self.stop_requested:
             groups = await self._next_batch()
+            if self.stop_requested:
+                pending = groups  # not trained: the checkpoint keeps them with the queued groups
+                break
             if not groups:
                 break
             await self._step(groups, started)
+            if self.checkpoint_every and result.steps % self.checkpoint_every == 0:
+                await self._checkpoint([], started)
             if self.validate is not None and self.val_every and result.steps % self.val_every == 0:
                 accuracy = await self.validate()
                 if result.history:
                     result.history[-1]["val/accuracy"] = accuracy
         result.train_wall_s = _now() - started
+        if self.stop_requested:
+            result.interrupted = True
+            if self.checkpoint is not None:
+                await self._checkpoint(pending, started)
+            return result
+        if self.checkpoint_every and self._checkpointed_step != result.steps:
+            await self._checkpoint([], started)
         if self.validate is not None:
             result.val_after = await self.validate()
         return result
+
+    async def _checkpoint(self, pending: list[TrajectoryGroup], started: float) -> None:
+        if self.checkpoint is None:
+            return
+        self.result.train_wall_s = _now() - started
+        await self.checkpoint(pending)
+        self._checkpointed_step = self.result.steps
 
     async def _next_batch(self) -> list[TrajectoryGroup]:
         """B groups fresh enough for the current version; fewer only when the rows ran out."""
         groups: list[TrajectoryGroup] = []
         version = self.weight_sync.version
         waited = _now()
-        while len(groups) < self.batch_size:
+        while len(groups) < self.batch_size and not self.stop_requested:
             self.rollouter.check()
             self.weight_sync.check_engines()  # a dead engine ends the run now, with its name
             exhausted = self.rollouter.exhausted  # read before the get: then nothing arrives after it

@@ -13,8 +13,10 @@ whole sequence).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fullasync.types import TrajectoryGroup
 
@@ -53,6 +55,7 @@ class SimulatedTrainer:
         self.num_devices = num_devices
         self.step = 0
         self.time = TrainerTime()
+        self.trained_rows: list[str] = []  # the rows of every step, in order (its "model" is what it trained on)
 
     async def start(self) -> None:
         return None
@@ -72,6 +75,7 @@ class SimulatedTrainer:
         seconds = self.cost.step_s(batch.tokens, self.num_devices)
         await asyncio.sleep(seconds)
         self.step += 1
+        self.trained_rows += [group.row_id for group in batch.groups]
         self.time.train_s += seconds
         self.time.steps += 1
         self.time.tokens += batch.tokens
@@ -82,3 +86,12 @@ class SimulatedTrainer:
 
     async def save_checkpoint(self, path: str | None = None) -> str:
         return path or ""
+
+    async def save_state(self, path: str) -> None:
+        """Its state: the step and the rows trained so far (a resumed run must never train one twice)."""
+        Path(path).mkdir(parents=True)
+        (Path(path) / "trainer.json").write_text(json.dumps({"step": self.step, "trained_rows": self.trained_rows}))
+
+    async def load_state(self, path: str) -> None:
+        state = json.loads((Path(path) / "trainer.json").read_text())
+        self.step, self.trained_rows = state["step"], list(state["trained_rows"])

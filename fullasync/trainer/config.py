@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+
+from fullasync.placement import check_ray_resources
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed
@@ -99,6 +101,7 @@ class TrainerConfig:
     num_workers: int = 1  # FSDP2 data-parallel worker processes (one node)
     worker_num_cpus: float = 1.0  # Ray CPUs reserved per worker
     worker_threads: int = 0  # torch threads per worker; 0 = cpu_count // num_workers (at least 1)
+    ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per rank: pins the ranks' node
     start_timeout_s: float = 600.0  # seconds allowed for the workers to start and load the model
     call_timeout_s: float = 600.0  # seconds allowed for one remote call (train step, log-probs, export, save)
 
@@ -116,6 +119,7 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.kl_type={self.kl_type!r}: choose one of {KL_TYPES} (optionally with '+')")
         if self.model_dtype != "fp32":
             raise ValueError(f"TrainerConfig.model_dtype={self.model_dtype!r}: only 'fp32' is supported")
+        check_ray_resources("TrainerConfig.ray_resources", self.ray_resources)
         _check_policy_loss(self.policy_loss)
         _check_advantage_estimator(self.advantage_estimator)
         self._check_correction()

@@ -13,6 +13,7 @@ logical GPU is needed. On GPU each rank reserves one GPU.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -28,6 +29,9 @@ from fullasync.trainer.corrections import CorrectionStats
 from fullasync.trainer.worker import WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
+
+
+STATE_FILE = "trainer.json"
 
 
 class VerlTrainer:
@@ -56,7 +60,8 @@ class VerlTrainer:
         threads = self.config.worker_threads or default_threads(self.config.num_workers)
         spec = WorkerSpec(model_path=self.model_path, config=self.config, on_cpu=on_cpu, threads=threads)
         resources = WorkerResources(
-            num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1, env_vars=worker_env_vars(on_cpu, threads)
+            num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1, env_vars=worker_env_vars(on_cpu, threads),
+            ray_resources=dict(self.config.ray_resources),
         )
         self._pad_token_id = _pad_token_id(self.model_path)
         started = time.perf_counter()
@@ -141,6 +146,24 @@ class VerlTrainer:
             path = os.path.join(self.config.checkpoint_dir, f"step_{self.step}")
         await workers.call("save_pretrained", str(path))
         return str(path)
+
+    async def save_state(self, path: str) -> None:
+        """Everything a resumed run needs, under `path`: verl's checkpoint of every rank (model shard, optimizer,
+        LR scheduler, RNG) and `trainer.json` (the step). On several nodes `path` must be on a shared filesystem."""
+        workers = self._require_started()
+        await workers.call("save_state", str(path))
+        with open(os.path.join(path, STATE_FILE), "w") as handle:
+            json.dump({"step": self.step, "num_workers": len(workers.actors)}, handle)
+
+    async def load_state(self, path: str) -> None:
+        """Continue from what `save_state` wrote (with the same number of ranks)."""
+        with open(os.path.join(path, STATE_FILE)) as handle:
+            state = json.load(handle)
+        if state["num_workers"] != self.config.num_workers:
+            raise ValueError(f"the trainer state in {path} was saved by {state['num_workers']} ranks, this trainer "
+                             f"has {self.config.num_workers}: resume with trainer.num_workers={state['num_workers']}")
+        await self._require_started().call("load_state", str(path))
+        self.step = int(state["step"])
 
     async def shutdown(self) -> None:
         """Stop the ranks; the trainer cannot be used afterwards."""

@@ -153,6 +153,14 @@ class TrainerWorker:
         summary = {"num_tensors": len(weights), "num_bytes": num_bytes}
         return (weights if self.rank == 0 else None), summary
 
+    def save_state(self, path: str) -> None:
+        """verl's checkpoint of this rank under `path`: its model shard, optimizer, LR scheduler and RNG states."""
+        self._policy.save_checkpoint(path)
+
+    def load_state(self, path: str) -> None:
+        """Load what `save_state` wrote (the same number of ranks must load it)."""
+        self._policy.load_checkpoint(path)
+
     def save_pretrained(self, path: str) -> None:
         """Write the policy as a Hugging Face model directory at `path` (rank 0 writes; all ranks gather).
 

@@ -1,8 +1,9 @@
 """The trainer's Ray actors: N `TrainerWorker` ranks packed on one node, called with timeouts.
 
-Owns: the placement group (STRICT_PACK, so loopback rendezvous is valid), actor creation with
-the worker environment (threads, the verl CPU platform hook), the rendezvous port, and every
-wait on a rank, each bounded by a timeout. Does not own: what the ranks compute.
+Owns: the placement group (STRICT_PACK, so loopback rendezvous is valid; on a node that offers the
+custom `ray_resources`, when given), actor creation with the worker environment (threads, the verl
+CPU platform hook), the rendezvous port, and every wait on a rank, each bounded by a timeout.
+Does not own: what the ranks compute.
 
 Ordering rule: `submit` sends a call to every rank without yielding to the event loop, so all
 ranks see calls in the same order, which verl's collectives require.
@@ -13,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -22,6 +23,7 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from fullasync.placement import require_cluster_offers
 from fullasync.trainer.worker import TrainerWorker, WorkerSpec
 
 
@@ -36,6 +38,7 @@ class WorkerResources:
     num_cpus: float
     num_gpus: float
     env_vars: dict[str, str]
+    ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources: pin the ranks' node
 
 
 class WorkerGroup:
@@ -51,7 +54,10 @@ class WorkerGroup:
         cls, spec: WorkerSpec, num_workers: int, resources: WorkerResources, timeout_s: float
     ) -> tuple[WorkerGroup, float]:
         """Place, create and set up `num_workers` ranks; returns the group and the slowest rank's setup seconds."""
-        bundle = {"CPU": resources.num_cpus, **({"GPU": resources.num_gpus} if resources.num_gpus else {})}
+        custom = dict(resources.ray_resources)
+        require_cluster_offers(f"trainer.ray_resources (x {num_workers} ranks packed on one node)",
+                               {name: amount * num_workers for name, amount in custom.items()})
+        bundle = {"CPU": resources.num_cpus, **({"GPU": resources.num_gpus} if resources.num_gpus else {}), **custom}
         group = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK")
         try:
             await asyncio.wait_for(group.ready(), timeout_s)
@@ -68,6 +74,7 @@ class WorkerGroup:
                 name=f"{name}-rank{rank}",
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
+                resources=custom,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": resources.env_vars},
             ).remote(rank, num_workers, spec)

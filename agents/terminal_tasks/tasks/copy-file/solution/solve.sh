@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+mkdir -p backup && cp config/settings.ini backup/

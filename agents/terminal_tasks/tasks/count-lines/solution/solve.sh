@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+wc -l < data.txt > count.txt

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+grep -c GET access.log > gets.txt

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+grep ERROR app.log > errors.log

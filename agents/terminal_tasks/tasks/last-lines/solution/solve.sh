@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+tail -n 2 history.txt > recent.txt

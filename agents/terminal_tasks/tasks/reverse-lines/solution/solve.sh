@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+tac steps.txt > reversed.txt

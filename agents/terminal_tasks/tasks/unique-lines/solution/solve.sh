@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+sort -u words.txt > unique.txt

@@ -1,0 +1,130 @@
+"""`Terminus2Generator`: harbor's Terminus-2 (harbor 0.24.0, unchanged) as a fullasync `CustomGenerator` over the gateway.
+
+Owns: one episode end to end — the spec that points harbor's own `Trial` (task directory, agent
+`terminus-2`, environment, verifier) at the episode's gateway base URL and key, the run in the harbor
+interpreter under a hard time limit (`ZygoteLauncher`: the episode's process and everything below it,
+sandbox included, are killed at `episode_timeout_s`), the reward from the task's `tests/test.sh`
+(harbor's verifier), and the split between outcomes and failures: every end of the agent (done,
+`max_turns` reached, harbor's agent timeout) is scored by the verifier; a context overflow or a test
+that hangs past the verifier timeout scores 0 (harbor skips or cuts the verification; the policy
+caused it); anything else — the harness crashing, the sandbox not starting, a task without a
+reward, the hard kill — raises, so the rollouter counts the episode as failed and never trains it
+as reward 0. The trajectory is what the gateway recorded. Does not own: the gateway, recording, the
+task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`).
+
+    generator = Terminus2Generator(TerminusConfig(max_turns=4))
+    AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train_rows(), val_dataset=held_out_rows()).train()
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fullasync_agents.launcher import ZygoteLauncher
+from fullasync_agents.terminus import interpreter
+from fullasync_agents.terminus.config import TerminusConfig
+
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+
+# Harness exits that are the policy's doing and score 0 without (complete) verification.
+SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
+
+
+class HarnessError(RuntimeError):
+    """Terminus-2 or its trial failed for a reason that is not the policy's (set-up, sandbox, task, a crash)."""
+
+
+def outcome_reward(outcome: dict[str, Any], row_id: Any) -> float:
+    """The episode's reward from harbor's trial result; HarnessError when the failure is not the policy's."""
+    failure = outcome.get("exception_type")
+    if outcome.get("reward") is not None:
+        return float(outcome["reward"])
+    if failure in SCORED_ZERO:
+        return 0.0
+    if failure is None:
+        raise HarnessError(f"row {row_id!r}: the verifier gave no 'reward' (rewards {outcome.get('rewards')}): "
+                           "the task's tests/test.sh must write /logs/verifier/reward.txt")
+    raise HarnessError(f"Terminus-2's trial failed on row {row_id!r}: {failure}: {outcome.get('exception_message')}\n"
+                       f"{(outcome.get('traceback') or '')[-2000:]}")
+
+
+class Terminus2Generator(CustomGenerator):
+    """Terminus-2 on harbor-format terminal tasks; rows as in `fullasync_agents.terminal_tasks`."""
+
+    uses_gateway = True
+    harbor_agent = "terminus-2"  # harbor's agent name (the tests' gate runs harbor's `oracle` and `nop` the same way)
+
+    def __init__(self, config: TerminusConfig | None = None) -> None:
+        self.config = config if config is not None else TerminusConfig()
+        self.exit_statuses: Counter[str] = Counter()  # how episodes ended (scored ones and failures)
+        self.turns: list[int] = []  # agent turns of each finished (scored) episode
+        self.last_outcome: dict[str, Any] = {}  # harbor's report of the latest scored episode (messages, token ids)
+        self._workdir: Path | None = None
+        self._launcher: ZygoteLauncher | None = None
+
+    async def setup(self) -> None:
+        """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once)."""
+        python = interpreter.harbor_python(self.config.harbor_python)
+        interpreter.check_harbor(python)
+        self._workdir = Path(tempfile.mkdtemp(prefix="fullasync-terminus-"))
+        paths = interpreter.import_path(self._workdir / "pythonpath")
+        self._launcher = ZygoteLauncher(
+            self._workdir, [str(python), "-m", "fullasync_agents.terminus.runner"],
+            interpreter.harness_environment(paths), harness="Terminus-2", missing_hint=interpreter.SETUP_HINT)
+        await self._launcher.start()
+
+    async def teardown(self) -> None:
+        if self._launcher is not None:
+            await self._launcher.stop()
+            self._launcher = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Extra kwargs of every model call of this row's episode (override to constrain decoding, say)."""
+        return dict(self.config.llm_call_kwargs)
+
+    def agent_entry(self, episode: EpisodeContext, row: dict[str, Any]) -> dict[str, Any]:
+        """harbor's `AgentConfig` fields for this episode."""
+        kwargs = self.config.agent_kwargs_for(episode.base_url, episode.api_key, self.llm_call_kwargs(row))
+        return {"name": self.harbor_agent, "model_name": self.config.model_name, "kwargs": kwargs}
+
+    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], files: Path) -> dict[str, Any]:
+        config = self.config
+        verifier = {"override_timeout_sec": config.verifier_timeout_s} if config.verifier_timeout_s else {}
+        agent = self.agent_entry(episode, row)
+        if config.agent_timeout_s:
+            agent["override_timeout_sec"] = config.agent_timeout_s
+        return {
+            "task_dir": str(row["task_dir"]), "trials_dir": str(files / "trials"), "trial_name": "trial",
+            "agent": agent, "environment": config.environment_entry(str(files)), "verifier": verifier,
+            "extra_instructions": list(row.get("extra_instructions", [])),
+        }
+
+    async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
+        if self._launcher is None:
+            raise HarnessError("Terminus2Generator.setup() has not run: train through AsyncAgentTrainer / the "
+                               "rollouter, or await generator.setup() first")
+        if episode.base_url is None:
+            raise HarnessError("the episode has no gateway base URL: keep uses_gateway = True")
+        if not row.get("task_dir") or not (Path(row["task_dir"]) / "task.toml").is_file():
+            raise HarnessError(f"row {row.get('id')!r}: 'task_dir' must name a harbor task directory (with task.toml), "
+                               f"got {row.get('task_dir')!r}")
+        files = self._launcher.episode_dir()
+        try:
+            outcome = await self._launcher.run(self.episode_spec(episode, row, files), self.config.episode_timeout_s,
+                                               files)
+        except Exception as error:
+            self.exit_statuses[type(error).__name__] += 1
+            raise
+        status = outcome.get("exception_type") or "Verified"
+        self.exit_statuses[status] += 1
+        reward = outcome_reward(outcome, row.get("id"))
+        self.turns.append(outcome.get("n_turns") or 0)
+        self.last_outcome = outcome
+        return reward
