@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config.rollout.n, config.rollout.batch_size, config.rollout.max_running_rows = args.n, args.batch, 2 * args.batch
     config.engine.max_model_len = 1024
     config.rollout.episode_timeout_s = args.episode_timeout  # a loaded 2-core machine generates slowly
+    config.resume, config.checkpoint.every = "never", 0  # every bench run starts from the pretrained weights
     configure_logging()
     started = time.perf_counter()
     result = asyncio.run(train(config, train_rows, val_rows))
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     update_s = sum(step.get("update_time_s", 0.0) for step in history)
     summary = {
         "steps": result.steps, "val_before": result.val_before, "val_after": result.val_after,
+        "interrupted": result.interrupted,
         "val_rows": len(val_rows), "train_rows": len(train_rows), "wall_s": wall, "train_wall_s": result.train_wall_s,
         "s_per_step": result.train_wall_s / max(result.steps, 1),
         "generation_tokens_per_s": output_tokens / result.train_wall_s if result.train_wall_s else 0.0,
@@ -170,6 +172,8 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
         "",
         "Written by `bench/real_model_learning.py` (settings below); see docs/real_model.md for context.",
         "",
+        *([f"**Interrupted after {summary['steps']} of {summary['settings']['steps']} steps: no final validation.**", ""]
+          if summary.get("interrupted") else []),
         ("| held-out accuracy before | after | steps | s/step | generation tok/s | train tok/s | push s "
          "| max staleness | resumed calls |"),
         "|---|---|---|---|---|---|---|---|---|",

@@ -56,6 +56,7 @@ def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
         max_model_len=section.max_model_len, max_num_seqs=section.max_num_seqs, seed=config.seed,
         stall_timeout_s=section.stall_timeout_s, probe_interval_s=section.probe_interval_s,
         start_timeout_s=section.start_timeout_s, ray_resources=dict(section.ray_resources),
+        extra_engine_kwargs={"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {},
     )
 
 
@@ -205,7 +206,7 @@ class AsyncAgentTrainer:
                            cfg.wandb_project or None)
         service = RolloutService(engines, load_tokenizer(model_path), ClientConfig(
             model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
-            resume_timeout_s=cfg.rollout.resume_timeout_s,
+            resume_timeout_s=cfg.rollout.resume_timeout_s, tool_parser=cfg.model.tool_parser,
             # a call whose engines all died waits for the restart (detection is already behind it)
             restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0))
         try:

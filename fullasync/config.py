@@ -60,6 +60,7 @@ class EngineSection:
     probe_interval_s: float = 5.0  # how often the engine watchdog probes each engine
     restart_on_failure: bool = True  # restart a dead engine with the current weights (else the run stops)
     start_timeout_s: float = 300.0  # bound on starting (or restarting) an engine
+    kv_cache_mb: int = 0  # KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of memory)
     ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
 
 
@@ -188,6 +189,8 @@ class RunConfig:
             raise ValueError(f"engine.probe_interval_s={self.engine.probe_interval_s} must be > 0 and below "
                              f"engine.stall_timeout_s={self.engine.stall_timeout_s}")
         check_ray_resources("engine.ray_resources", self.engine.ray_resources)
+        if self.engine.kv_cache_mb < 0:
+            raise ValueError(f"engine.kv_cache_mb={self.engine.kv_cache_mb} must be >= 0 (0 = the platform default)")
         if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
             raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
         if self.checkpoint.every < 0 or self.checkpoint.keep < 0:

@@ -12,7 +12,9 @@ Alignment rule, stated once: in a `ModelCall`, `output_ids`, `output_logprobs` a
 from __future__ import annotations
 
 import enum
+import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -32,7 +34,13 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ModelCall:
-    """One completed model call of an episode, after any resumptions were stitched together."""
+    """One completed model call of an episode, after any resumptions were stitched together.
+
+    `output_versions[i]`: the oldest weight version that computed anything token i was sampled from (the
+    sampling weights, or the older weights of its KV cache after a PauseMode.KEEP push); staleness and
+    proximal policies use it. `output_weight_versions[i]`: the sampling weights' version alone; empty when
+    it equals `output_versions` everywhere (always, unless a KEEP push landed inside the call).
+    """
 
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
@@ -42,6 +50,7 @@ class ModelCall:
     num_resumes: int = 0
     resubmitted_tokens: int = 0  # output tokens sent again as prompt when resuming after aborts
     engine: str = ""
+    output_weight_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -52,16 +61,24 @@ class ModelCall:
             )
         if not self.prompt_ids:
             raise ValueError("ModelCall.prompt_ids is empty: a model call needs at least one prompt token")
-        if any(v < 0 for v in self.output_versions):
-            raise ValueError("ModelCall.output_versions must be >= 0 (the weight version that sampled each token)")
-        if any(b < a for a, b in zip(self.output_versions, self.output_versions[1:])):
+        # The per-token checks run in C (sorted, min, max, sum): a Python loop per token here was a fifth of
+        # the driver's CPU at scale (bench/control_plane.py).
+        versions = tuple(self.output_versions)
+        if versions and (versions[0] < 0 or versions != tuple(sorted(versions))):
+            if min(versions) < 0:
+                raise ValueError("ModelCall.output_versions must be >= 0 (the weight version that sampled each token)")
             raise ValueError(f"ModelCall.output_versions must be non-decreasing, got {self.output_versions}")
-        if any(math.isnan(lp) or lp > 0.0 for lp in self.output_logprobs):
+        logprobs = self.output_logprobs
+        if logprobs and (not max(logprobs) <= 0.0 or math.isnan(sum(logprobs))):  # a NaN makes the sum NaN
             raise ValueError("ModelCall.output_logprobs must be finite-or--inf log-probabilities <= 0")
         if self.finish_reason is FinishReason.ABORT:
             raise ValueError("ModelCall cannot finish with 'abort': aborted calls are resumed before recording")
         if self.num_resumes < 0 or self.resubmitted_tokens < 0:
             raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0")
+        if self.output_weight_versions and (len(self.output_weight_versions) != n or any(
+                w < v for w, v in zip(self.output_weight_versions, self.output_versions))):
+            raise ValueError("ModelCall.output_weight_versions must be aligned with output_ids and never older than "
+                             "output_versions (the oldest version in a token's context)")
 
     @property
     def all_ids(self) -> tuple[int, ...]:
@@ -85,13 +102,14 @@ class TrainingSequence:
             raise ValueError("TrainingSequence arrays must be aligned with token_ids")
         if not 0 < self.prompt_length <= n:
             raise ValueError(f"TrainingSequence.prompt_length must be in [1, {n}], got {self.prompt_length}")
-        if any(m not in (0, 1) for m in self.loss_mask):
+        if not set(self.loss_mask) <= {0, 1}:
             raise ValueError("TrainingSequence.loss_mask holds only 0 and 1")
         if any(self.loss_mask[: self.prompt_length]):
             raise ValueError("TrainingSequence: prompt tokens must have loss_mask 0")
-        for mask, version in zip(self.loss_mask, self.versions):
-            if (mask == 1) != (version != PROMPT_VERSION):
-                raise ValueError("TrainingSequence: sampled tokens carry a version >= 0, others PROMPT_VERSION")
+        sampled = set(itertools.compress(self.versions, self.loss_mask))
+        inserted = set(itertools.compress(self.versions, map(operator.not_, self.loss_mask)))
+        if PROMPT_VERSION in sampled or not inserted <= {PROMPT_VERSION}:
+            raise ValueError("TrainingSequence: sampled tokens carry a version >= 0, others PROMPT_VERSION")
 
     @property
     def num_trained_tokens(self) -> int:
@@ -224,6 +242,7 @@ def call_to_dict(call: ModelCall) -> dict[str, Any]:
         "output_logprobs": list(call.output_logprobs), "output_versions": list(call.output_versions),
         "finish_reason": call.finish_reason.value, "num_resumes": call.num_resumes,
         "resubmitted_tokens": call.resubmitted_tokens, "engine": call.engine,
+        "output_weight_versions": list(call.output_weight_versions),
     }
 
 
@@ -233,7 +252,7 @@ def call_from_dict(data: Mapping[str, Any]) -> ModelCall:
         output_logprobs=tuple(float(lp) for lp in data["output_logprobs"]),
         output_versions=tuple(data["output_versions"]), finish_reason=FinishReason(data["finish_reason"]),
         num_resumes=data.get("num_resumes", 0), resubmitted_tokens=data.get("resubmitted_tokens", 0),
-        engine=data.get("engine", ""),
+        engine=data.get("engine", ""), output_weight_versions=tuple(data.get("output_weight_versions", ())),
     )
 
 

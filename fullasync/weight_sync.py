@@ -1,7 +1,9 @@
 """Pushes new weights into running engines: pause → push → bump version → resume; keeps them there.
 
-Owns: the order of those steps, their timeouts, and their timing. Resume happens in `finally`, so
-an engine is never left paused by a failed push. It also keeps every engine at the current version:
+Owns: which engines get which version, and the push's timing. Each engine runs pause → update →
+resume itself in one call (`Engine.install`, one round trip per engine per push; resume happens in
+its `finally`, so an engine is never left paused by a failed push); engines install concurrently and
+each resumes as soon as it holds the new weights. It also keeps every engine at the current version:
 with `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog
 declared dead and installs the current weights on it; an engine that dies during a push is skipped
 and gets the new weights at its restart. Push and restart never interleave (one lock).
@@ -13,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.engines.protocol import Engine, InstallTiming, PauseMode
 from fullasync.errors import EngineDiedError
 
 log = logging.getLogger("fullasync")
@@ -23,12 +25,14 @@ log = logging.getLogger("fullasync")
 
 @dataclass(frozen=True)
 class WeightPushTiming:
-    """Seconds spent in each phase of one push, and the version it installed."""
+    """Seconds spent in each phase of one push (the slowest engine's), and the version it installed."""
 
     version: int
     pause_s: float
     update_s: float
     resume_s: float
+    wall_s: float = 0.0  # the whole push as the caller waited for it (round trip included)
+    phases: dict[str, float] = field(default_factory=dict)  # finer phases of update_s (slowest engine's)
 
     @property
     def total_s(self) -> float:
@@ -78,27 +82,29 @@ class WeightSync:
             clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
             live = [e for e in self.engines if e.death is None]
             start = clock()
-            try:
-                await self._on_each(live, lambda e: e.pause(self.mode))
-                paused = clock()
-                await self._on_each(live, lambda e: e.update_weights(named_tensors, new_version))
-                self.version, self._latest = new_version, named_tensors
-                updated = clock()
-            finally:
-                resume_start = clock()
-                await self._on_each([e for e in live if e.death is None], lambda e: e.resume())
-            end = clock()
-        return WeightPushTiming(new_version, paused - start, updated - paused, end - resume_start)
+            timings = await self._on_each(live, lambda e: e.install(named_tensors, new_version, self.mode))
+            self.version, self._latest = new_version, named_tensors
+            wall = clock() - start
+        slowest = max(timings, key=lambda t: t.pause_s + t.update_s + t.resume_s,
+                      default=InstallTiming(0.0, 0.0, 0.0))
+        return WeightPushTiming(new_version, max((t.pause_s for t in timings), default=0.0),
+                                max((t.update_s for t in timings), default=0.0),
+                                max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases))
 
-    async def _on_each(self, engines: list[Engine], step: Callable[[Engine], Awaitable[None]]) -> None:
+    async def _on_each(self, engines: list[Engine],
+                       step: Callable[[Engine], Awaitable[InstallTiming]]) -> list[InstallTiming]:
         """Run `step` on every engine at once; one that dies meanwhile is left to its restart (if on)."""
         outcomes = await asyncio.gather(*(step(e) for e in engines), return_exceptions=True)
+        timings = []
         for engine, outcome in zip(engines, outcomes):
             if isinstance(outcome, EngineDiedError) and self.restart_on_failure:
                 log.warning("engine %s died during a weight push; it gets version %d when restarted",
                             engine.name, self.version + 1)
             elif isinstance(outcome, BaseException):
                 raise outcome
+            else:
+                timings.append(outcome)
+        return timings
 
     async def restart_dead(self) -> list[str]:
         """Restart every engine declared dead, serving the current version; the names restarted."""

@@ -75,6 +75,16 @@ class PolicyWeights:
             self.current["lm_head.weight"] = self.current["model.embed_tokens.weight"]
         return timing
 
+    async def assert_engine_serves_current(self, engine, tokenizer, prompt: str, version: int,
+                                           tolerance: float = 1e-4) -> None:
+        """A generation on `engine` has this object's current weights' log-probs and carries `version`."""
+        client = RolloutService([engine], tokenizer).client()
+        await client.completions.create(model="policy", prompt=prompt, max_tokens=32, seed=1)
+        (call,) = client.episode.calls
+        reference = self.token_logprobs(self.current, call.prompt_ids, call.output_ids)
+        assert max(abs(a - b) for a, b in zip(call.output_logprobs, reference)) < tolerance
+        assert set(call.output_versions) == {version}
+
     def token_logprobs(self, state: dict[str, torch.Tensor], prompt_ids, output_ids) -> list[float]:
         """log p(output_i | prompt, output_<i) under `state`, by a plain torch forward."""
         self.model.load_state_dict(state, strict=False)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 
 import pytest
+from agents_common import HANG, assert_all_killed, assert_token_exact, cmdline, hanging_harness, literal, run_episode
 from fullasync_agents.terminal_tasks import rows
 from fullasync_agents.terminus import HarnessTimeoutError, Terminus2Generator, TerminusConfig
 from test_client_chat import spelled
-
-from fullasync.rollout.generator import EpisodeContext
-from fullasync.rollout.processes import alive, descendants
 
 TASK = next(row for row in rows() if row["id"] == "sort-lines")
 # max_tokens=0: no per-call cap (the context bounds each reply), so that a forced reply of any tokenisation fits.
@@ -37,8 +34,7 @@ class ScriptedTerminus(Terminus2Generator):
     def llm_call_kwargs(self, row):
         kwargs = super().llm_call_kwargs(row)
         if "forced_reply" in row:
-            regex = re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", row["forced_reply"])
-            kwargs["extra_body"] = {"structured_outputs": {"regex": regex}}
+            kwargs["extra_body"] = {"structured_outputs": {"regex": literal(row["forced_reply"])}}
         return kwargs
 
 
@@ -50,28 +46,6 @@ async def terminus(gateway):
     await generator.teardown()
 
 
-async def run_episode(gateway, generator, row):
-    episode = gateway.open_episode()
-    context = EpisodeContext(episode.episode_id, episode.client, episode.base_url, episode.api_key)
-    try:
-        return await generator.generate(context, row), episode.client
-    finally:
-        gateway.close_episode(episode)
-
-
-def assert_token_exact(client, reward):
-    """Every sampled token is trained exactly once, with its log-prob; returns which calls extend the previous one."""
-    calls = client.episode.calls
-    sequences = client.trajectory(reward).to_sequences()
-    extends = [later.prompt_ids[: len(earlier.all_ids)] == earlier.all_ids for earlier, later in zip(calls, calls[1:])]
-    assert len(sequences) == 1 + extends.count(False)
-    assert [t for s in sequences for t, m in zip(s.token_ids, s.loss_mask) if m] == [
-        t for call in calls for t in call.output_ids]  # loss mask on sampled tokens only
-    assert [lp for s in sequences for lp, m in zip(s.logprobs, s.loss_mask) if m] == [
-        lp for call in calls for lp in call.output_logprobs]
-    return extends
-
-
 async def test_an_episode_of_the_untrained_policy_runs_to_its_end_and_is_token_exact(gateway, terminus):
     reward, client = await run_episode(gateway, terminus, TASK)
     assert reward == 0.0 and len(client.episode.calls) >= 1
@@ -80,7 +54,7 @@ async def test_an_episode_of_the_untrained_policy_runs_to_its_end_and_is_token_e
     assert assert_token_exact(client, reward) == [True] * (len(client.episode.calls) - 1)  # one linear chat
 
 
-async def test_an_oracle_policy_solves_the_task_and_a_no_op_policy_does_not(gateway, terminus, tokenizer):
+async def test_an_oracle_policy_solves_the_task_and_a_no_op_policy_does_not(gateway, terminus):
     solve, nothing = reply([TASK["oracle_command"] + "\n"], done=True), reply([], done=True)
     (solved, client), (failed, no_op_client) = await asyncio.gather(  # concurrently: two sandboxes, one engine
         run_episode(gateway, terminus, {**TASK, "forced_reply": solve}),
@@ -107,35 +81,17 @@ async def test_an_episode_is_one_sequence_equal_to_the_template_rendering_and_to
 
 async def test_a_hanging_harness_is_killed_at_the_timeout_with_every_process_it_started(gateway, terminus):
     terminus.config = dataclasses.replace(CONFIG, episode_timeout_s=40.0)  # room for a loaded machine
-    hang = reply(["sleep 301 & setsid sleep 302 & sleep 303\n"], done=False, duration=60)  # Terminus waits 60 s
+    hang = reply([HANG + "\n"], done=False, duration=60)  # Terminus waits 60 s
     episode = asyncio.create_task(run_episode(gateway, terminus, {**TASK, "forced_reply": hang}))
     zygote, harness = terminus._launcher.zygote_pid, []
     try:
-        for _ in range(400):
-            harness = descendants(zygote)
-            if sum(_cmdline(pid).startswith("sleep 30") for pid in harness) == 3:
-                break
-            await asyncio.sleep(0.1)
-        assert sum(_cmdline(pid).startswith("sleep 30") for pid in harness) == 3, [_cmdline(p) for p in harness]
-        assert any(_cmdline(pid).startswith("tmux") for pid in harness)  # the sandbox's tmux server
+        harness = await hanging_harness(zygote, tries=400)
+        assert any(cmdline(pid).startswith("tmux") for pid in harness)  # the sandbox's tmux server
         with pytest.raises(HarnessTimeoutError, match="killed"):
             await episode
     finally:
         terminus.config = CONFIG
         episode.cancel()  # a no-op once it ended; else the cancellation kills the tree
         await asyncio.wait([episode])
-    for _ in range(100):  # SIGKILL and reaping take effect asynchronously
-        if not [pid for pid in harness if alive(pid)] and not descendants(zygote):
-            break
-        await asyncio.sleep(0.05)
-    assert [pid for pid in harness if alive(pid)] == []
-    assert descendants(zygote) == []
+    await assert_all_killed(harness, zygote)
     assert terminus.exit_statuses["HarnessTimeoutError"] == 1
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""

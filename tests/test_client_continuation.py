@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.engines.protocol import PauseMode
@@ -75,19 +76,57 @@ async def test_interrupted_generation_is_one_response_with_per_token_versions(en
         assert max(abs(a - b) for a, b in zip(got, other[start:end])) > 100 * TOLERANCE  # the check can tell
 
 
-async def test_keep_mode_switches_version_inside_one_request(engine, policy, tokenizer):
+def mixed_logprobs(policy, old, new, prompt_ids, output_ids, split: int) -> list[float]:
+    """log p(output_i), i >= split, sampled by `new` weights over the KV cache `old` weights computed for
+    prompt + output[:split-1] (what a request frozen by a KEEP push goes on sampling from)."""
+    model = policy.model
+
+    def load(state):
+        model.load_state_dict(state, strict=False)
+        if model.config.tie_word_embeddings:
+            model.tie_weights()
+
+    with torch.no_grad():
+        load(old)
+        past = model(torch.tensor([list(prompt_ids) + list(output_ids[:split - 1])]), use_cache=True).past_key_values
+        load(new)
+        logits = model(torch.tensor([list(output_ids[split - 1:])]), past_key_values=past).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [float(logprobs[i, output_ids[split + i]]) for i in range(len(output_ids) - split)]
+
+
+async def test_keep_mode_labels_tokens_after_the_push_with_the_version_of_their_kv(engine, policy, tokenizer):
+    """A KEEP push inside a request: later tokens are sampled by the new weights over the old weights' KV.
+    Their weight version is the new one, their version (staleness, proximal) the old one, and their
+    log-probs are those of that mixed computation, not of either policy alone."""
     client = RolloutService([engine], tokenizer).client()
+    old = dict(policy.current)
     task = asyncio.create_task(
         client.completions.create(model="policy", prompt="Count: 1 2 3", max_tokens=120, extra_body={"ignore_eos": True})
     )
     await wait_for_tokens(engine, client.episode.id, 15)
-    await policy.push(policy.perturbed(seed=7), mode=PauseMode.KEEP)
+    timing = await policy.push(policy.perturbed(seed=7), mode=PauseMode.KEEP)
     await task
     (call,) = client.episode.calls
-    assert call.num_resumes == 0
-    segments = split_by_version(call.output_versions)
-    assert len(segments) == 2 and segments[1][0] == segments[0][0] + 1
-    assert len(call.output_ids) == 120
+    assert call.num_resumes == 0 and len(call.output_ids) == 120
+    weight_segments = split_by_version(call.output_weight_versions)
+    assert [v for v, _, _ in weight_segments] == [timing.version - 1, timing.version]
+    assert set(call.output_versions) == {timing.version - 1}  # every token read the old weights' KV
+    split = weight_segments[1][1]
+    got = call.output_logprobs[split:]
+    mixed = mixed_logprobs(policy, old, policy.current, call.prompt_ids, call.output_ids, split)
+    new_alone = policy.token_logprobs(policy.current, call.prompt_ids, call.output_ids)[split:]
+    assert max(abs(a - b) for a, b in zip(got, mixed)) < TOLERANCE
+    assert max(abs(a - b) for a, b in zip(got, new_alone)) > 100 * TOLERANCE  # the check can tell them apart
+    # the trainer sees the old version on every token (its staleness and proximal policy)
+    (sequence,) = client.trajectory(1.0).to_sequences()
+    assert set(v for v, m in zip(sequence.versions, sequence.loss_mask) if m) == {timing.version - 1}
+    # and a new request after the push reads no KV block of the old version
+    await client.completions.create(model="policy", prompt="Count: 1 2 3", max_tokens=20, seed=1)
+    second = client.episode.calls[-1]
+    assert set(second.output_versions) == {timing.version} and second.output_weight_versions == ()
+    reference = policy.token_logprobs(policy.current, second.prompt_ids, second.output_ids)
+    assert max(abs(a - b) for a, b in zip(second.output_logprobs, reference)) < TOLERANCE
 
 
 async def test_pushed_weights_match_torch_forward_with_tied_embeddings(engine, policy, tokenizer):
@@ -96,9 +135,5 @@ async def test_pushed_weights_match_torch_forward_with_tied_embeddings(engine, p
     assert "lm_head.weight" not in state  # the engine must refresh its packed output layer itself
     timing = await policy.push(state)
     assert timing.version == await engine.version()
-    client = RolloutService([engine], tokenizer).client()
-    await client.completions.create(model="policy", prompt="The weights changed; 12 + 30 =", max_tokens=40, seed=3)
-    (call,) = client.episode.calls
-    reference = policy.token_logprobs(policy.current, call.prompt_ids, call.output_ids)
-    assert max(abs(a - b) for a, b in zip(call.output_logprobs, reference)) < TOLERANCE
-    assert set(call.output_versions) == {timing.version}
+    await policy.assert_engine_serves_current(engine, tokenizer, "The weights changed; 12 + 30 =", timing.version,
+                                              TOLERANCE)

@@ -99,6 +99,12 @@ def test_bad_template_and_parser_combinations_fail_at_start_up(smollm2_path, tmp
         AsyncAgentTrainer(config).model_path()
 
 
+def test_the_tiny_models_own_template_passes_the_start_up_check(tokenizer, tiny_model_path, tmp_path):
+    check_chat_setup(tokenizer, make_tool_parser("hermes"))
+    check_chat_setup(load_tokenizer(with_chat_template(tiny_model_path, "chatml-tools", cache_dir=tmp_path)),
+                     make_tool_parser("hermes"))
+
+
 def test_model_path_resolves_the_named_model_with_and_without_a_template(smollm2_path):
     config = RunConfig()
     config.model.path = MODEL

@@ -72,7 +72,8 @@ def test_keep_freezes_and_labels_later_tokens_with_the_new_version():
 
     result, finished_at = run_virtual(main)
     assert result.finish_reason is FinishReason.LENGTH and len(result.output_ids) == 100
-    assert result.output_versions == (0,) * 30 + (1,) * 70
+    assert result.output_weight_versions == (0,) * 30 + (1,) * 70
+    assert result.output_versions == (0,) * 100  # tokens after the push still read the version-0 KV
     assert finished_at == pytest.approx(0.305 + 5.0 + 0.25 + 0.695, abs=0.011)
 
 

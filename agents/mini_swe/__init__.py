@@ -6,20 +6,15 @@ mini-swe-agent and litellm only, not fullasync.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fullasync_agents.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "MiniSweConfig": "fullasync_agents.mini_swe.config",
     "MiniSweAgentGenerator": "fullasync_agents.mini_swe.generator",
     "HarnessError": "fullasync_agents.mini_swe.generator",
-    "HarnessCrashedError": "fullasync_agents.mini_swe.launcher",
-    "HarnessTimeoutError": "fullasync_agents.mini_swe.launcher",
+    "HarnessCrashedError": "fullasync_agents.launcher",
+    "HarnessTimeoutError": "fullasync_agents.launcher",
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'fullasync_agents.mini_swe' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 
 Owns: one episode end to end — a private sandbox (a copy of the row's repository), the spec that points
 mini-swe-agent's own `DefaultAgent` + `LitellmTextbasedModel`/`LitellmModel` + environment at the
-episode's gateway base URL, the run under a hard time limit (`HarnessLauncher`), the reward from the
+episode's gateway base URL, the run under a hard time limit (`ZygoteLauncher`), the reward from the
 row's hidden tests, and the split between outcomes and failures: every exit of the agent
 (Submitted, LimitsExceeded, TimeExceeded, RepeatedFormatError, a context overflow) is scored by the
 tests; a harness that crashes, errors or is killed at the time limit raises, so the rollouter counts
@@ -15,24 +15,43 @@ Does not own: the gateway, recording, or the task rows (`fullasync_agents.swe_ta
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections import Counter
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from fullasync.rollout.generator import CustomGenerator, EpisodeContext
-
+from fullasync_agents import harness_generator
+from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
-from fullasync_agents.mini_swe.launcher import HarnessLauncher
 from fullasync_agents.sandbox import Sandbox, create_sandbox, score
+
+from fullasync.rollout.generator import EpisodeContext
 
 # Harness exits that are the policy's doing and are scored like any other end state.
 SCORED_ERRORS = frozenset({"ContextWindowExceededError"})
 
 
-class HarnessError(RuntimeError):
+MISSING_HINT = "is the `agents` extra installed: pip install -e '.[agents]'?"
+
+
+class HarnessError(harness_generator.HarnessError):
     """mini-swe-agent failed for a reason that is not the policy's (gateway down, a bug, a crash)."""
+
+
+def offline_environment(config_dir: Path, retries: int) -> dict[str, str]:
+    """The zygote's environment: mini-swe-agent quiet and configured from `config_dir`, litellm off the network."""
+    env = dict(os.environ)
+    env.update({
+        "MSWEA_GLOBAL_CONFIG_DIR": str(config_dir),
+        "MSWEA_SILENT_STARTUP": "1",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(retries),
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+        "HF_HUB_OFFLINE": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    })
+    return env
 
 
 def load_templates(path: str) -> dict[str, str]:
@@ -48,34 +67,26 @@ def load_templates(path: str) -> dict[str, str]:
     return found
 
 
-class MiniSweAgentGenerator(CustomGenerator):
+class MiniSweAgentGenerator(HarnessGenerator):
     """mini-swe-agent on toy (or your) repositories; rows as in `fullasync_agents.swe_tasks.tasks`."""
 
-    uses_gateway = True
+    harness_error = HarnessError
 
     def __init__(self, config: MiniSweConfig | None = None) -> None:
+        super().__init__()
         self.config = config if config is not None else MiniSweConfig()
-        self.exit_statuses: Counter[str] = Counter()  # how episodes ended (scored ones and failures)
         self.model_calls: list[int] = []  # model calls of each finished (scored) episode
         self._templates: dict[str, str] = {}
-        self._workdir: Path | None = None
-        self._launcher: HarnessLauncher | None = None
 
     async def setup(self) -> None:
         """Start the harness process (mini-swe-agent and litellm imported once, offline)."""
         if self.config.templates_from:
             self._templates = load_templates(self.config.templates_from)
-        self._workdir = Path(tempfile.mkdtemp(prefix="fullasync-mini-swe-"))
-        self._launcher = HarnessLauncher(self._workdir, retries=self.config.model_retries)
-        await self._launcher.start()
-
-    async def teardown(self) -> None:
-        if self._launcher is not None:
-            await self._launcher.stop()
-            self._launcher = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        config_dir = self.new_workdir("fullasync-mini-swe-") / "mswea-config"
+        config_dir.mkdir()
+        await self.start_harness([sys.executable, "-m", "fullasync_agents.mini_swe.runner"],
+                                 offline_environment(config_dir, self.config.model_retries),
+                                 harness="mini-swe-agent", missing_hint=MISSING_HINT)
 
     def model_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
         """litellm kwargs of every model call of this row's episode (override to constrain decoding, say)."""
@@ -109,19 +120,10 @@ class MiniSweAgentGenerator(CustomGenerator):
         }
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
-        if self._launcher is None:
-            raise HarnessError("MiniSweAgentGenerator.setup() has not run: train through AsyncAgentTrainer / the "
-                               "rollouter, or await generator.setup() first")
-        if episode.base_url is None:
-            raise HarnessError("the episode has no gateway base URL: keep uses_gateway = True")
+        self.launcher_for(episode, "MiniSweAgentGenerator")
         sandbox = create_sandbox(row, self.config.sandbox_parent or None)
         try:
-            try:
-                outcome = await self._launcher.run(self.episode_spec(episode, row, sandbox),
-                                                   self.config.episode_timeout_s)
-            except Exception as error:
-                self.exit_statuses[type(error).__name__] += 1
-                raise
+            outcome = await self.run_harness(self.episode_spec(episode, row, sandbox), self.config.episode_timeout_s)
             self.exit_statuses[outcome["exit_status"]] += 1
             if outcome["error"] and outcome["exit_status"] not in SCORED_ERRORS:
                 raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome['error']}\n"

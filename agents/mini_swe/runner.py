@@ -2,28 +2,19 @@
 
 Owns: `run_episode(spec)` — build `LitellmTextbasedModel` or `LitellmModel`, the configured environment
 (`LocalEnvironment` by default) and `DefaultAgent` from a JSON-able spec, run the task, return
-`{"exit_status", "submission", "n_calls", "error"}` — and the zygote (`python -m
-fullasync_agents.mini_swe.runner`): a process that imports mini-swe-agent and litellm once (about 4 s
-of CPU on this machine) and then forks one episode process per spec line on stdin, answering its pid.
-Each episode process starts a session of its own, is the subreaper of everything it starts, writes its
-result file, kills its leftovers and exits; the launcher kills its whole tree at the time limit.
-Runs with the environment the launcher gives the zygote (offline litellm, mini-swe-agent's config dir).
-Does not own: timeouts, scoring or the gateway.
+`{"exit_status", "submission", "n_calls", "error"}` — and `import_harness`, which the zygote
+(`python -m fullasync_agents.mini_swe.runner`, i.e. `fullasync_agents.zygote.serve`) runs once so that
+mini-swe-agent and litellm (about 4 s of CPU on this machine) are imported before it forks one episode
+process per spec. Runs with the environment the generator gives the zygote (offline litellm,
+mini-swe-agent's config dir). Does not own: the zygote, timeouts, scoring or the gateway.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import sys
 import traceback
-from pathlib import Path
 from typing import Any
 
-from fullasync.rollout.processes import become_subreaper, descendants
-
-READY = "ready"  # the zygote's first line on stdout once the harness is imported
+from fullasync_agents.zygote import serve
 
 
 def import_harness() -> None:
@@ -66,75 +57,5 @@ def run_episode(spec: dict[str, Any]) -> dict[str, Any]:
             "n_calls": agent.n_calls, "error": None}
 
 
-def _write_result(path: str, result: dict[str, Any]) -> None:
-    staging = f"{path}.partial"
-    Path(staging).write_text(json.dumps(result))
-    os.replace(staging, path)  # the launcher reads whole results only
-
-
-def _kill_leftovers() -> None:
-    """Kill whatever this episode process started and left running (background jobs, new sessions)."""
-    for _ in range(20):
-        left = descendants(os.getpid())
-        if not left:
-            return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:  # ended on its own meanwhile
-                continue
-        for pid in left:  # reap our zombies so the next sweep sees the orphans they left
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not our direct child
-                continue
-
-
-def _episode_process(spec: dict[str, Any]) -> None:
-    """The forked child: own session, subreaper, logs to a file; never returns."""
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
-        become_subreaper()
-        log = os.open(spec["log_path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        _write_result(spec["result_path"], run_episode(spec))
-        code = 0
-    except BaseException:  # the process must end with os._exit whatever happened: log it for the launcher
-        traceback.print_exc()
-    finally:
-        sys.stderr.flush()
-        _kill_leftovers()
-        os._exit(code)
-
-
-def _reap(signum, frame) -> None:
-    """SIGCHLD in the zygote: collect finished episode processes (and orphans it inherited as subreaper)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def serve() -> None:
-    """The zygote loop: one JSON spec per stdin line → fork an episode process → print {"pid": ...}."""
-    import_harness()
-    become_subreaper()
-    signal.signal(signal.SIGCHLD, _reap)
-    print(READY, flush=True)
-    while line := sys.stdin.readline():
-        spec = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _episode_process(spec)
-        print(json.dumps({"pid": pid}), flush=True)
-
-
 if __name__ == "__main__":
-    serve()
+    serve(import_harness, run_episode)

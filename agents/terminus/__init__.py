@@ -6,8 +6,7 @@ interpreter (Python >= 3.12) and must not load the trainer's modules, nor the tr
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fullasync_agents.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "TerminusConfig": "fullasync_agents.terminus.config",
@@ -19,8 +18,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'fullasync_agents.terminus' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

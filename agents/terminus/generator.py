@@ -18,23 +18,21 @@ task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environme
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fullasync_agents.launcher import ZygoteLauncher
+from fullasync_agents import harness_generator
+from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.terminus import interpreter
 from fullasync_agents.terminus.config import TerminusConfig
 
-from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+from fullasync.rollout.generator import EpisodeContext
 
 # Harness exits that are the policy's doing and score 0 without (complete) verification.
 SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
 
 
-class HarnessError(RuntimeError):
+class HarnessError(harness_generator.HarnessError):
     """Terminus-2 or its trial failed for a reason that is not the policy's (set-up, sandbox, task, a crash)."""
 
 
@@ -52,38 +50,26 @@ def outcome_reward(outcome: dict[str, Any], row_id: Any) -> float:
                        f"{(outcome.get('traceback') or '')[-2000:]}")
 
 
-class Terminus2Generator(CustomGenerator):
+class Terminus2Generator(HarnessGenerator):
     """Terminus-2 on harbor-format terminal tasks; rows as in `fullasync_agents.terminal_tasks`."""
 
-    uses_gateway = True
+    harness_error = HarnessError
     harbor_agent = "terminus-2"  # harbor's agent name (the tests' gate runs harbor's `oracle` and `nop` the same way)
 
     def __init__(self, config: TerminusConfig | None = None) -> None:
+        super().__init__()
         self.config = config if config is not None else TerminusConfig()
-        self.exit_statuses: Counter[str] = Counter()  # how episodes ended (scored ones and failures)
         self.turns: list[int] = []  # agent turns of each finished (scored) episode
         self.last_outcome: dict[str, Any] = {}  # harbor's report of the latest scored episode (messages, token ids)
-        self._workdir: Path | None = None
-        self._launcher: ZygoteLauncher | None = None
 
     async def setup(self) -> None:
         """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once)."""
         python = interpreter.harbor_python(self.config.harbor_python)
         interpreter.check_harbor(python)
-        self._workdir = Path(tempfile.mkdtemp(prefix="fullasync-terminus-"))
-        paths = interpreter.import_path(self._workdir / "pythonpath")
-        self._launcher = ZygoteLauncher(
-            self._workdir, [str(python), "-m", "fullasync_agents.terminus.runner"],
-            interpreter.harness_environment(paths), harness="Terminus-2", missing_hint=interpreter.SETUP_HINT)
-        await self._launcher.start()
-
-    async def teardown(self) -> None:
-        if self._launcher is not None:
-            await self._launcher.stop()
-            self._launcher = None
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-            self._workdir = None
+        paths = interpreter.import_path(self.new_workdir("fullasync-terminus-") / "pythonpath")
+        await self.start_harness([str(python), "-m", "fullasync_agents.terminus.runner"],
+                                 interpreter.harness_environment(paths), harness="Terminus-2",
+                                 missing_hint=interpreter.SETUP_HINT)
 
     def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
         """Extra kwargs of every model call of this row's episode (override to constrain decoding, say)."""
@@ -107,23 +93,18 @@ class Terminus2Generator(CustomGenerator):
         }
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
-        if self._launcher is None:
-            raise HarnessError("Terminus2Generator.setup() has not run: train through AsyncAgentTrainer / the "
-                               "rollouter, or await generator.setup() first")
-        if episode.base_url is None:
-            raise HarnessError("the episode has no gateway base URL: keep uses_gateway = True")
+        launcher = self.launcher_for(episode, "Terminus2Generator")
         if not row.get("task_dir") or not (Path(row["task_dir"]) / "task.toml").is_file():
             raise HarnessError(f"row {row.get('id')!r}: 'task_dir' must name a harbor task directory (with task.toml), "
                                f"got {row.get('task_dir')!r}")
-        files = self._launcher.episode_dir()
-        try:
-            outcome = await self._launcher.run(self.episode_spec(episode, row, files), self.config.episode_timeout_s,
-                                               files)
-        except Exception as error:
-            self.exit_statuses[type(error).__name__] += 1
-            raise
+        files = launcher.episode_dir()
+        outcome = await self.run_harness(self.episode_spec(episode, row, files), self.config.episode_timeout_s, files)
         status = outcome.get("exception_type") or "Verified"
         self.exit_statuses[status] += 1
+        if status == "ContextLengthExceededError" and episode.client is not None and not episode.client.episode.calls:
+            raise HarnessError(f"row {row.get('id')!r}: Terminus-2's first prompt does not fit the policy's context "
+                               "(harbor's prompt alone is ~1,600 tokens of the tiny tokenizer): raise "
+                               "engine.max_model_len and TerminusConfig.context_length")
         reward = outcome_reward(outcome, row.get("id"))
         self.turns.append(outcome.get("n_turns") or 0)
         self.last_outcome = outcome

@@ -6,11 +6,13 @@ Owns: the Hydra structured schema (`MiniSweTrainConfig`) and the defaults sized 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from fullasync_agents.mini_swe import MiniSweConfig
+
+from examples.harness_train import EvaluationSection, agent_kwargs
 from fullasync.config import DataSection, ModelSection, RolloutSection, RunConfig
 from fullasync.trainer.config import TrainerConfig
-from fullasync_agents.mini_swe import MiniSweConfig
 
 BUILTIN_POLICY = "builtin:mini_swe"  # the tiny policy warmed up by examples/mini_swe/warmup.py (built, cached)
 
@@ -30,11 +32,6 @@ class AgentSection:
 
 
 @dataclass
-class EvaluationSection:
-    samples_per_row: int = 4  # held-out episodes per task before and after training
-
-
-@dataclass
 class MiniSweTrainConfig(RunConfig):
     agent: AgentSection = field(default_factory=AgentSection)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
@@ -47,5 +44,4 @@ class MiniSweTrainConfig(RunConfig):
     output_dir: str = "outputs/mini_swe"
 
     def agent_config(self) -> MiniSweConfig:
-        section = {key: value for key, value in asdict(self.agent).items() if key != "hint"}
-        return MiniSweConfig(**section)
+        return MiniSweConfig(**agent_kwargs(self.agent))

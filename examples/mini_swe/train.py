@@ -17,8 +17,6 @@ episodes/s, model calls per episode, and episodes a weight push landed in. Train
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,43 +25,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
 
 import hydra  # noqa: E402
+from fullasync_agents.mini_swe import MiniSweAgentGenerator  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from examples import harness_train  # noqa: E402
 from examples.mini_swe.config import BUILTIN_POLICY, MiniSweTrainConfig  # noqa: E402
-from fullasync_agents.mini_swe import MiniSweAgentGenerator  # noqa: E402
 
 ConfigStore.instance().store(name="mini_swe_schema", node=MiniSweTrainConfig)
+PER_EPISODE = "model_calls_per_episode"
 
 
-class TrackedMiniSwe(MiniSweAgentGenerator):
+class TrackedMiniSwe(harness_train.TracksWeightVersions, MiniSweAgentGenerator):
     """The adapter, counting the weight versions each episode's tokens came from (pushes that landed mid-episode)."""
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self.episodes_spanning_versions = 0
-        self.episodes_with_resumed_calls = 0
-        self.episodes = 0
-
-    async def generate(self, episode, row):
-        try:
-            return await super().generate(episode, row)
-        finally:
-            calls = episode.client.episode.calls
-            self.episodes += 1
-            self.episodes_spanning_versions += len({v for call in calls for v in call.output_versions}) > 1
-            self.episodes_with_resumed_calls += any(call.num_resumes for call in calls)
-
-
-def solve_rate(mean: float | None, episodes: int) -> dict[str, float | None]:
-    """The held-out solve rate with its binomial standard error over `episodes`."""
-    if mean is None:
-        return {"rate": None, "stderr": None}
-    return {"rate": mean, "stderr": math.sqrt(max(mean * (1 - mean), 0.0) / episodes)}
 
 
 async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
-    from fullasync.api import AsyncAgentTrainer
     from fullasync_agents.swe_tasks import rows
 
     started = time.monotonic()
@@ -73,44 +50,13 @@ async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
         config.model.path = str(build_warm_policy())
         print(f"[mini_swe] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s", flush=True)
     train, held_out = rows("train", hint=config.agent.hint), rows("held_out", hint=config.agent.hint)
-    config.val_samples_per_row = config.evaluation.samples_per_row
     generator = TrackedMiniSwe(config.agent_config())
-    result = await AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train,
-                                     val_dataset=held_out).train_async()
-    episodes = len(held_out) * config.evaluation.samples_per_row
-    calls = generator.model_calls
-    summary = {
-        "wall_s": time.monotonic() - started,
-        **result.summary(),
-        "held_out_before": solve_rate(result.val_before, episodes),
-        "held_out_after": solve_rate(result.val_after, episodes),
-        "held_out_episodes": episodes,
-        "trained_episodes_per_s": result.samples_per_s,
-        "model_calls_per_episode": sum(calls) / len(calls) if calls else 0.0,
-        "exit_statuses": dict(generator.exit_statuses),
-        "episodes": generator.episodes,
-        "episodes_spanning_weight_versions": generator.episodes_spanning_versions,
-        "episodes_with_resumed_calls": generator.episodes_with_resumed_calls,
-    }
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return await harness_train.train_and_summarize(config, generator, train, held_out, started, PER_EPISODE,
+                                                   lambda: generator.model_calls)
 
 
 def report(summary: dict[str, Any]) -> str:
-    before, after = summary["held_out_before"], summary["held_out_after"]
-    rate = "{rate:.3f} ± {stderr:.3f}".format
-    return "\n".join([
-        f"[mini_swe] held-out solve rate {rate(**before)} → {rate(**after)} "
-        f"({summary['held_out_episodes']} episodes each, binomial standard errors)",
-        f"[mini_swe] {summary['steps']} steps, wall {summary['wall_s']:.0f} s (training {summary['train_wall_s']:.0f} s), "
-        f"{summary['trained_episodes_per_s']:.3f} trained episodes/s, {summary['model_calls_per_episode']:.2f} model "
-        f"calls per episode; rows {summary['rows']}; failures {summary['episode_failures']}",
-        f"[mini_swe] exits {summary['exit_statuses']}; of {summary['episodes']} episodes, "
-        f"{summary['episodes_spanning_weight_versions']} spanned weight versions (a push landed mid-episode), "
-        f"{summary['episodes_with_resumed_calls']} had a generation interrupted and resumed",
-    ])
+    return harness_train.report(summary, "mini_swe", PER_EPISODE, "model calls")
 
 
 @hydra.main(config_path="config", config_name="train", version_base=None)

@@ -15,18 +15,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.tasks.warmup import cached_warm_policy
-from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
 from fullasync_agents.swe_tasks.catalog import Bug
 from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
 
-log = logging.getLogger("fullasync")
+from examples.harness_warmup import train_on_demonstrations
+from fullasync.models import TinyModelSpec
+from fullasync.tasks.warmup import cached_warm_policy
 
 WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
 WORDS = ("alpha", "beta", "calc", "cart", "data", "grid", "item", "list", "money", "node", "order", "price", "queue",
@@ -95,62 +94,11 @@ def demonstration(bug: Bug, rng: random.Random, correct_share: float) -> list[di
     return messages
 
 
-def encode_demonstration(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """(ids, labels) with labels on assistant tokens only; turns glued as the client glues them (no re-tokenizing)."""
-    render = tokenizer.apply_chat_template
-    ids = tokenizer.encode(render(messages[:2], tokenize=False, add_generation_prompt=True), add_special_tokens=False)
-    labels = [-100] * len(ids)
-    for k in range(2, len(messages), 2):
-        answer = tokenizer.encode(messages[k]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
-        ids += answer
-        labels += answer
-        if k + 1 < len(messages):
-            with_turn = render(messages[: k + 1], tokenize=False)
-            extended = render(messages[: k + 2], tokenize=False, add_generation_prompt=True)
-            glue = tokenizer.encode("\n" + extended[len(with_turn):], add_special_tokens=False)
-            ids += glue
-            labels += [-100] * len(glue)
-    return ids, labels
-
-
 def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
     return cached_warm_policy("mini-swe-warm", spec, _train, cache_dir)
 
 
 def _train(spec: MiniSweWarmupSpec, base: Path, out_dir: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(spec.seed)
-    tokenizer = load_tokenizer(base)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    rng = random.Random(spec.seed)
-    examples = [encode_demonstration(tokenizer, demonstration(synthetic_bug(rng), rng, spec.correct_share))
-                for _ in range(spec.examples)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    for step in range(spec.steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
-        input_ids, attention, labels = _pad(batch)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 50 == 0 or step == spec.steps - 1:
-            log.info("mini-swe warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-
-
-def _pad(batch):
-    import torch
-
-    length = max(len(ids) for ids, _ in batch)
-    input_ids = torch.zeros(len(batch), length, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    labels = torch.full_like(input_ids, -100)
-    for row, (ids, targets) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor(targets)
-    return input_ids, attention, labels
+    train_on_demonstrations(spec, base, out_dir, lambda rng: demonstration(synthetic_bug(rng), rng, spec.correct_share),
+                            name="mini-swe", log_every=50)

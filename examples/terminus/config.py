@@ -7,11 +7,13 @@ Owns: the Hydra structured schema (`TerminusTrainConfig`) and the defaults sized
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from fullasync_agents.terminus import TerminusConfig
+
+from examples.harness_train import EvaluationSection, agent_kwargs
 from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig
 from fullasync.trainer.config import TrainerConfig
-from fullasync_agents.terminus import TerminusConfig
 
 BUILTIN_POLICY = "builtin:terminus"  # the tiny policy warmed up by examples/terminus/warmup.py (built, cached)
 CONTEXT = 4096
@@ -33,11 +35,6 @@ class AgentSection:
 
 
 @dataclass
-class EvaluationSection:
-    samples_per_row: int = 4  # held-out episodes per task before and after training
-
-
-@dataclass
 class TerminusTrainConfig(RunConfig):
     agent: AgentSection = field(default_factory=AgentSection)
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
@@ -51,5 +48,4 @@ class TerminusTrainConfig(RunConfig):
     output_dir: str = "outputs/terminus"
 
     def agent_config(self) -> TerminusConfig:
-        section = {key: value for key, value in asdict(self.agent).items() if key != "hint"}
-        return TerminusConfig(**section)
+        return TerminusConfig(**agent_kwargs(self.agent))

@@ -15,18 +15,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import random
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.models import TinyModelSpec, load_tokenizer
-from fullasync.tasks.warmup import cached_warm_policy
 from fullasync_agents.terminal_tasks import hint_for
 from fullasync_agents.terminus.interpreter import HARBOR_VERSION, harbor_python, harness_environment
 
-log = logging.getLogger("fullasync")
+from examples.harness_warmup import train_on_demonstrations
+from fullasync.models import TinyModelSpec
+from fullasync.tasks.warmup import cached_warm_policy
 
 WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
 WORDS = ("alpha", "beta", "notes", "data", "report", "items", "names", "log", "queue", "stock", "words", "lines",
@@ -122,54 +121,12 @@ def demonstration(texts: dict[str, str], rng: random.Random, spec: TerminusWarmu
             {"role": "assistant", "content": answer}]
 
 
-def encode_turns(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    """(ids, labels) with labels on assistant tokens only; turns glued as the client glues them (no re-tokenizing)."""
-    render = tokenizer.apply_chat_template
-    ids = tokenizer.encode(render(messages[:1], tokenize=False, add_generation_prompt=True), add_special_tokens=False)
-    labels = [-100] * len(ids)
-    for k in range(1, len(messages), 2):
-        answer = tokenizer.encode(messages[k]["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
-        ids += answer
-        labels += answer
-        if k + 1 < len(messages):
-            with_turn = render(messages[: k + 1], tokenize=False)
-            extended = render(messages[: k + 2], tokenize=False, add_generation_prompt=True)
-            glue = tokenizer.encode("\n" + extended[len(with_turn):], add_special_tokens=False)
-            ids += glue
-            labels += [-100] * len(glue)
-    return ids, labels
-
-
 def build_warm_policy(spec: TerminusWarmupSpec = TerminusWarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
     return cached_warm_policy("terminus-warm", spec, _train, cache_dir)
 
 
 def _train(spec: TerminusWarmupSpec, base: Path, out_dir: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(spec.seed)
-    tokenizer = load_tokenizer(base)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    rng = random.Random(spec.seed)
     texts = harbor_texts()
-    examples = [encode_turns(tokenizer, demonstration(texts, rng, spec)) for _ in range(spec.examples)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    for step in range(spec.steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
-        length = max(len(ids) for ids, _ in batch)
-        input_ids = torch.zeros(len(batch), length, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        labels = torch.full_like(input_ids, -100)
-        for row, (ids, targets) in enumerate(batch):
-            input_ids[row, : len(ids)], attention[row, : len(ids)] = torch.tensor(ids), 1
-            labels[row, : len(ids)] = torch.tensor(targets)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 25 == 0 or step == spec.steps - 1:
-            log.info("terminus warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    train_on_demonstrations(spec, base, out_dir, lambda rng: demonstration(texts, rng, spec), name="terminus",
+                            log_every=25)

@@ -26,6 +26,7 @@ class StitchedGeneration:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[int] = field(default_factory=list)
+    output_weight_versions: list[int] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: FinishReason = FinishReason.LENGTH
     stop_reason: int | str | None = None
@@ -51,6 +52,7 @@ async def _absorb(router: EngineRouter, episode_id: str, request_id: str, done: 
     done.output_ids += result.output_ids
     done.output_logprobs += result.output_logprobs
     done.output_versions += result.output_versions
+    done.output_weight_versions += result.output_weight_versions or result.output_versions
     done.top_logprobs += result.top_logprobs
     done.engine = result.engine
     if result.finish_reason is not FinishReason.ABORT:

@@ -174,16 +174,18 @@ class RolloutClient:
         )
 
     def _record(self, prompt_ids: list[int], generation: StitchedGeneration) -> None:
+        versions, weight_versions = tuple(generation.output_versions), tuple(generation.output_weight_versions)
         self.episode.calls.append(
             ModelCall(
                 prompt_ids=tuple(prompt_ids),
                 output_ids=tuple(generation.output_ids),
                 output_logprobs=tuple(generation.output_logprobs),
-                output_versions=tuple(generation.output_versions),
+                output_versions=versions,
                 finish_reason=generation.finish_reason,
                 num_resumes=generation.num_resumes,
                 resubmitted_tokens=generation.resubmitted_tokens,
                 engine=generation.engine,
+                output_weight_versions=weight_versions if weight_versions != versions else (),
             )
         )
 

@@ -90,9 +90,12 @@ class GenerateRequest:
 class GenerateResult:
     """What one engine returned for one request; `output_*` arrays are aligned with `output_ids`.
 
-    `output_versions[i]` is the engine's weight version when token i was produced. On
-    `finish_reason == ABORT` the arrays hold the tokens produced before the interruption.
-    `top_logprobs[i]` maps alternative token ids to log-probs (empty unless requested).
+    `output_versions[i]` is the oldest weight version that computed anything token i was sampled from:
+    the weights in force when it was sampled, or older when its context's KV cache was computed by older
+    weights (a request frozen across a push with PauseMode.KEEP). It is what staleness bounds and
+    proximal policies use. `output_weight_versions[i]` is the weights' version alone (empty: the same
+    as `output_versions`). On `finish_reason == ABORT` the arrays hold the tokens produced before the
+    interruption. `top_logprobs[i]` maps alternative token ids to log-probs (empty unless requested).
     """
 
     request_id: str
@@ -103,11 +106,14 @@ class GenerateResult:
     stop_reason: int | str | None = None
     top_logprobs: tuple[dict[int, float], ...] = ()
     engine: str = ""
+    output_weight_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
         if len(self.output_logprobs) != n or len(self.output_versions) != n:
             raise ValueError("GenerateResult arrays must be aligned with output_ids")
+        if self.output_weight_versions and len(self.output_weight_versions) != n:
+            raise ValueError("GenerateResult.output_weight_versions must have one entry per output token")
         if self.top_logprobs and len(self.top_logprobs) != n:
             raise ValueError("GenerateResult.top_logprobs must have one entry per output token")
 
@@ -119,6 +125,16 @@ class TokenDelta:
     output_ids: tuple[int, ...]
     output_logprobs: tuple[float, ...]
     top_logprobs: tuple[dict[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class InstallTiming:
+    """Seconds one engine spent in each step of `Engine.install`, and finer phases of the update."""
+
+    pause_s: float
+    update_s: float
+    resume_s: float
+    phases: dict[str, float] = field(default_factory=dict)  # engine-specific breakdown of update_s
 
 
 class Engine(Protocol):
@@ -143,6 +159,10 @@ class Engine(Protocol):
     async def wait_resumed(self, timeout_s: float) -> bool: ...
 
     async def update_weights(self, named_tensors: object, version: int) -> None: ...
+
+    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
+        """pause(mode) → update_weights → resume (resume even if the update fails), in one call."""
+        ...
 
     async def version(self) -> int: ...
 

@@ -10,10 +10,15 @@ accepted.
 Does not own: routing between engines (`router.py`), the pause→push→resume sequence (`weight_sync.py`),
 or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
 
-Per-token versions come from vLLM itself: the engine core labels every batch of outputs with the
-weight version in force when it was sampled (`update_weight_version`), and the final output of a
-request carries the spans. A request paused with mode "keep" therefore reports the old version for
-tokens sampled before the push and the new one after it.
+Per-token versions: the engine core labels every batch of outputs with the weight version in force
+when it was sampled (`update_weight_version`; the final output of a request carries the spans): the
+tokens' `output_weight_versions`. A request's KV cache is computed by the weights of the version it was
+submitted under (its prefix-cache salt, so no request reuses KV blocks of another version; a reset of
+the prefix cache cannot do that while requests frozen by a "keep" pause hold blocks): that is the
+oldest version in the context of every token it samples. `output_versions` is the older of the two.
+After a "keep" push, a frozen request goes on sampling with the new weights over the old weights' KV:
+its later tokens have weight version v+1 and `output_versions` v — what the staleness bound and the
+proximal policy must count, since neither policy v nor v+1 alone sampled them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -30,9 +36,17 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
+from fullasync.engines.protocol import (
+    GenerateRequest,
+    GenerateResult,
+    InstallTiming,
+    PauseMode,
+    TokenDelta,
+    wait_until_set,
+)
+from fullasync.engines.shm_weights import WeightSender, receive_closure
+from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.placement import check_ray_resources, require_cluster_offers
 from fullasync.types import FinishReason
 
@@ -59,9 +73,12 @@ class VLLMEngineConfig:
     probe_interval_s: float = 5.0  # how often the watchdog probes the engine
     stall_timeout_s: float = 120.0  # in-flight requests with no new token this long (not paused) = engine dead
     ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
+    weight_bucket_bytes: int = 64 * 2**20  # weights pass to the engine core in buckets of whole layers this big
 
     def __post_init__(self) -> None:
         check_ray_resources("VLLMEngineConfig.ray_resources", self.ray_resources)
+        if self.weight_bucket_bytes <= 0:
+            raise ValueError(f"VLLMEngineConfig.weight_bucket_bytes must be > 0, got {self.weight_bucket_bytes}")
 
 
 @dataclass(frozen=True)
@@ -112,15 +129,6 @@ def _versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> tuple[in
     return tuple(versions)
 
 
-def _reload_closure(named_tensors: list[tuple[str, Any]]) -> Any:
-    """A function vLLM runs on each worker: reload weights in place (works with repacked CPU layers)."""
-
-    def reload(worker: Any) -> None:
-        worker.reload_weights(weights_iterator=iter(named_tensors))
-
-    return reload
-
-
 class VLLMEngineActor:
     """Hosts one `AsyncLLM`; every method runs on the actor's event loop."""
 
@@ -135,6 +143,7 @@ class VLLMEngineActor:
         self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
         self._last_request_id: str | None = None
         self._tied_embeddings = False
+        self._weights = WeightSender(config.weight_bucket_bytes)  # the shared-memory hand-off to the engine core
 
     async def start(self, initial_version: int = 0) -> None:
         from transformers import AutoConfig
@@ -176,9 +185,11 @@ class VLLMEngineActor:
             self._progress_at = time.monotonic()
         self._progress[request.request_id] = 0
         self._last_request_id = request.request_id
+        kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
         try:
             stream = self._rejections_as_invalid(request, self._llm.generate(
-                {"prompt_token_ids": list(request.prompt_ids)}, _sampling_params(request), request.request_id
+                {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{kv_version}"},
+                _sampling_params(request), request.request_id,
             ))
             async for out in stream:
                 completion = out.outputs[0]
@@ -200,15 +211,18 @@ class VLLMEngineActor:
             del self._progress[request.request_id]
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
+        weight_versions = _versions_from_spans(spans, len(output_ids), self._version)
+        versions = tuple(min(version, kv_version) for version in weight_versions)
         yield GenerateResult(
             request_id=request.request_id,
             output_ids=tuple(output_ids),
             output_logprobs=tuple(logprobs),
-            output_versions=_versions_from_spans(spans, len(output_ids), self._version),
+            output_versions=versions,
             finish_reason=FinishReason(finish_reason),
             stop_reason=stop_reason,
             top_logprobs=tuple(top),
             engine=self.name,
+            output_weight_versions=weight_versions if weight_versions != versions else (),
         )
 
     async def _rejections_as_invalid(self, request: GenerateRequest, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -256,8 +270,28 @@ class VLLMEngineActor:
     async def is_paused(self) -> bool:
         return not self._resumed.is_set()
 
-    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> None:
-        """Reload weights in place and label what follows with `version`; the engine must be paused."""
+    async def install(self, named_tensors: Mapping[str, Any], version: int, mode: PauseMode) -> InstallTiming:
+        """pause → update_weights → resume in one call (resume in `finally`): one round trip per push."""
+        clock = time.perf_counter
+        start = clock()
+        await self.pause(mode)
+        paused = clock()
+        try:
+            phases = await self.update_weights(named_tensors, version)
+            updated = clock()
+        finally:
+            resume_start = clock()
+            await self.resume()
+        return InstallTiming(paused - start, updated - paused, clock() - resume_start, phases)
+
+    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> dict[str, float]:
+        """Reload weights in place and label what follows with `version`; the engine must be paused.
+
+        The tensors reach the engine-core process through shared memory in buckets (`shm_weights.py`):
+        one `collective_rpc` whose worker reads bucket i while this actor fills bucket i + 1.
+        Returns seconds per phase: copy_s (filling buckets), load_s (until vLLM reloaded the last),
+        reset_s (prefix cache and version label), and the hand-off file's size (shm_bytes).
+        """
         if self._resumed.is_set():
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
         tensors = dict(named_tensors)
@@ -265,10 +299,25 @@ class VLLMEngineActor:
             # vLLM's CPU output layer keeps its own packed copy of tied embeddings; it is
             # refreshed only when lm_head.weight is among the loaded weights.
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-        await self._llm.collective_rpc(_reload_closure(list(tensors.items())))
+        started = time.perf_counter()
+        timeout = self.config.call_timeout_s
+        layout, buckets = self._weights.prepare(tensors, timeout)
+        received = threading.Event()
+        reload = asyncio.ensure_future(self._llm.collective_rpc(receive_closure(layout)))
+        reload.add_done_callback(lambda _: received.set())
+        try:
+            copy_s = await asyncio.to_thread(self._weights.send, buckets, received, timeout)
+        except BaseException:
+            self._weights.abandon()
+            await asyncio.gather(reload, return_exceptions=True)
+            raise
+        await reload
+        loaded = time.perf_counter()
         await self._llm.reset_prefix_cache()
         self._version = version
         await self._llm.update_weight_version(str(version))
+        return {"copy_s": copy_s, "load_s": loaded - started, "reset_s": time.perf_counter() - loaded,
+                "buckets": float(len(buckets)), "shm_bytes": float(self._weights.file_bytes)}
 
     async def version(self) -> int:
         return self._version
@@ -284,6 +333,7 @@ class VLLMEngineActor:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        self._weights.close()
 
 
 class RayEngine:
@@ -299,6 +349,7 @@ class RayEngine:
         self.config = config
         self.death: EngineDiedError | None = None
         self.restarts = 0
+        self.calls: dict[str, int] = {}  # control calls made to the actor so far, by method (round trips)
         self._waiting: set[asyncio.Future] = set()  # calls to fail at once if the engine dies
         self._watchdog: asyncio.Task | None = None
 
@@ -312,9 +363,7 @@ class RayEngine:
         self.actor = _spawn_actor(self.config, self.name, f"{self.name}-r{self.restarts}")
         await self._call("start", version, timeout_s=self.config.start_timeout_s, even_if_dead=True)
         if weights is not None:
-            await self._call("pause", PauseMode.ABORT, even_if_dead=True)
-            await self._call("update_weights", weights, version, even_if_dead=True)
-            await self._call("resume", even_if_dead=True)
+            await self._call("install", weights, version, PauseMode.ABORT, even_if_dead=True)
         self.death = None
         self.watch()
         log.warning("engine %s restarted (restart %d) serving version %d", self.name, self.restarts, version)
@@ -390,6 +439,7 @@ class RayEngine:
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None, even_if_dead: bool = False) -> Any:
         timeout = self.config.call_timeout_s if timeout_s is None else timeout_s
+        self.calls[method] = self.calls.get(method, 0) + 1
         return await self._watched(getattr(self.actor, method).remote(*args), method, timeout, even_if_dead)
 
     # -- the Engine protocol -----------------------------------------------------------------
@@ -422,6 +472,9 @@ class RayEngine:
 
     async def update_weights(self, named_tensors: object, version: int) -> None:
         await self._call("update_weights", named_tensors, version)
+
+    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
+        return await self._call("install", named_tensors, version, PauseMode(mode))
 
     async def version(self) -> int:
         return await self._call("version")

@@ -3,8 +3,8 @@
 Owns: the built-in templates (`BUILTIN_CHAT_TEMPLATES`, Jinja files next to this module), reading a
 `model.chat_template` value (a built-in name or a file path), `with_chat_template(model_dir, value)`
 — a cached copy of the directory whose tokenizer carries that template — and
-`check_chat_setup(tokenizer, tool_parser)`, which fails at start-up on a template that cannot
-render a tool conversation or whose tool calls the chosen parser cannot read back.
+`check_chat_setup(tokenizer, tool_parser)`, which fails at start-up on a template that cannot render
+a conversation, or that shows tools but writes tool calls the chosen parser cannot read back.
 Does not own: rendering at request time (`fullasync.client.chat_tokens`), tool-call parsing
 (`fullasync.client.tool_parsers`).
 

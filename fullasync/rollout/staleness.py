@@ -64,18 +64,26 @@ class StalenessManager:
 
     def capacity(self) -> int:
         with self._lock:
-            return admission_capacity(self.max_staleness, self._version(), self.batch_size,
-                                      self.counts.started, self.counts.running, self.max_running)
+            return self._capacity()
 
     def try_start(self) -> bool:
         """Admit one row if the bound allows it."""
         with self._lock:
-            if admission_capacity(self.max_staleness, self._version(), self.batch_size,
-                                  self.counts.started, self.counts.running, self.max_running) < 1:
+            if self._capacity() < 1:
                 return False
-            self.counts.started += 1
-            self.counts.running += 1
+            self._admit()
             return True
+
+    def _capacity(self) -> int:
+        """Rows that may start now (the caller holds the lock). Other frameworks' admission rules, for
+        comparison in the simulator, override this and `_admit` (`fullasync.sim.peers`)."""
+        return admission_capacity(self.max_staleness, self._version(), self.batch_size,
+                                  self.counts.started, self.counts.running, self.max_running)
+
+    def _admit(self) -> None:
+        """Count one admitted row (the caller holds the lock)."""
+        self.counts.started += 1
+        self.counts.running += 1
 
     def episode_done(self, share: Fraction) -> None:
         """One episode of a running row ended: the row now counts `share` less toward concurrency."""

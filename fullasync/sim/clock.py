@@ -2,7 +2,7 @@
 
 Owns: `VirtualClockLoop`, an event loop whose `time()` jumps straight to the next timer when
 nothing is ready, so an hour of simulated sleeping takes as long as the Python work between the
-sleeps.
+sleeps; on request (`record_work`) it records each iteration's simulated time and CPU cost.
 Does not own: what is simulated (see `engine.py`, `trainer.py`).
 
 Why not Ray for the queue in a simulation: a virtual clock may only advance when every pending
@@ -19,6 +19,8 @@ import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from fullasync.sim.loop_lag import LoopWork
+
 T = TypeVar("T")
 
 
@@ -30,6 +32,12 @@ class _VirtualSelector:
         self._loop = loop
 
     def select(self, timeout: float | None = None) -> list:
+        events = self._select(timeout)
+        if self._loop.work is not None:
+            self._loop.work.tick(self._loop.time())  # the iteration's callbacks run next, at this simulated time
+        return events
+
+    def _select(self, timeout: float | None) -> list:
         events = self._selector.select(0)
         if events or timeout == 0:
             return events
@@ -48,6 +56,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__()
         self._now = 0.0
+        self.work: LoopWork | None = None  # each iteration's simulated time and CPU cost, once `record_work()`
         self._selector = _VirtualSelector(self._selector, self)  # type: ignore[has-type]
 
     def time(self) -> float:
@@ -55,6 +64,11 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._now += max(seconds, 0.0)
+
+    def record_work(self) -> LoopWork:
+        """Start recording every iteration (for `loop_lag.replayed_lag`)."""
+        self.work = LoopWork()
+        return self.work
 
 
 def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -3,7 +3,7 @@
 Owns: the timing of generation on one device and the protocol semantics the control code relies
 on — pause with ABORT returns every in-flight request at once with finish reason `abort`, the
 tokens so far and their versions; KEEP freezes them (tokens after the push carry the new
-version); WAIT lets running and queued requests finish and admits nothing new; `update_weights`
+weights' version and, as their oldest version, the one their KV was computed with); WAIT lets running and queued requests finish and admits nothing new; `update_weights`
 needs a paused engine and takes `push_s`. Does not own: routing, resubmission after an abort (the
 real `RolloutClient` does that), or what the tokens mean (their ids are a constant).
 
@@ -26,10 +26,11 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, wait_until_set
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, InstallTiming, PauseMode, wait_until_set
 from fullasync.types import FinishReason
 
 TOKEN_ID = 7  # every simulated output token has this id
@@ -107,6 +108,7 @@ class SimulatedEngine:
         self._drained.set()
         self._wake = asyncio.Event()
         self._last = asyncio.get_running_loop().time()
+        self.cpu_s = 0.0  # real CPU seconds of this engine's event handling: the simulator's cost, not the driver's
         self._task = asyncio.create_task(self._serve(), name=f"sim-engine-{name}")
 
     # -- Engine protocol ---------------------------------------------------------------------
@@ -133,6 +135,7 @@ class SimulatedEngine:
 
     async def pause(self, mode: PauseMode) -> None:
         mode = PauseMode(mode)
+        started = time.thread_time()
         self._advance()
         self._pause = mode
         self._resumed.clear()
@@ -141,6 +144,7 @@ class SimulatedEngine:
             for request_id in [s.request.request_id for s in self._waiting] + list(self._running):
                 self._finish_aborted(request_id)
         self._wake.set()
+        self.cpu_s += time.thread_time() - started
         if mode is PauseMode.WAIT:
             await self._drained.wait()
 
@@ -162,6 +166,19 @@ class SimulatedEngine:
             sequence.spans.append((version, sequence.produced(self._steps)))
         self._version = version
 
+    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
+        clock = asyncio.get_running_loop().time
+        start = clock()
+        await self.pause(mode)
+        paused = clock()
+        try:
+            await self.update_weights(named_tensors, version)
+            updated = clock()
+        finally:
+            resume_start = clock()
+            await self.resume()
+        return InstallTiming(paused - start, updated - paused, clock() - resume_start)
+
     async def version(self) -> int:
         return self._version
 
@@ -181,6 +198,7 @@ class SimulatedEngine:
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            started = time.thread_time()
             self._advance()
             self._complete_finished()
             self._admit()
@@ -188,6 +206,7 @@ class SimulatedEngine:
                 self._drained.set()
             delay = self._next_event_in()
             self._wake.clear()
+            self.cpu_s += time.thread_time() - started
             try:
                 async with asyncio.timeout_at(None if delay is None else loop.time() + delay):
                     await self._wake.wait()
@@ -272,10 +291,15 @@ class SimulatedEngine:
         self._wake.set()
 
     def _result(self, sequence: _Sequence, produced: int, finish: FinishReason) -> GenerateResult:
+        """Weight versions by span; every token's oldest version is the first span's (the KV's), as in vLLM."""
+        weight_versions: list[int] = []
         versions: list[int] = []
+        kv_version = sequence.spans[0][0] if sequence.spans else 0
         bounds = sequence.spans + [(None, produced)]
-        for (version, start), (_, end) in zip(bounds, bounds[1:]):
-            versions += [version] * (min(end, produced) - min(start, produced))
+        for (version, start), (_, end) in zip(bounds, bounds[1:]):  # by span, not by token: no Python per token
+            count = min(end, produced) - min(start, produced)
+            weight_versions += [version] * count
+            versions += [min(version, kv_version)] * count
         return GenerateResult(
             request_id=sequence.request.request_id,
             output_ids=(TOKEN_ID,) * produced,
@@ -283,4 +307,5 @@ class SimulatedEngine:
             output_versions=tuple(versions),
             finish_reason=finish,
             engine=self.name,
+            output_weight_versions=tuple(weight_versions) if weight_versions != versions else (),
         )

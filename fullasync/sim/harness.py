@@ -4,8 +4,11 @@ Owns: running simulated engines and a simulated trainer through the real control
 `fullasync.run.assemble` exactly as `AsyncAgentTrainer` wires a run (`Rollouter`, `StalenessManager`,
 `MessageQueue`, `WeightSync`, `RolloutService` / `RolloutClient`, `TrainingLoop`) — with the queue
 in process because the clock is virtual — and turning their counters into a `SimResult` over the
-steady-state window.
-Does not own: the cost model (`engine.py`, `trainer.py`) or the bound (`workload.py`).
+steady-state window: throughput, staleness, where device time went, the driver's CPU (less the
+simulated engines' own) and, on request, the event loop's replayed lag. The simulated agent takes
+`workload.turns` calls per episode (tool latency between them). With `SimSpec.peer`, another
+framework's admission, queue and push rules replace ours (`peers.py`).
+Does not own: the cost model (`engine.py`, `trainer.py`), the bound (`workload.py`) or the peers' rules.
 
 Devices: `sync` generates on all N devices, then trains on all N (colocated, alternating);
 `one_step_off` and `fully_async` generate on G devices and train on N − G, concurrently.
@@ -14,6 +17,7 @@ Devices: `sync` generates on all N devices, then trains on all N (colocated, alt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import random
@@ -23,10 +27,14 @@ from typing import Any
 
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
+from fullasync.engines.protocol import PauseMode
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run import RunSettings, assemble
+from fullasync.sim import peers
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine
+from fullasync.sim.loop_lag import LoopWork, replayed_lag
+from fullasync.sim.peers import PeerPolicy
 from fullasync.sim.trainer import SimulatedTrainer
 from fullasync.sim.workload import Workload, split_bound
 
@@ -61,6 +69,9 @@ class SimSpec:
     running_rows_per_capacity: float = 1.5  # max_running_rows = this × engine slots / n
     admission: str = "episodes"  # how running rows count toward max_running_rows (StalenessManager)
     hand_over: str = "oldest"  # the queue's hand-over order (MessageQueue)
+    pause_mode: str = ""  # abort | keep | wait: how a push meets generations ("" = the mode's own)
+    peer: PeerPolicy | None = None  # another framework's admission/queue/push rules instead of ours (sim.peers)
+    lag_sample_s: float = 0.0  # > 0: record the loop's work; sample its replayed lag every this many simulated s
 
     def run_config(self) -> RunConfig:
         # RunConfig.validate() would also resolve the (real) trainer's registry names against verl;
@@ -74,9 +85,12 @@ class SimSpec:
 
     @property
     def label(self) -> str:
+        if self.peer is not None:
+            return self.peer.label
         if self.mode != Mode.FULLY_ASYNC.value:
             return self.mode
-        return f"fully_async{'+partial' if self.partial_rollout else ''} k={self.run_config().staleness}"
+        pause = f" {self.pause_mode}" if self.pause_mode else ""
+        return f"fully_async{'+partial' if self.partial_rollout else ''}{pause} k={self.run_config().staleness}"
 
 
 @dataclass
@@ -103,6 +117,11 @@ class SimResult:
     resumed_calls: int
     cpu_s: float  # real CPU seconds the run took (control code + simulation)
     bound_samples_per_s: float = 0.0  # X(G) of this split
+    episodes: int = 0  # episodes finished inside the window
+    driver_cpu_s: float = 0.0  # real CPU seconds inside the window, less the simulated engines' own
+    engine_cpu_s: float = 0.0  # real CPU seconds of the simulated engines' event handling inside the window
+    loop_lag_s: tuple[float, ...] = ()  # replayed loop lag inside the window, every spec.lag_sample_s (loop_lag.py)
+    loop_iterations: int = 0  # event-loop iterations inside the window (when recorded)
 
     @property
     def samples_per_s(self) -> float:
@@ -122,6 +141,51 @@ class SimResult:
     def trainer_idle_fraction(self) -> float:
         """Share of the trainer's window not spent training (waiting for a batch, or blocked in a push)."""
         return max(0.0, 1.0 - self.train_s / self.window_s)
+
+
+@dataclass
+class _Counters:
+    """What the simulated harness did (counted by the harness, not by the control code under test)."""
+
+    episodes_started: int = 0
+    episodes_finished: int = 0
+    fresh_prefill_tokens: int = 0  # prompt tokens of every call, once (a resubmission's prefill is re-prefill)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The counters at the end of one step; a window is the difference of two marks."""
+
+    time_s: float
+    engine: EngineTime
+    train_s: float
+    counters: _Counters
+    dropped: frozenset[str]
+    process_cpu_s: float
+    engine_cpu_s: float
+    loop_iterations: int
+
+
+def _rollout_fn(workload: Workload, counters: _Counters) -> Any:
+    """The simulated agent: `workload.turns` calls, each extending the last call's context by its output
+    and `observation_tokens` of tool output after `workload.tool_latency`; a deterministic 0/1 reward."""
+    first_prompt = [1] * workload.prompt_tokens
+
+    async def rollout_fn(client: RolloutClient, row: dict[str, Any]) -> float:
+        episode = client.episode.id
+        counters.episodes_started += 1
+        prompt = first_prompt
+        for turn in range(workload.turns(episode)):
+            if turn:
+                await asyncio.sleep(workload.tool_latency(episode, turn))
+                prompt = [*client.episode.calls[-1].all_ids, *[1] * workload.observation_tokens]
+            counters.fresh_prefill_tokens += len(prompt)
+            await client.completions.create(model="policy", prompt=prompt, max_tokens=workload.turn_length(episode, turn),
+                                            extra_body={"ignore_eos": True})
+        counters.episodes_finished += 1
+        return float(random.Random(episode).random() < row["difficulty"])
+
+    return rollout_fn
 
 
 class _RecordingSink:
@@ -166,60 +230,74 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
     slots = gen_devices * workload.decode.max_num_seqs
     max_running = math.ceil(spec.running_rows_per_capacity * slots / n)
     service = RolloutService(engines, SimTokenizer(), ClientConfig(
-        model_name="policy", max_model_len=workload.prompt_tokens + workload.cap + 1, resume_timeout_s=1e6))
-    prompt = [1] * workload.prompt_tokens
-    fresh_calls = [0]
-
-    async def rollout_fn(client: RolloutClient, row: dict[str, Any]) -> float:
-        fresh_calls[0] += 1
-        await client.completions.create(model="policy", prompt=prompt, max_tokens=workload.length(client.episode.id),
-                                        extra_body={"ignore_eos": True})
-        return float(random.Random(client.episode.id).random() < row["difficulty"])
-
+        model_name="policy", max_model_len=workload.max_context + 1, resume_timeout_s=1e6))
+    counters = _Counters()
     rows = ((f"row-{i}", {"difficulty": random.Random(i).random()}) for i in itertools.count())
-    marks: dict[int, tuple[float, EngineTime, float, int, set[str]]] = {}
+    work = loop.record_work() if spec.lag_sample_s > 0 else None
+    marks: dict[int, _Mark] = {}
 
     def on_step(step: int) -> None:
         outcomes = run.rollouter.outcomes
-        dropped = {r for r, outcome in outcomes.items() if outcome is RowOutcome.TOO_STALE}
-        marks[step] = (loop.time(), _snapshot(engines), trainer.time.train_s, fresh_calls[0], dropped)
+        marks[step] = _Mark(loop.time(), _snapshot(engines), trainer.time.train_s, dataclasses.replace(counters),
+                            frozenset(r for r, outcome in outcomes.items() if outcome is RowOutcome.TOO_STALE),
+                            time.process_time(), sum(e.cpu_s for e in engines), work.mark() if work else 0)
 
     sink = _RecordingSink(on_step)
+    peer = spec.peer
+    per_sync = peer.steps_per_sync if peer is not None else 1
     settings = RunSettings(
-        max_staleness=k, batch_size=batch, total_steps=spec.steps, push_mode=config.push_mode,
+        max_staleness=k, batch_size=batch // per_sync, total_steps=spec.steps * per_sync,
+        push_mode=peer.push_mode if peer is not None else
+        PauseMode(spec.pause_mode) if spec.pause_mode else config.push_mode,
         rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9),
         admission=spec.admission, hand_over=spec.hand_over, queue_in_process=True)
-    run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=rollout_fn,
+    run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=_rollout_fn(workload, counters),
                          settings=settings, sink=sink)
+    if peer is not None:
+        peers.install(run, peer, settings.batch_size)
     cpu_start = time.process_time()
     started = loop.time()
     try:
         result = await run.execute(rows)
     finally:
         await asyncio.gather(*(e.shutdown() for e in engines))
-    cpu_s = time.process_time() - cpu_start
-    window = sink.history[spec.warmup_steps:]
-    (t0, engine0, train0, fresh0, dropped0), (t1, engine1, train1, fresh1, dropped1) = (
-        marks[spec.warmup_steps], marks[spec.steps])
-    dropped = dropped1 - dropped0  # rows dropped as too stale inside the window
-    engine_window = _minus(engine1, engine0)
+    history = sink.history[spec.warmup_steps * per_sync:]
+    return _window_result(workload, spec, marks[spec.warmup_steps * per_sync], marks[spec.steps * per_sync], history,
+                          work, gen_devices=gen_devices, train_devices=train_devices, wall_s=loop.time() - started,
+                          cpu_s=time.process_time() - cpu_start, loop_result=result)
+
+
+def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark, window: list[dict[str, float]],
+                   work: LoopWork | None, *, gen_devices: int, train_devices: int, wall_s: float, cpu_s: float,
+                   loop_result: Any) -> SimResult:
+    """The run's measurements between two step marks."""
+    dropped = last.dropped - first.dropped  # rows dropped as too stale inside the window
+    sync = Mode(spec.run_config().mode) is Mode.SYNC
+    engine_cpu_s = last.engine_cpu_s - first.engine_cpu_s
     return SimResult(
-        spec=spec, gen_devices=gen_devices, train_devices=train_devices, window_s=t1 - t0,
+        spec=spec, gen_devices=gen_devices, train_devices=train_devices, window_s=last.time_s - first.time_s,
         samples=int(sum(m["rollout/samples"] for m in window)),
         tokens=int(sum(m["train/tokens"] for m in window)),
-        wall_s=loop.time() - started, total_samples=result.trained_samples,
+        wall_s=wall_s, total_samples=loop_result.trained_samples,
         mean_staleness=sum(m["staleness/mean"] for m in window) / len(window),
-        max_staleness=result.max_token_staleness,
+        max_staleness=loop_result.max_token_staleness,
         dropped_rows=len(dropped),
-        wasted_tokens=sum(workload.length(f"{row_id}/{i}") for row_id in dropped for i in range(n)),
-        engine=engine_window,
-        fresh_prefill_tokens=(fresh1 - fresh0) * workload.prompt_tokens,
-        train_s=train1 - train0,
+        wasted_tokens=sum(workload.output_tokens(f"{row_id}/{i}") for row_id in dropped
+                          for i in range(workload.group_size)),
+        engine=_minus(last.engine, first.engine),
+        fresh_prefill_tokens=last.counters.fresh_prefill_tokens - first.counters.fresh_prefill_tokens,
+        train_s=last.train_s - first.train_s,
         push_pause_s=sum(m["weight_sync/pause_s"] for m in window),
         push_update_s=sum(m["weight_sync/update_s"] for m in window),
         resumed_calls=int(sum(m["rollout/resumed_calls"] for m in window)),
         cpu_s=cpu_s,
         bound_samples_per_s=split_bound(workload, gen_devices) if not sync else 0.0,
+        episodes=last.counters.episodes_finished - first.counters.episodes_finished,
+        driver_cpu_s=last.process_cpu_s - first.process_cpu_s - engine_cpu_s,
+        engine_cpu_s=engine_cpu_s,
+        loop_lag_s=tuple(replayed_lag(work, first.loop_iterations, last.loop_iterations, spec.lag_sample_s)
+                         if work is not None else ()),
+        loop_iterations=last.loop_iterations - first.loop_iterations,
     )
 
 

@@ -6,8 +6,9 @@ object; the push time is modelled by the engines (`DecodeCost.push_s`).
 
     train_step time = step_overhead_s + per_token_device_s · trained tokens / num_devices
 
-where trained tokens are prompt + output tokens of every sequence (forward and backward see the
-whole sequence).
+where trained tokens are the tokens of every training sequence (forward and backward see the
+whole sequence): prompt + output of a call, and for a multi-turn episode whose calls extend each
+other (`Trajectory.to_sequences`), the final context once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.types import TrajectoryGroup
+from fullasync.types import Trajectory, TrajectoryGroup
+
+
+def sequence_tokens(trajectory: Trajectory) -> int:
+    """Tokens of `trajectory.to_sequences()`, counted without building them."""
+    total, context = 0, ()
+    for call in trajectory.calls:
+        if not (len(call.prompt_ids) >= len(context) and call.prompt_ids[: len(context)] == context):
+            context = ()  # a new sequence
+        total += len(call.prompt_ids) - len(context) + len(call.output_ids)
+        context = call.all_ids
+    return total
 
 
 @dataclass(frozen=True)
@@ -64,11 +76,10 @@ class SimulatedTrainer:
         return None
 
     def build_batch(self, groups: Sequence[TrajectoryGroup]) -> SimulatedBatch:
-        calls = [c for g in groups for t in g.trajectories for c in t.calls]
         return SimulatedBatch(
             groups=tuple(groups),
             samples=sum(len(g.trajectories) for g in groups),
-            tokens=sum(len(c.prompt_ids) + len(c.output_ids) for c in calls),
+            tokens=sum(sequence_tokens(t) for g in groups for t in g.trajectories),
         )
 
     async def train_step(self, batch: SimulatedBatch, trainer_version: int | None = None) -> dict[str, float]:

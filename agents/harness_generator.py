@@ -1,0 +1,75 @@
+"""`HarnessGenerator`: what every out-of-process harness adapter's `CustomGenerator` shares.
+
+Owns: the adapter's working directory and its `ZygoteLauncher` (`start_harness` in `setup`, both gone
+in `teardown`), the checks before an episode (set up, and a gateway base URL to point the harness at),
+running one episode's spec under the hard time limit, and `exit_statuses` — how episodes ended, where
+a launcher failure (crash, hard kill) counts under its exception's name. Does not own: the spec, what
+the harness runs, or the reward (each adapter: `fullasync_agents.mini_swe`, `fullasync_agents.terminus`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fullasync_agents.launcher import ZygoteLauncher
+
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+
+
+class HarnessError(RuntimeError):
+    """The harness failed for a reason that is not the policy's; each adapter raises its own subclass."""
+
+
+class HarnessGenerator(CustomGenerator):
+    """Subclasses call `start_harness` in `setup`, `launcher_for(episode)` then `run_harness` in `generate`."""
+
+    uses_gateway = True
+    harness_error: type[HarnessError] = HarnessError  # the adapter's own HarnessError
+
+    def __init__(self) -> None:
+        self.exit_statuses: Counter[str] = Counter()  # how episodes ended (scored ones and failures)
+        self._workdir: Path | None = None
+        self._launcher: ZygoteLauncher | None = None
+
+    def new_workdir(self, prefix: str) -> Path:
+        """A fresh temporary directory for the zygote and the episodes' files (removed in `teardown`)."""
+        self._workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        return self._workdir
+
+    async def start_harness(self, argv: Sequence[str], env: Mapping[str, str], harness: str,
+                            missing_hint: str = "") -> None:
+        """Start the zygote in `new_workdir`'s directory (the harness imported once)."""
+        if self._workdir is None:
+            raise RuntimeError("call new_workdir() before start_harness()")
+        self._launcher = ZygoteLauncher(self._workdir, argv, env, harness=harness, missing_hint=missing_hint)
+        await self._launcher.start()
+
+    async def teardown(self) -> None:
+        if self._launcher is not None:
+            await self._launcher.stop()
+            self._launcher = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def launcher_for(self, episode: EpisodeContext, adapter: str) -> ZygoteLauncher:
+        """The running launcher; the adapter's HarnessError if `setup()` has not run or there is no gateway URL."""
+        if self._launcher is None:
+            raise self.harness_error(f"{adapter}.setup() has not run: train through AsyncAgentTrainer / the "
+                                     "rollouter, or await generator.setup() first")
+        if episode.base_url is None:
+            raise self.harness_error("the episode has no gateway base URL: keep uses_gateway = True")
+        return self._launcher
+
+    async def run_harness(self, spec: dict[str, Any], timeout_s: float, files: Path | None = None) -> dict[str, Any]:
+        """One episode's result; a launcher failure is counted in `exit_statuses` and raised."""
+        try:
+            return await self._launcher.run(spec, timeout_s, files)
+        except Exception as error:
+            self.exit_statuses[type(error).__name__] += 1
+            raise

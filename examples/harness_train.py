@@ -1,0 +1,102 @@
+"""What the harness examples (`examples/mini_swe`, `examples/terminus`) share around training.
+
+Owns: the `evaluation` config section, the adapter's kwargs from an `agent` section, the generator mixin
+that counts the weight versions each episode's tokens came from, the run itself with its summary
+(`<output_dir>/summary.json`: held-out solve rate before and after with binomial standard errors, wall
+time, episodes/s, a per-episode count, exits, episodes a weight push landed in) and the closing lines.
+Does not own: the task sets, the adapters' configs or the warm-up policies (each example's own modules).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class EvaluationSection:
+    samples_per_row: int = 4  # held-out episodes per task before and after training
+
+
+def agent_kwargs(section: Any) -> dict[str, Any]:
+    """The adapter config's kwargs from an example's `agent` section (`hint` belongs to the task set)."""
+    return {key: value for key, value in asdict(section).items() if key != "hint"}
+
+
+class TracksWeightVersions:
+    """Mixed in before an adapter: counts the weight versions each episode's tokens came from (pushes that
+    landed mid-episode) and the episodes with a generation interrupted and resumed."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.episodes_spanning_versions = 0
+        self.episodes_with_resumed_calls = 0
+        self.episodes = 0
+
+    async def generate(self, episode, row):
+        try:
+            return await super().generate(episode, row)
+        finally:
+            calls = episode.client.episode.calls
+            self.episodes += 1
+            self.episodes_spanning_versions += len({v for call in calls for v in call.output_versions}) > 1
+            self.episodes_with_resumed_calls += any(call.num_resumes for call in calls)
+
+
+def solve_rate(mean: float | None, episodes: int) -> dict[str, float | None]:
+    """The held-out solve rate with its binomial standard error over `episodes`."""
+    if mean is None:
+        return {"rate": None, "stderr": None}
+    return {"rate": mean, "stderr": math.sqrt(max(mean * (1 - mean), 0.0) / episodes)}
+
+
+async def train_and_summarize(config, generator: TracksWeightVersions, train: list[dict[str, Any]],
+                              held_out: list[dict[str, Any]], started: float, per_episode_key: str,
+                              per_episode: Callable[[], list[int]]) -> dict[str, Any]:
+    """Train `generator` on `train` (held-out evaluation before and after), write and return the summary;
+    `per_episode()` is the generator's count for each finished episode, averaged under `per_episode_key`."""
+    from fullasync.api import AsyncAgentTrainer
+
+    config.val_samples_per_row = config.evaluation.samples_per_row
+    result = await AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train,
+                                     val_dataset=held_out).train_async()
+    episodes = len(held_out) * config.evaluation.samples_per_row
+    counts = per_episode()
+    summary = {
+        "wall_s": time.monotonic() - started,
+        **result.summary(),
+        "held_out_before": solve_rate(result.val_before, episodes),
+        "held_out_after": solve_rate(result.val_after, episodes),
+        "held_out_episodes": episodes,
+        "trained_episodes_per_s": result.samples_per_s,
+        per_episode_key: sum(counts) / len(counts) if counts else 0.0,
+        "exit_statuses": dict(generator.exit_statuses),
+        "episodes": generator.episodes,
+        "episodes_spanning_weight_versions": generator.episodes_spanning_versions,
+        "episodes_with_resumed_calls": generator.episodes_with_resumed_calls,
+    }
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def report(summary: dict[str, Any], tag: str, per_episode_key: str, per_episode_words: str) -> str:
+    """The closing lines, each starting `[tag]`; `per_episode_words` names the count (e.g. "model calls")."""
+    before, after = summary["held_out_before"], summary["held_out_after"]
+    rate = "{rate:.3f} ± {stderr:.3f}".format
+    return "\n".join([
+        f"[{tag}] held-out solve rate {rate(**before)} → {rate(**after)} "
+        f"({summary['held_out_episodes']} episodes each, binomial standard errors)",
+        f"[{tag}] {summary['steps']} steps, wall {summary['wall_s']:.0f} s (training {summary['train_wall_s']:.0f} s), "
+        f"{summary['trained_episodes_per_s']:.3f} trained episodes/s, {summary[per_episode_key]:.2f} "
+        f"{per_episode_words} per episode; rows {summary['rows']}; failures {summary['episode_failures']}",
+        f"[{tag}] exits {summary['exit_statuses']}; of {summary['episodes']} episodes, "
+        f"{summary['episodes_spanning_weight_versions']} spanned weight versions (a push landed mid-episode), "
+        f"{summary['episodes_with_resumed_calls']} had a generation interrupted and resumed",
+    ])

@@ -1,0 +1,270 @@
+"""Hands weights from the engine actor to vLLM's engine-core process through shared memory, in buckets.
+
+Owns: the layout (tensors grouped by layer, layers packed into buckets), the one /dev/shm file of two
+slots the buckets pass through, the hand-off protocol, and the worker-side iterator fed to vLLM's
+`reload_weights`. Does not own: when a push happens (`weight_sync.py`) or the engine (`vllm_engine.py`).
+
+Why: `collective_rpc` pickles its arguments through ZMQ to the engine-core process; for a 135M model
+that is hundreds of MB pickled, sent and unpickled per push. Here the RPC carries only the layout
+(names, dtypes, shapes, offsets) and the bytes go through memory both processes map.
+
+Protocol (one push = one `collective_rpc` running `reload_weights` over `WeightReceiver`):
+the control block holds, per slot, the last bucket filled (`filled[s]`, written by the sender) and the
+last bucket released (`released[s]`, written by the receiver), both counted from 1, plus the push id.
+The sender copies bucket i into slot i % 2 once bucket i − 2 is released, then publishes i + 1 in
+`filled[i % 2]`; the receiver waits for that, yields views of the slot's tensors, and when asked for
+the tensor after the bucket's last one publishes i + 1 in `released[i % 2]`. A bucket holds whole
+layers, and vLLM processes (repacks) a layer as soon as its last tensor is loaded, so nothing it
+keeps refers to a slot once that slot is released. Copies per push: one by the sender into a slot,
+then vLLM's own into its parameters. Peak extra memory: the file, 2 × `slot_bytes` (kept between
+pushes so its pages are not faulted in again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+CONTROL_BYTES = 4096  # filled[2], released[2], push id, failed flag (int64 each), page aligned
+ALIGN = 64
+_FILLED, _RELEASED, _PUSH, _FAILED = 0, 2, 4, 5
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+_TIED = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in its bucket's slot."""
+
+    name: str
+    dtype: str  # torch dtype name without the "torch." prefix
+    shape: tuple[int, ...]
+    offset: int  # bytes from the start of the slot
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """What the receiver needs to read one push: file, slot size, and each bucket's tensors in order."""
+
+    path: str
+    slot_bytes: int
+    push_id: int
+    buckets: tuple[tuple[TensorEntry, ...], ...]
+    timeout_s: float = 120.0  # the receiver gives up waiting for a bucket after this long
+
+
+def _group_key(name: str) -> str:
+    """Tensors of one layer share a key; tied embeddings and output layer share one."""
+    if name in _TIED:
+        return "tied-embeddings"
+    match = _LAYER.match(name)
+    return match.group(1) if match else name
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tuple[list[list[tuple[TensorEntry, torch.Tensor]]], int]:
+    """Buckets of whole layers, each up to `bucket_bytes` (a bigger layer gets a bucket of its own).
+
+    A tensor viewing the same memory as an earlier one (tied embeddings) shares its bytes.
+    Returns the buckets (entry, source tensor) and the slot size they need.
+    """
+    groups: dict[str, list[str]] = {}
+    for name in tensors:
+        groups.setdefault(_group_key(name), []).append(name)
+    buckets: list[list[tuple[TensorEntry, torch.Tensor]]] = []
+    current: list[tuple[TensorEntry, torch.Tensor]] = []
+    used = 0
+    slot_bytes = 0
+    for names in groups.values():
+        group_bytes = sum(_aligned(tensors[n].numel() * tensors[n].element_size()) for n in names)
+        if current and used + group_bytes > bucket_bytes:
+            buckets.append(current)
+            current, used = [], 0
+        placed: dict[tuple, TensorEntry] = {}
+        for name in names:
+            tensor = tensors[name]
+            key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+            shared = placed.get(key) if tensor.numel() else None
+            nbytes = tensor.numel() * tensor.element_size()
+            offset = shared.offset if shared is not None else used
+            entry = TensorEntry(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, nbytes)
+            current.append((entry, tensor))
+            if shared is None:
+                placed[key] = entry
+                used += _aligned(nbytes)
+        slot_bytes = max(slot_bytes, used)
+    if current:
+        buckets.append(current)
+    return buckets, max(slot_bytes, ALIGN)
+
+
+def _map(path: str, size: int) -> mmap.mmap:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    finally:
+        os.close(fd)
+
+
+def _slot(buffer: mmap.mmap, slot_bytes: int, slot: int) -> torch.Tensor:
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=slot_bytes, offset=CONTROL_BYTES + slot * slot_bytes)
+
+
+def _view(slot: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
+    raw = slot[entry.offset:entry.offset + entry.nbytes]
+    return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Delete hand-off files whose engine actor is gone (killed before it could remove its own); their names."""
+    removed = []
+    for name in os.listdir(directory):
+        parts = name.split("-")
+        if name.startswith("fullasync-weights-") and len(parts) >= 4 and parts[2].isdigit():
+            try:
+                os.kill(int(parts[2]), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except PermissionError:  # alive, another user's
+                pass
+    return removed
+
+
+class WeightSender:
+    """The actor's end: owns the /dev/shm file (grown when a push needs bigger slots), fills buckets."""
+
+    def __init__(self, bucket_bytes: int, directory: str = "/dev/shm") -> None:
+        self.bucket_bytes = bucket_bytes
+        self.directory = directory if os.path.isdir(directory) else tempfile.gettempdir()
+        self.path = ""
+        self.slot_bytes = 0
+        self._buffer: mmap.mmap | None = None
+        self._pushes = 0
+
+    @property
+    def file_bytes(self) -> int:
+        """Extra memory held: the shared file (control block and two slots)."""
+        return CONTROL_BYTES + 2 * self.slot_bytes if self._buffer is not None else 0
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor], timeout_s: float) -> tuple[BucketLayout, list]:
+        """Plan this push and reset the control block; returns the layout for the receiver and the plan."""
+        buckets, slot_bytes = plan_buckets(tensors, self.bucket_bytes)
+        if slot_bytes > self.slot_bytes:
+            self.close()
+            remove_orphans(self.directory)
+            self.path = os.path.join(self.directory, f"fullasync-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            with open(self.path, "wb") as file:
+                file.truncate(CONTROL_BYTES + 2 * slot_bytes)
+            self.slot_bytes = slot_bytes
+            self._buffer = _map(self.path, CONTROL_BYTES + 2 * slot_bytes)
+        self._pushes += 1
+        control = self._control()
+        control.zero_()
+        control[_PUSH] = self._pushes
+        layout = BucketLayout(self.path, self.slot_bytes, self._pushes,
+                              tuple(tuple(entry for entry, _ in bucket) for bucket in buckets), timeout_s)
+        return layout, buckets
+
+    def send(self, buckets: list, stop: threading.Event, timeout_s: float) -> float:
+        """Copy the buckets into the slots as the receiver frees them; seconds spent copying.
+
+        Returns early if `stop` is set (the receiving RPC ended, e.g. with an error).
+        """
+        control = self._control()
+        copying = 0.0
+        for index, bucket in enumerate(buckets):
+            slot = index % 2
+            deadline = time.monotonic() + timeout_s
+            while index >= 2 and int(control[_RELEASED + slot]) < index - 1:
+                if stop.is_set() or int(control[_FAILED]):
+                    return copying
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine did not take weight bucket {index - 1} within {timeout_s:.0f} s")
+                time.sleep(0.0002)
+            started = time.perf_counter()
+            target = _slot(self._buffer, self.slot_bytes, slot)
+            for entry, tensor in bucket:
+                _view(target, entry).copy_(tensor)
+            copying += time.perf_counter() - started
+            control[_FILLED + slot] = index + 1
+        return copying
+
+    def abandon(self) -> None:
+        """Tell a receiver still waiting that no more buckets come."""
+        if self._buffer is not None:
+            self._control()[_FAILED] = 1
+
+    def close(self) -> None:
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+            os.unlink(self.path)
+            self.slot_bytes = 0
+
+    def _control(self) -> torch.Tensor:
+        return torch.frombuffer(self._buffer, dtype=torch.int64, count=8)
+
+
+class WeightReceiver:
+    """The engine-core worker's end: maps the file once and yields each push's tensors as views."""
+
+    def __init__(self) -> None:
+        self.path = ""
+        self._buffer: mmap.mmap | None = None
+
+    def tensors(self, layout: BucketLayout) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every bucket in order, each bucket released once the next is asked for."""
+        if layout.path != self.path:
+            if self._buffer is not None:
+                self._buffer.close()
+            self._buffer = _map(layout.path, CONTROL_BYTES + 2 * layout.slot_bytes)
+            self.path = layout.path
+        control = torch.frombuffer(self._buffer, dtype=torch.int64, count=8)
+        if int(control[_PUSH]) != layout.push_id:
+            raise RuntimeError(f"weight hand-off: push {layout.push_id} expected, the file holds {int(control[_PUSH])}")
+        try:
+            for index, bucket in enumerate(layout.buckets):
+                slot = index % 2
+                deadline = time.monotonic() + layout.timeout_s
+                while int(control[_FILLED + slot]) < index + 1:
+                    if int(control[_FAILED]):
+                        raise RuntimeError("weight hand-off: the sender gave up")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"weight hand-off: bucket {index} did not arrive in {layout.timeout_s:.0f} s")
+                    time.sleep(0.0002)
+                source = _slot(self._buffer, layout.slot_bytes, slot)
+                for entry in bucket:
+                    yield entry.name, _view(source, entry)
+                control[_RELEASED + slot] = index + 1
+        except BaseException:
+            control[_FAILED] = 1
+            raise
+
+
+def receive_closure(layout: BucketLayout):
+    """A function vLLM runs on its worker: reload weights in place from the shared buckets."""
+
+    def reload(worker) -> None:
+        receiver = getattr(worker, "fullasync_weight_receiver", None)
+        if receiver is None:
+            receiver = WeightReceiver()
+            worker.fullasync_weight_receiver = receiver
+        worker.reload_weights(weights_iterator=receiver.tensors(layout))
+
+    return reload
