@@ -77,9 +77,9 @@ async def assert_all_killed(harness: list[int], zygote: int) -> None:
     assert descendants(zygote) == []
 
 
-async def train_fully_async(engine, model_path: str, output_dir, generator, train: list[dict], **sections):
-    """A 4-step fully-async run (staleness 2, groups of 2, 3 rows at once) of `generator` on `train`, with the
-    verl CPU trainer; `sections` are extra `RunConfig` fields (e.g. `engine=`). Returns the run's result."""
+async def train_fully_async(vllm_engine, model_path: str, output_dir, generator, train: list[dict], **sections):
+    """A 4-step fully-async run (staleness 2, groups of 2, 3 rows at once) of `generator` on `train` served by
+    `vllm_engine`, with the verl CPU trainer; `sections` are extra `RunConfig` fields (e.g. `engine=`)."""
     from fullasync.api import AsyncAgentTrainer
     from fullasync.config import DataSection, RolloutSection, RunConfig
     from fullasync.trainer.config import TrainerConfig
@@ -93,7 +93,7 @@ async def train_fully_async(engine, model_path: str, output_dir, generator, trai
                            rollout=RolloutSection(n=2, batch_size=1, max_running_rows=3, episode_timeout_s=300),
                            data=DataSection(task="", epochs=1), **sections)
         return await AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train,
-                                       val_dataset=None).train_async(engines=[engine], trainer=trainer)
+                                       val_dataset=None).train_async(engines=[vllm_engine], trainer=trainer)
     finally:
         await trainer.shutdown()
 
