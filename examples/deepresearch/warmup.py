@@ -28,8 +28,6 @@ its query (held-out F1 0.0); see examples/deepresearch/README.md, "Status".
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import random
 import time
@@ -41,7 +39,7 @@ from examples.deepresearch.agent import SYSTEM_PROMPT
 from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.tools import SCHEMAS, format_hits
 from examples.deepresearch.world import World, WorldSpec, documents, generate_world, questions
-from fullasync.tasks.warmup import cached_warm_policy
+from fullasync.tasks.warmup import cached_warm_policy, spec_key
 from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
 
@@ -71,8 +69,7 @@ class WarmupSpec:
     seed: int = 0
 
     def key(self) -> str:
-        text = json.dumps([WARMUP_FORMAT, dataclasses.asdict(self), self.model.key()], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return spec_key(WARMUP_FORMAT, self)
 
 
 def synthetic_conversation(row: dict[str, Any], index: Bm25Index, spec: WarmupSpec, rng: random.Random,

@@ -13,8 +13,6 @@ to the held-out families. Loss only on assistant tokens, built turn by turn as t
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,7 @@ from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
 
 from examples.harness_warmup import train_on_demonstrations
 from fullasync.models import TinyModelSpec
-from fullasync.tasks.warmup import cached_warm_policy
+from fullasync.tasks.warmup import cached_warm_policy, spec_key
 
 WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
 WORDS = ("alpha", "beta", "calc", "cart", "data", "grid", "item", "list", "money", "node", "order", "price", "queue",
@@ -53,8 +51,7 @@ class MiniSweWarmupSpec:
     seed: int = 0
 
     def key(self) -> str:
-        text = json.dumps([WARMUP_FORMAT, dataclasses.asdict(self), self.model.key()], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return spec_key(WARMUP_FORMAT, self)
 
 
 def synthetic_bug(rng: random.Random) -> Bug:

@@ -42,8 +42,13 @@ class WarmupSpec:
     seed: int = 0
 
     def key(self) -> str:
-        text = json.dumps([WARMUP_FORMAT, dataclasses.asdict(self), self.model.key()], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return spec_key(WARMUP_FORMAT, self)
+
+
+def spec_key(build_format: int, spec: Any) -> str:
+    """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model."""
+    text = json.dumps([build_format, dataclasses.asdict(spec), spec.model.key()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
