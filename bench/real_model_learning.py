@@ -2,7 +2,7 @@
 
 The task: one- and two-step word problems (sums, differences, products) over names, items and
 numbers drawn from a seeded generator; a fixed held-out split never trained on. Reward 1.0 when the
-last number of the reply is the answer. Training episodes sample at temperature 1; held-out
+last number of the reply is the answer. Training episodes sample at temperature 0.7; held-out
 episodes decode greedily, one per row, so the held-out accuracy is a deterministic function of
 the weights. The run: `fully_async` with partial rollouts (a push interrupts generations, which
 resume under the new weights), max_staleness 2, GRPO with the default off-policy correction,
@@ -82,9 +82,12 @@ def reward(text: str | None, answer: int) -> float:
     return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
 
 
+TEMPERATURE = {"train": 0.7}  # set from --temperature
+
+
 async def rollout_fn(client: Any, row: dict[str, Any]) -> float:
     response = await client.chat.completions.create(
-        model="policy", max_tokens=96, temperature=0.0 if row.get("greedy") else 1.0,
+        model="policy", max_tokens=96, temperature=0.0 if row.get("greedy") else TEMPERATURE["train"],
         messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": row["question"]}])
     return reward(response.choices[0].message.content, row["answer"])
 
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fullasync.trainer.config import TrainerConfig
 
     train_rows, val_rows = split(args.train_rows, args.val_rows)
+    TEMPERATURE["train"] = args.temperature
     config = RunConfig(mode="fully_async", partial_rollout=True, total_steps=args.steps, val_every=args.val_every,
                        val_samples_per_row=1, output_dir=str(OUTPUT), seed=args.seed,
                        trainer=TrainerConfig(lr=args.lr, micro_batch_size=8))
@@ -159,7 +163,7 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
 
     steps = [int(step["step"]) for step in history]
     figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(steps, [step.get("reward/mean", 0.0) for step in history], marker=".", label="training reward (T=1)")
+    axis.plot(steps, [step.get("reward/mean", 0.0) for step in history], marker=".", label=f"training reward (T={summary['settings']['temperature']})")
     axis.plot([s for s, _ in held_out], [a for _, a in held_out], marker="o", label="held-out accuracy (greedy)")
     axis.set_xlabel("train step")
     axis.set_ylabel("fraction correct")
@@ -210,9 +214,11 @@ def validations(summary: dict[str, Any], history: list[dict[str, float]]) -> lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--n", type=int, default=4, help="episodes per problem (group size)")
+    parser.add_argument("--n", type=int, default=8, help="episodes per problem (group size)")
     parser.add_argument("--batch", type=int, default=4, help="groups per train step")
-    parser.add_argument("--lr", type=float, default=5e-6)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="training episodes' sampling temperature (at 1.0 the 135M model is right ~3%% of the time)")
     parser.add_argument("--train-rows", type=int, default=400)
     parser.add_argument("--val-rows", type=int, default=60)
     parser.add_argument("--val-every", type=int, default=10)

@@ -78,3 +78,4 @@ def describe_cluster() -> str:
                      if key not in ("memory", "object_store_memory") and not key.startswith("node:")}
         parts.append(f"{node['NodeManagerAddress']} {resources}")
     return f"{len(nodes)} live node(s): " + "; ".join(parts)
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 import ray
@@ -57,3 +58,33 @@ async def test_router_is_least_loaded_and_sticky_per_episode():
         engine.release.set()
     await asyncio.gather(*tasks, sticky)
     assert [router.load("a"), router.load("b")] == [0, 0]
+
+
+async def test_router_picks_a_least_loaded_live_engine_through_random_starts_ends_deaths_and_revivals():
+    rng = random.Random(7)
+    engines = [CountingEngine(f"e{i}") for i in range(9)]
+    router = EngineRouter(engines)
+    running: list[asyncio.Task] = []
+    for step in range(600):
+        action = rng.random()
+        if action < 0.05:
+            victim = rng.choice(engines)
+            victim.death = None if victim.death is not None else EngineDiedError(f"engine {victim.name} died")
+        elif action < 0.5 and running:
+            task = running.pop(rng.randrange(len(running)))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        alive = [e for e in engines if e.death is None]
+        if not alive:
+            with pytest.raises(EngineDiedError):
+                router.pick(f"new-{step}")
+            continue
+        picked = router.pick(f"new-{step}")
+        assert picked.death is None
+        assert router.load(picked.name) == min(router.load(e.name) for e in alive), step
+        running.append(asyncio.create_task(router.generate(GenerateRequest("r", (1,), 1), f"new-{step}")))
+        await asyncio.sleep(0)
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    assert all(router.load(e.name) == 0 for e in engines)

@@ -41,6 +41,7 @@ IGNORED = frozenset({"user", "metadata", "store", "session_id", "service_tier", 
                      "safety_identifier", "reasoning_effort", "verbosity", "parallel_tool_calls"})
 TRANSPORT = frozenset({"timeout", "extra_headers", "extra_query"})
 NEUTRAL: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
+_EXTRA_BODY_KEYS = VLLM_EXTRAS | NEUTRAL.keys()
 
 
 class _Strict(BaseModel):
@@ -122,25 +123,56 @@ class Parsed:
     ignored: tuple[str, ...]
 
 
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
 def _check_text(value: Any, where: str) -> None:
     """Every string must be valid Unicode text (JSON lets a lone surrogate through, tokenizers choke on it)."""
+    found = _bad_text(value)
+    if found is None:
+        return
+    parts, error = found
+    for part in reversed(parts):
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    raise InvalidRequestError(
+        f"{where} holds text that is not valid Unicode ({error.reason} at position {error.start}); "
+        "send UTF-8 text without lone surrogates", param=where.split("[")[0].split(".")[0] or None,
+    )
+
+
+def _bad_text(value: Any) -> tuple[list[Any], UnicodeEncodeError] | None:
+    """The first string in `value` that is not valid Unicode: its path (innermost first) and the error.
+
+    On the hot path of every request (a prompt of token ids is a list of thousands of ints), so the
+    path is built only for the failing string and a list of plain numbers is passed over in C."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return None
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise InvalidRequestError(
-                f"{where} holds text that is not valid Unicode ({error.reason} at position {error.start}); "
-                "send UTF-8 text without lone surrogates", param=where.split("[")[0].split(".")[0] or None,
-            ) from None
+            return [], error
+        return None
+    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+        if set(map(type, value)) <= _PLAIN:
+            return None
+        items: Any = enumerate(value)
+    elif kind is dict or isinstance(value, Mapping):
+        items = value.items()
     elif isinstance(value, BaseModel):  # openai message objects passed in process
-        _check_text(value.model_dump(exclude_none=True), where)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _check_text(key, where)
-            _check_text(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _check_text(item, f"{where}[{index}]")
+        return _bad_text(value.model_dump(exclude_none=True))
+    else:
+        return None
+    for key, item in items:
+        found = _bad_text(key) if isinstance(key, str) else None  # a bad key is reported at its object
+        if found is None:
+            found = _bad_text(item)
+            if found is not None:
+                found[0].append(key)
+        if found is not None:
+            return found
+    return None
 
 
 def _merge(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,7 +183,7 @@ def _merge(fields: Mapping[str, Any]) -> dict[str, Any]:
         return merged
     if not isinstance(extra, Mapping):
         raise InvalidRequestError("extra_body must be an object", param="extra_body")
-    unknown = sorted(set(extra) - VLLM_EXTRAS - set(NEUTRAL))
+    unknown = sorted(extra.keys() - _EXTRA_BODY_KEYS)
     if unknown:
         raise InvalidRequestError(
             f"unsupported extra_body key(s) {unknown}; supported: {sorted(VLLM_EXTRAS)}", param=unknown[0])

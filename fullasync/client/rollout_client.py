@@ -13,6 +13,7 @@ Does not own: engines, routing, or what the episode's trajectory is used for.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -70,6 +71,8 @@ class RolloutService:
         self.config = config
         self.tool_parser = make_tool_parser(config.tool_parser)
         self.vocab_size = len(tokenizer)
+        # call ids: unique per service (and across services: a random prefix), cheaper than a uuid per call
+        self.call_ids = map(f"{uuid.uuid4().hex[:8]}-{{}}".format, itertools.count())
         self._warned: set[str] = set()  # fields accepted but ignored, warned about once
 
     def accept(self, parsed: Parsed) -> Any:
@@ -159,19 +162,17 @@ class RolloutClient:
 
     async def _generate(self, request: _Request) -> list[StitchedGeneration]:
         service = self.service
-        call_id = uuid.uuid4().hex
-        return list(
-            await asyncio.gather(
-                *(
-                    generate_with_resume(
-                        service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
-                        request.max_tokens, request.sampling, service.config.resume_timeout_s,
-                        service.config.restart_wait_s,
-                    )
-                    for i in range(request.n)
-                )
+        call_id = next(service.call_ids)  # request ids carry the episode's id, so a counter makes them unique
+        generations = (
+            generate_with_resume(
+                service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
+                request.max_tokens, request.sampling, service.config.resume_timeout_s, service.config.restart_wait_s,
             )
+            for i in range(request.n)
         )
+        if request.n == 1:  # the common case: awaited in this task, without a task and a gather of one
+            return [await next(generations)]
+        return list(await asyncio.gather(*generations))
 
     def _record(self, prompt_ids: list[int], generation: StitchedGeneration) -> None:
         versions, weight_versions = tuple(generation.output_versions), tuple(generation.output_weight_versions)
@@ -201,7 +202,7 @@ class RolloutClient:
 
     def _stream(self, request: _Request) -> AsyncIterator[Any]:
         return stream_with_resume(
-            self.service.router, self.episode.id, f"{self.episode.id}-{uuid.uuid4().hex}", request.prompt_ids,
+            self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}", request.prompt_ids,
             request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
             self.service.config.restart_wait_s,
         )

@@ -171,8 +171,11 @@ class Engine(Protocol):
 
 async def wait_until_set(event: asyncio.Event, timeout_s: float) -> bool:
     """True once `event` is set, False if `timeout_s` passes first (engines' `wait_resumed`)."""
+    if event.is_set():  # the common case, after a push has resumed the engine: no waiter, no timer
+        return True
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         return False
     return True

@@ -16,7 +16,13 @@ from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult, 
 
 
 class EngineRouter:
-    """Sends each request to the bound engine of its episode, or binds the least-loaded one."""
+    """Sends each request to the bound engine of its episode, or binds the least-loaded one.
+
+    The least-loaded engine is found in O(1) whatever the number of engines: engines sit in
+    buckets by in-flight count (a count moves by one per request start or end), with the lowest
+    non-empty bucket tracked; ties go to the engine that reached the count first. Dead engines stay
+    in their buckets (a restarted engine serves again) and are passed over.
+    """
 
     def __init__(self, engines: Sequence[Engine]) -> None:
         if not engines:
@@ -24,16 +30,38 @@ class EngineRouter:
         self.engines = list(engines)
         self._load = {e.name: 0 for e in self.engines}
         self._by_episode: dict[str, Engine] = {}
+        self._buckets: dict[int, dict[str, Engine]] = {0: {e.name: e for e in self.engines}}
+        self._least = 0  # the lowest in-flight count (its bucket is never empty)
 
     def pick(self, episode_id: str) -> Engine:
         engine = self._by_episode.get(episode_id)
         if engine is None or engine.death is not None:
-            alive = [e for e in self.engines if e.death is None]
-            if not alive:
-                raise self.engines[0].death
-            engine = min(alive, key=lambda e: self._load[e.name])
+            engine = self._least_loaded()
             self._by_episode[episode_id] = engine
         return engine
+
+    def _least_loaded(self) -> Engine:
+        for engine in self._buckets[self._least].values():
+            if engine.death is None:
+                return engine
+        for load in sorted(self._buckets):  # dead engines at the lowest counts: look further up
+            for engine in self._buckets[load].values():
+                if engine.death is None:
+                    return engine
+        raise self.engines[0].death
+
+    def _move(self, engine: Engine, by: int) -> None:
+        load = self._load[engine.name]
+        self._load[engine.name] = load + by
+        bucket = self._buckets[load]
+        del bucket[engine.name]
+        self._buckets.setdefault(load + by, {})[engine.name] = engine
+        if not bucket:
+            del self._buckets[load]
+            if load == self._least:
+                self._least = load + by
+        if load + by < self._least:
+            self._least = load + by
 
     def dead_engines(self) -> list[Engine]:
         return [e for e in self.engines if e.death is not None]
@@ -58,17 +86,17 @@ class EngineRouter:
         engine = self.pick(episode_id)
         if not hasattr(engine, "generate_stream"):
             raise NotImplementedError(f"engine {engine.name} does not stream; use non-streaming requests")
-        self._load[engine.name] += 1
+        self._move(engine, +1)
         try:
             async for item in engine.generate_stream(request):
                 yield item
         finally:
-            self._load[engine.name] -= 1
+            self._move(engine, -1)
 
     async def generate(self, request: GenerateRequest, episode_id: str) -> GenerateResult:
         engine = self.pick(episode_id)
-        self._load[engine.name] += 1
+        self._move(engine, +1)
         try:
             return await engine.generate(request)
         finally:
-            self._load[engine.name] -= 1
+            self._move(engine, -1)

@@ -46,14 +46,15 @@ async def _read_json(gateway: Gateway, request: Request) -> Any:
     return body
 
 
-def _dump(obj: Any) -> dict[str, Any]:
-    return obj.model_dump(mode="json", exclude_none=False)
+def _json(obj: Any) -> str:
+    """An openai response object as JSON text, serialised by pydantic-core in one pass (no dict in between)."""
+    return obj.model_dump_json(exclude_none=False)
 
 
 async def _stream(chunks: Any) -> Any:
     try:
         async for chunk in chunks:
-            yield sse(_dump(chunk))
+            yield sse(_json(chunk))
     except Exception as error:  # the status line is sent already: report in the stream, as OpenAI does
         body, status = error_of(error)
         if status >= 500:
@@ -109,7 +110,7 @@ def build_app(gateway: Gateway) -> Starlette:
             return JSONResponse(body, status_code=status)
         if body.get("stream"):
             return StreamingResponse(_stream(result), media_type="text/event-stream")
-        return JSONResponse(_dump(result))
+        return Response(_json(result), media_type="application/json")
 
     async def chat(request: Request) -> Response:
         return await handle(request, "chat")

@@ -362,7 +362,8 @@ class Rollouter:
         client = self.service.client(f"{row_id}/{index}")
         self._clients[row_id, index] = client
         try:
-            result = await asyncio.wait_for(self.run_harness(client, row), self.settings.episode_timeout_s)
+            async with asyncio.timeout(self.settings.episode_timeout_s):  # in this task: no task per episode
+                result = await self.run_harness(client, row)
             if isinstance(result, Trajectory):
                 return result
             if isinstance(result, (int, float)) and not isinstance(result, bool):

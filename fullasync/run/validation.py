@@ -41,7 +41,8 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[
         async with limit:
             client = service.client(f"val-{index}-{sample}")
             try:
-                result = await asyncio.wait_for(run_harness(client, row), episode_timeout_s)
+                async with asyncio.timeout(episode_timeout_s):
+                    result = await run_harness(client, row)
                 return float(result.reward if isinstance(result, Trajectory) else result)
             except asyncio.CancelledError:
                 raise

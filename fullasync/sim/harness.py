@@ -30,10 +30,11 @@ from fullasync.config import Mode, RunConfig
 from fullasync.engines.protocol import PauseMode
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run import RunSettings, assemble
+from fullasync.run.assemble import settle_heap
 from fullasync.sim import peers
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine
-from fullasync.sim.loop_lag import LoopWork, replayed_lag
+from fullasync.sim.loop_lag import LoopWork, replayed_lag, tick_cost_s
 from fullasync.sim.peers import PeerPolicy
 from fullasync.sim.trainer import SimulatedTrainer
 from fullasync.sim.workload import Workload, split_bound
@@ -118,7 +119,7 @@ class SimResult:
     cpu_s: float  # real CPU seconds the run took (control code + simulation)
     bound_samples_per_s: float = 0.0  # X(G) of this split
     episodes: int = 0  # episodes finished inside the window
-    driver_cpu_s: float = 0.0  # real CPU seconds inside the window, less the simulated engines' own
+    driver_cpu_s: float = 0.0  # real CPU seconds inside the window, less the simulated engines' own and the lag record's
     engine_cpu_s: float = 0.0  # real CPU seconds of the simulated engines' event handling inside the window
     loop_lag_s: tuple[float, ...] = ()  # replayed loop lag inside the window, every spec.lag_sample_s (loop_lag.py)
     loop_iterations: int = 0  # event-loop iterations inside the window (when recorded)
@@ -255,6 +256,7 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
                          settings=settings, sink=sink)
     if peer is not None:
         peers.install(run, peer, settings.batch_size)
+    settle_heap()  # as the real driver does before its run
     cpu_start = time.process_time()
     started = loop.time()
     try:
@@ -274,6 +276,8 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
     dropped = last.dropped - first.dropped  # rows dropped as too stale inside the window
     sync = Mode(spec.run_config().mode) is Mode.SYNC
     engine_cpu_s = last.engine_cpu_s - first.engine_cpu_s
+    # the loop-lag record reads the CPU clock once per loop iteration: measurement, not driver work
+    instrument_cpu_s = (last.loop_iterations - first.loop_iterations) * tick_cost_s() if work is not None else 0.0
     return SimResult(
         spec=spec, gen_devices=gen_devices, train_devices=train_devices, window_s=last.time_s - first.time_s,
         samples=int(sum(m["rollout/samples"] for m in window)),
@@ -293,7 +297,7 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
         cpu_s=cpu_s,
         bound_samples_per_s=split_bound(workload, gen_devices) if not sync else 0.0,
         episodes=last.counters.episodes_finished - first.counters.episodes_finished,
-        driver_cpu_s=last.process_cpu_s - first.process_cpu_s - engine_cpu_s,
+        driver_cpu_s=last.process_cpu_s - first.process_cpu_s - engine_cpu_s - instrument_cpu_s,
         engine_cpu_s=engine_cpu_s,
         loop_lag_s=tuple(replayed_lag(work, first.loop_iterations, last.loop_iterations, spec.lag_sample_s)
                          if work is not None else ()),

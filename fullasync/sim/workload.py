@@ -31,12 +31,20 @@ split bound up to integer rounding of G.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field, replace
 
 from fullasync.sim.engine import DecodeCost
 from fullasync.sim.trainer import TrainCost
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _normal(key: str) -> float:
+    """A standard normal draw determined by `key` (cached: an episode's lengths are asked for several times,
+    and seeding a generator from a string hashes it with SHA-512)."""
+    return random.Random(key).gauss(0.0, 1.0)
 
 
 def _normal_cdf(x: float) -> float:
@@ -75,14 +83,14 @@ class Workload:
 
     def length(self, episode_id: str) -> int:
         """The response length of one episode: deterministic, so every mode sees the same samples."""
-        z = random.Random(f"{self.seed}/{episode_id}").gauss(0.0, 1.0)
+        z = _normal(f"{self.seed}/{episode_id}")
         return max(1, min(self.cap, round(self.median_length * math.exp(self.length_sigma * z))))
 
     def turns(self, episode_id: str) -> int:
         """Model calls of one episode (1 for a single-turn workload)."""
         if self.max_turns == 1:
             return 1
-        z = random.Random(f"{self.seed}/turns/{episode_id}").gauss(0.0, 1.0)
+        z = _normal(f"{self.seed}/turns/{episode_id}")
         return max(1, min(self.max_turns, round(self.turns_median * math.exp(self.turns_sigma * z))))
 
     def turn_length(self, episode_id: str, turn: int) -> int:
@@ -91,7 +99,7 @@ class Workload:
 
     def tool_latency(self, episode_id: str, turn: int) -> float:
         """Seconds of the tool call before `turn` (≥ 1)."""
-        z = random.Random(f"{self.seed}/tool/{episode_id}#{turn}").gauss(0.0, 1.0)
+        z = _normal(f"{self.seed}/tool/{episode_id}#{turn}")
         return self.tool_latency_s * math.exp(self.tool_latency_sigma * z)
 
     def output_tokens(self, episode_id: str) -> int:
