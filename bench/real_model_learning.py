@@ -151,8 +151,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def accuracy(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def accuracy(value: float | None, rows: int = 0) -> str:
+    """`value`, with its standard error over `rows` held-out rows when given (a binomial proportion)."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f} ± {(value * (1 - value) / rows) ** 0.5:.3f}" if rows else f"{value:.3f}"
 
 
 def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: list[tuple[int, float]]) -> None:
@@ -181,7 +184,8 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
         ("| held-out accuracy before | after | steps | s/step | generation tok/s | train tok/s | push s "
          "| max staleness | resumed calls |"),
         "|---|---|---|---|---|---|---|---|---|",
-        (f"| {accuracy(summary['val_before'])} | {accuracy(summary['val_after'])} | {summary['steps']} "
+        (f"| {accuracy(summary['val_before'], summary['val_rows'])} "
+         f"| {accuracy(summary['val_after'], summary['val_rows'])} | {summary['steps']} "
          f"| {summary['s_per_step']:.1f} "
          f"| {summary['generation_tokens_per_s']:.0f} | {summary['train_tokens_per_s']:.0f} "
          f"| {summary['push_s_mean']:.2f} | {summary['max_token_staleness']} | {summary['resumed_calls']:.0f} |"),
@@ -191,7 +195,8 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
         *(f"| {int(s['step'])} | {s.get('reward/mean', 0.0):.3f} | {s.get('step_time_s', 0.0):.1f} "
           f"| {s.get('num_trained_tokens', 0.0):.0f} | {s.get('weight_sync/total_s', 0.0):.2f} |" for s in history),
         "",
-        f"Held-out accuracy by step: {', '.join(f'{s}: {accuracy(a)}' for s, a in held_out)}.",
+        f"Held-out accuracy by step: {', '.join(f'{s}: {accuracy(a)}' for s, a in held_out)} "
+        f"(± is the standard error over the {summary['val_rows']} held-out rows, greedy decoding).",
         "",
         (f"Settings: `{json.dumps(summary['settings'])}`; {summary['train_rows']} training rows, "
          f"{summary['val_rows']} held-out rows; wall time {summary['wall_s']:.0f} s in all (start-up and validations "
@@ -224,9 +229,10 @@ def main() -> None:
     parser.add_argument("--val-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--episode-timeout", type=float, default=1800.0, help="seconds per episode (validation too)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the docs from the last run's outputs")
     args = parser.parse_args()
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    summary = run(args)
+    summary = json.loads((OUTPUT / "summary.json").read_text()) if args.report_only else run(args)
     history = json.loads((OUTPUT / "history.json").read_text())
     report(summary, history, validations(summary, history))
     print(json.dumps(summary, indent=2))
