@@ -5,6 +5,8 @@ Everything runs on `VirtualClockLoop`, so simulated seconds cost no real time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 
 import pytest
@@ -203,3 +205,13 @@ def test_queue_hands_over_the_oldest_groups_first():
     batch = run_virtual(main)
     assert [g.row_id for g in batch.groups] == ["old", "old-too", "middle"]
     assert batch.dropped_row_ids == ["stale"]
+
+
+def test_rows_whose_group_could_only_be_dropped_stop_generating_and_free_their_slots():
+    spec = SimSpec("fully_async", True, 1, gen_devices=2, steps=8, warmup_steps=1)
+    stopping, finishing = simulate(TINY, spec), simulate(TINY, dataclasses.replace(spec, stop_stale_rows=False))
+    assert stopping.stopped_stale_rows > 0 and finishing.stopped_stale_rows == 0
+    assert stopping.total_samples == finishing.total_samples == 8 * 4 * 4
+    assert stopping.max_staleness <= 1 and finishing.max_staleness <= 1
+    # the slots of rows that could only be dropped go to fresh rows (simulated time: deterministic)
+    assert stopping.samples_per_s > finishing.samples_per_s

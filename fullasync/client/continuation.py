@@ -10,7 +10,7 @@ of the lost segment's tokens were sent yet).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
@@ -81,12 +81,16 @@ async def generate_with_resume(
     sampling: SamplingOptions,
     resume_timeout_s: float,
     restart_wait_s: float = 0.0,
+    on_versions: Callable[[tuple[int, ...]], None] | None = None,
 ) -> StitchedGeneration:
-    """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts."""
+    """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts; `on_versions` gets the
+    versions of every segment's tokens as it comes back (interrupted segments too)."""
     done = StitchedGeneration()
     while True:
         try:
             result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+            if on_versions is not None:
+                on_versions(result.output_versions)
             finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
         except EngineDiedError as error:
             await _after_engine_death(router, done, error, restart_wait_s)
@@ -113,6 +117,7 @@ async def stream_with_resume(
     sampling: SamplingOptions,
     resume_timeout_s: float,
     restart_wait_s: float = 0.0,
+    on_versions: Callable[[tuple[int, ...]], None] | None = None,
 ) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
@@ -132,6 +137,8 @@ async def stream_with_resume(
                         yield item
                 if result is None:
                     raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
+                if on_versions is not None:
+                    on_versions(result.output_versions)
                 finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
             except EngineDiedError as error:
                 if sent and result is None:  # the consumer saw tokens no record will hold: the stream cannot go on

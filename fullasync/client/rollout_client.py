@@ -99,6 +99,13 @@ class Episode:
         self.calls: list[ModelCall] = []
         self.turns: list[TurnState] = []
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
+        self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
+
+    def note_versions(self, versions: tuple[int, ...]) -> None:
+        if versions:
+            oldest = min(versions)
+            if self.oldest_version is None or oldest < self.oldest_version:
+                self.oldest_version = oldest
 
 
 class RolloutClient:
@@ -167,6 +174,7 @@ class RolloutClient:
             generate_with_resume(
                 service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
                 request.max_tokens, request.sampling, service.config.resume_timeout_s, service.config.restart_wait_s,
+                on_versions=self.episode.note_versions,
             )
             for i in range(request.n)
         )
@@ -204,7 +212,7 @@ class RolloutClient:
         return stream_with_resume(
             self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}", request.prompt_ids,
             request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
-            self.service.config.restart_wait_s,
+            self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -52,7 +52,7 @@ class RowOutcome(str, enum.Enum):
     TRAINED = "trained"
     FILTERED = "filtered"  # zero reward variance, filter on
     FAILED = "failed"  # every episode raised or timed out
-    TOO_STALE = "too_stale"  # dropped by the queue: oldest token beyond max_staleness
+    TOO_STALE = "too_stale"  # oldest token beyond max_staleness: dropped by the queue, or stopped while generating
     UNFINISHED = "unfinished"  # still generating when the run ended (total_steps reached); nothing was kept
 
 
@@ -65,6 +65,7 @@ class RolloutSettings:
     episode_timeout_s: float = 300.0  # an episode running longer is cancelled and counted as failed
     filter_zero_variance: bool = False  # drop groups whose rewards are all equal (no GRPO signal)
     keep_tracebacks: int = 20  # most recent failure tracebacks kept for the report
+    stop_stale_rows: bool = True  # stop a running row as soon as a token of it is too old for any later step
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ class Rollouter:
         self._clients: dict[tuple[str, int], RolloutClient] = {}  # running episode -> its client
         self._restored: set[str] = set()  # rows a checkpoint accounted for: skipped in the stream
         self._resumed: dict[str, dict[int, Trajectory | None]] = {}  # rows a checkpoint had running
+        self._row_oldest: dict[str, int] = {}  # running row -> oldest token version of its finished episodes
+        self._stopping_stale: set[str] = set()  # running rows cancelled because their group could only be dropped
+        self.rows_stopped_stale = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -177,8 +181,25 @@ class Rollouter:
                 raise RolloutCrashedError(f"the rollouter's dispatcher crashed: {error!r}") from error
 
     def on_version(self) -> None:
-        """The trainer's version advanced: more rows may be admissible."""
+        """The trainer's version advanced: more rows may be admissible, and rows already too stale stop."""
+        if self.settings.stop_stale_rows:
+            self._stop_stale_rows()
         self._wake.set()
+
+    def _stop_stale_rows(self) -> None:
+        """Cancel the running rows holding a token older than the queue accepts now: the bound only moves
+        forward, so their groups could only be dropped; the engine slots they hold go to fresh rows."""
+        oldest_allowed = self.staleness.version() - self.staleness.max_staleness
+        oldest = dict(self._row_oldest)
+        for (row_id, _), client in self._clients.items():
+            version = client.episode.oldest_version
+            if version is not None and version < oldest.get(row_id, version + 1):
+                oldest[row_id] = version
+        for task, row_id in list(self._row_tasks.items()):
+            if oldest.get(row_id, oldest_allowed) < oldest_allowed and row_id not in self._stopping_stale:
+                self._stopping_stale.add(row_id)
+                self.rows_stopped_stale += 1
+                task.cancel()
 
     def pause_admission(self) -> None:
         self._admitting = False
@@ -310,6 +331,7 @@ class Rollouter:
         produced = False
         finished = self._episodes[row_id]  # episodes done (a resumed row starts with those its checkpoint kept)
         share = Fraction(1, self.settings.n)
+        self._note_oldest(row_id, [t for t in finished.values() if t is not None])
         released = [share * len(finished)]  # share of the row's concurrency slot its finished episodes gave back
         self.staleness.episode_done(released[0])
 
@@ -336,13 +358,20 @@ class Rollouter:
                 produced = True
         except asyncio.CancelledError:
             if not produced:
-                self._mark(row_id, RowOutcome.UNFINISHED)
+                self._mark(row_id, RowOutcome.TOO_STALE if row_id in self._stopping_stale else RowOutcome.UNFINISHED)
             raise
         finally:
             del self._episodes[row_id]
+            self._row_oldest.pop(row_id, None)
+            self._stopping_stale.discard(row_id)
             self.staleness.finish(produced_group=produced, running_share=1 - released[0])
             self._set_running(-1)
             self._wake.set()
+
+    def _note_oldest(self, row_id: str, trajectories: list[Trajectory]) -> None:
+        versions = [min(c.output_versions) for t in trajectories for c in t.calls if c.output_versions]
+        if versions and min(versions) < self._row_oldest.get(row_id, min(versions) + 1):
+            self._row_oldest[row_id] = min(versions)
 
     async def run_harness(self, client: RolloutClient, row: Any) -> Any:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
@@ -381,3 +410,6 @@ class Rollouter:
         finally:
             del self._clients[row_id, index]
             client.close()
+            version = client.episode.oldest_version
+            if version is not None and version < self._row_oldest.get(row_id, version + 1):
+                self._row_oldest[row_id] = version

@@ -62,6 +62,10 @@ class StalenessManager:
         self._lock = threading.Lock()
         self.counts = StalenessCounts()
 
+    def version(self) -> int:
+        """The trainer's current version (what admission and the queue's staleness bound are measured from)."""
+        return self._version()
+
     def capacity(self) -> int:
         with self._lock:
             return self._capacity()

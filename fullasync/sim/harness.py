@@ -73,6 +73,7 @@ class SimSpec:
     pause_mode: str = ""  # abort | keep | wait: how a push meets generations ("" = the mode's own)
     peer: PeerPolicy | None = None  # another framework's admission/queue/push rules instead of ours (sim.peers)
     lag_sample_s: float = 0.0  # > 0: record the loop's work; sample its replayed lag every this many simulated s
+    stop_stale_rows: bool = True  # RolloutSettings.stop_stale_rows (peers turn it off: they train those rows)
 
     def run_config(self) -> RunConfig:
         # RunConfig.validate() would also resolve the (real) trainer's registry names against verl;
@@ -123,6 +124,7 @@ class SimResult:
     engine_cpu_s: float = 0.0  # real CPU seconds of the simulated engines' event handling inside the window
     loop_lag_s: tuple[float, ...] = ()  # replayed loop lag inside the window, every spec.lag_sample_s (loop_lag.py)
     loop_iterations: int = 0  # event-loop iterations inside the window (when recorded)
+    stopped_stale_rows: int = 0  # whole run: rows stopped while generating because their group could only be dropped
 
     @property
     def samples_per_s(self) -> float:
@@ -250,7 +252,8 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
         max_staleness=k, batch_size=batch // per_sync, total_steps=spec.steps * per_sync,
         push_mode=peer.push_mode if peer is not None else
         PauseMode(spec.pause_mode) if spec.pause_mode else config.push_mode,
-        rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9),
+        rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9,
+                                stop_stale_rows=spec.stop_stale_rows),
         admission=spec.admission, hand_over=spec.hand_over, queue_in_process=True)
     run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=_rollout_fn(workload, counters),
                          settings=settings, sink=sink)
@@ -264,9 +267,10 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
     finally:
         await asyncio.gather(*(e.shutdown() for e in engines))
     history = sink.history[spec.warmup_steps * per_sync:]
-    return _window_result(workload, spec, marks[spec.warmup_steps * per_sync], marks[spec.steps * per_sync], history,
-                          work, gen_devices=gen_devices, train_devices=train_devices, wall_s=loop.time() - started,
-                          cpu_s=time.process_time() - cpu_start, loop_result=result)
+    measured = _window_result(workload, spec, marks[spec.warmup_steps * per_sync], marks[spec.steps * per_sync],
+                              history, work, gen_devices=gen_devices, train_devices=train_devices,
+                              wall_s=loop.time() - started, cpu_s=time.process_time() - cpu_start, loop_result=result)
+    return dataclasses.replace(measured, stopped_stale_rows=run.rollouter.rows_stopped_stale)
 
 
 def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark, window: list[dict[str, float]],

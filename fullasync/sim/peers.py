@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fullasync.engines.protocol import PauseMode
@@ -300,6 +300,7 @@ def install(run: Any, policy: PeerPolicy, batch: int) -> None:
     if policy.steps_per_sync > 1:
         run.loop.weight_sync = SyncEvery(run.weight_sync, policy.steps_per_sync)
     admission, queue = policy.components(run, batch)
+    run.rollouter.settings = replace(run.rollouter.settings, stop_stale_rows=False)  # they train those
     run.rollouter.staleness = admission
     run.queue = run.rollouter.queue = run.loop.queue = queue
 
