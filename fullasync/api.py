@@ -31,7 +31,7 @@ from fullasync.models import load_tokenizer
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
-from fullasync.run.assemble import check_rollout_fn, settle_heap
+from fullasync.run.assemble import check_rollout_fn, settled_heap
 from fullasync.runtime import init_ray
 
 log = logging.getLogger("fullasync")
@@ -217,8 +217,7 @@ class AsyncAgentTrainer:
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
-            settle_heap()
-            with _stop_on_signals(run):
+            with settled_heap(), _stop_on_signals(run):
                 result = await run.execute(self._rows(), resume=resume)
             if cfg.save_checkpoint and not result.interrupted:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))

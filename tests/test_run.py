@@ -8,6 +8,7 @@ edge fake is a queue whose `put` fails for one row.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -20,6 +21,7 @@ from fullasync.queue import MessageQueue
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.run import GroupQueue, RayGroupQueue, Run, RunSettings, Trainer, assemble
+from fullasync.run.assemble import GC_THRESHOLDS, settled_heap
 from fullasync.run.loop import QUEUE_POLL_S
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
@@ -158,3 +160,12 @@ def test_every_admitted_row_is_accounted_for_when_total_steps_ends_the_run(tmp_p
     assert result.outcomes["trained"] == 4
     assert result.outcomes.get("unfinished", 0) > 0  # generation cancelled when the run ended
     assert set(result.outcomes) <= {"trained", "queued", "unfinished"}
+
+
+def test_a_run_tunes_the_garbage_collector_and_gives_it_back_even_when_it_fails():
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with settled_heap():
+            assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+            raise RuntimeError("the run failed")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -12,10 +12,11 @@ keeps them), the metrics sink, or any step logic (`loop.py`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,17 +43,26 @@ VALIDATION_DRAIN_TIMEOUT_S = 600.0  # running rows must finish within this befor
 GC_THRESHOLDS = (100_000, 20, 100)  # Python's defaults: (700, 10, 10)
 
 
-def settle_heap() -> None:
-    """Tune the driver's cyclic garbage collector for thousands of live episodes; called once a run is assembled.
+@contextlib.contextmanager
+def settled_heap() -> Iterator[None]:
+    """Tune the driver's cyclic garbage collector for thousands of live episodes, for the length of a run.
 
-    Collects, then freezes every object alive after start-up (modules, tokenizers, engine handles) out of the
-    collector's reach, and makes collections rarer (`GC_THRESHOLDS`). With the defaults, collections scale with
-    the live episodes' objects and took half the driver's CPU at 8,192 concurrent episodes (bench/control_plane.py,
-    docs/benchmarks.md); almost all of a run's garbage is freed by reference counting anyway, and what is cyclic
-    waits a little longer. The setting is process-wide: a caller that needs other thresholds sets them after."""
+    On entry: collects, freezes every object alive after start-up (modules, tokenizers, engine handles) out of
+    the collector's reach, and makes collections rarer (`GC_THRESHOLDS`). With the defaults, collections scale
+    with the live episodes' objects and took half the driver's CPU at 8,192 concurrent episodes
+    (bench/control_plane.py, docs/benchmarks.md); almost all of a run's garbage is freed by reference counting
+    anyway, and what is cyclic waits a little longer. On exit: the frozen objects return to the collector
+    and the previous thresholds are restored, so a process that runs again (or does anything else) leaks nothing.
+    """
+    previous = gc.get_threshold()
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+        gc.unfreeze()
 
 
 @dataclass(frozen=True)

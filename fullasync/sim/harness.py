@@ -30,7 +30,7 @@ from fullasync.config import Mode, RunConfig
 from fullasync.engines.protocol import PauseMode
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run import RunSettings, assemble
-from fullasync.run.assemble import settle_heap
+from fullasync.run.assemble import settled_heap
 from fullasync.sim import peers
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine
@@ -259,11 +259,11 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
                          settings=settings, sink=sink)
     if peer is not None:
         peers.install(run, peer, settings.batch_size)
-    settle_heap()  # as the real driver does before its run
     cpu_start = time.process_time()
     started = loop.time()
     try:
-        result = await run.execute(rows)
+        with settled_heap():  # as the real driver runs
+            result = await run.execute(rows)
     finally:
         await asyncio.gather(*(e.shutdown() for e in engines))
     history = sink.history[spec.warmup_steps * per_sync:]
