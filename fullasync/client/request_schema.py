@@ -154,7 +154,7 @@ def _bad_text(value: Any) -> tuple[list[Any], UnicodeEncodeError] | None:
         except UnicodeEncodeError as error:
             return [], error
         return None
-    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):
         if set(map(type, value)) <= _PLAIN:
             return None
         items: Any = enumerate(value)

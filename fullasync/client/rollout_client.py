@@ -102,10 +102,10 @@ class Episode:
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
 
     def note_versions(self, versions: tuple[int, ...]) -> None:
+        """Versions of a segment's tokens as the engine returns them (the rollouter stops rows by the oldest)."""
         if versions:
             oldest = min(versions)
-            if self.oldest_version is None or oldest < self.oldest_version:
-                self.oldest_version = oldest
+            self.oldest_version = oldest if self.oldest_version is None else min(oldest, self.oldest_version)
 
 
 class RolloutClient:

@@ -100,6 +100,12 @@ class RolloutCrashedError(RuntimeError):
     """The rollouter itself failed (not a harness): the run cannot go on; the message names the row."""
 
 
+def _fold_oldest(oldest: dict[str, int], row_id: str, version: int | None) -> None:
+    """Keep in `oldest[row_id]` the older of what it holds and `version` (None: no token yet)."""
+    if version is not None and version < oldest.get(row_id, version + 1):
+        oldest[row_id] = version
+
+
 class Rollouter:
     """Runs until the rows are exhausted or `stop()`; `wait_idle()` drains running rows."""
 
@@ -192,9 +198,7 @@ class Rollouter:
         oldest_allowed = self.staleness.version() - self.staleness.max_staleness
         oldest = dict(self._row_oldest)
         for (row_id, _), client in self._clients.items():
-            version = client.episode.oldest_version
-            if version is not None and version < oldest.get(row_id, version + 1):
-                oldest[row_id] = version
+            _fold_oldest(oldest, row_id, client.episode.oldest_version)
         for task, row_id in list(self._row_tasks.items()):
             if oldest.get(row_id, oldest_allowed) < oldest_allowed and row_id not in self._stopping_stale:
                 self._stopping_stale.add(row_id)
@@ -331,7 +335,9 @@ class Rollouter:
         produced = False
         finished = self._episodes[row_id]  # episodes done (a resumed row starts with those its checkpoint kept)
         share = Fraction(1, self.settings.n)
-        self._note_oldest(row_id, [t for t in finished.values() if t is not None])
+        for trajectory in finished.values():  # a resumed row's episodes finished before the checkpoint
+            for call in trajectory.calls if trajectory is not None else ():
+                _fold_oldest(self._row_oldest, row_id, min(call.output_versions, default=None))
         released = [share * len(finished)]  # share of the row's concurrency slot its finished episodes gave back
         self.staleness.episode_done(released[0])
 
@@ -367,11 +373,6 @@ class Rollouter:
             self.staleness.finish(produced_group=produced, running_share=1 - released[0])
             self._set_running(-1)
             self._wake.set()
-
-    def _note_oldest(self, row_id: str, trajectories: list[Trajectory]) -> None:
-        versions = [min(c.output_versions) for t in trajectories for c in t.calls if c.output_versions]
-        if versions and min(versions) < self._row_oldest.get(row_id, min(versions) + 1):
-            self._row_oldest[row_id] = min(versions)
 
     async def run_harness(self, client: RolloutClient, row: Any) -> Any:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
@@ -410,6 +411,4 @@ class Rollouter:
         finally:
             del self._clients[row_id, index]
             client.close()
-            version = client.episode.oldest_version
-            if version is not None and version < self._row_oldest.get(row_id, version + 1):
-                self._row_oldest[row_id] = version
+            _fold_oldest(self._row_oldest, row_id, client.episode.oldest_version)
