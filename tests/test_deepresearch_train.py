@@ -35,7 +35,7 @@ async def test_train_runs_the_gateway_harness_with_http_retrieval(ray_cluster, t
     config, train = load_config(
         "harness=gateway", "retrieval.mode=server", "total_steps=2", "rollout.n=4", "rollout.batch_size=2",
         "rollout.max_running_rows=4", "evaluation.questions=4", "evaluation.samples_per_row=1", "warmup.steps=5",
-        "warmup.short_steps=5", f"output_dir={tmp_path / 'run'}")
+        "warmup.short_steps=5", "warmup.copy_steps=5", f"output_dir={tmp_path / 'run'}")
     summary = await train.run(config)
     assert summary["steps"] == 2 and summary["episode_failures"] == 0
     assert summary["episodes"]["episodes"] >= 2 * 4

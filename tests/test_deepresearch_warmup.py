@@ -11,8 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from examples.deepresearch.reward import extract_boxed
 from examples.deepresearch.tools import SCHEMAS
-from examples.deepresearch.warmup import (WarmupSpec, _Batcher, entity_names, extend_vocabulary, share_updates,
-                                          shared_prefix_loss, synthetic_conversation, tokenize_conversation)
+from examples.deepresearch.warmup import (WarmupSpec, _Batcher, copy_accuracy, entity_names, extend_vocabulary,
+                                          share_updates, shared_prefix_loss, synthetic_conversation,
+                                          tokenize_conversation)
 from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.world import WorldSpec, documents, generate_world, questions
 from fullasync.models import load_tokenizer
@@ -74,3 +75,37 @@ def test_shared_prefix_loss_equals_the_plain_loss_and_name_rows_move_together(wo
     shared.backward()
     grad = model.get_input_embeddings().weight.grad
     assert torch.equal(grad[names], grad[names[:1]].expand(len(names), -1)) and grad[names[0]].abs().sum() > 0
+
+
+def test_copy_phase_trains_only_the_first_search_call_and_the_probe_reads_the_first_query(world, tiny_model_path):
+    the_world, rows, index = world
+    tokenizer = load_tokenizer(tiny_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    extend_vocabulary(tokenizer, model, entity_names(the_world), seed=0)
+    prefix, rest, attention, labels = _Batcher(SPEC, tokenizer, rows, index, random.Random(0)).batch("copy")
+    assert rest.shape[0] == SPEC.copy_batch_size
+    for row in range(rest.shape[0]):
+        text = tokenizer.decode(torch.cat([prefix, rest[row][attention[row] == 1]]))
+        trained = tokenizer.decode([t for t in labels[row].tolist() if t != -100])
+        assert text.count("<|im_start|>assistant") == 1 and "<tool_response>" not in text and "<tools>" not in text
+        query = trained.split('"query": "')[1].split('"')[0]
+        assert trained.startswith("<tool_call>") and trained.endswith("<|im_end|>") and query in text.split("user")[1]
+
+    # the probe scores 1 for a model that puts the name first, 0 for one that never does
+    probe = [r for r in rows if r["hops"] == 1][:3]
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, boost_name: bool):
+            super().__init__()
+            self.boost_name = boost_name
+
+        def forward(self, input_ids):
+            logits = torch.zeros(1, input_ids.shape[1], len(tokenizer))
+            if self.boost_name:  # the one name in the question, copied
+                name = next(t for t in input_ids[0].tolist() if tokenizer.convert_ids_to_tokens(t) in set(
+                    entity_names(the_world)))
+                logits[0, -1, name] = 1.0
+            return type("Output", (), {"logits": logits})()
+
+    assert copy_accuracy(Oracle(True), tokenizer, probe, SPEC) == 1.0
+    assert copy_accuracy(Oracle(False), tokenizer, probe, SPEC) == 0.0

@@ -55,11 +55,14 @@ class RetrievalSection:
 
 @dataclass
 class WarmupSection:
-    short_steps: int = 600  # supervised steps on trajectories without the system prompt and tool list (cheap)
-    short_batch_size: int = 32
+    copy_steps: int = 800  # supervised steps on the question and first search call only (learns to copy names)
+    copy_batch_size: int = 32
+    short_steps: int = 1200  # then whole trajectories without the system prompt and tool list (cheap)
+    short_batch_size: int = 16
     steps: int = 200  # then supervised steps on the full prompts the agent sends
     batch_size: int = 16
-    lr: float = 2e-3
+    lr: float = 5e-4  # 2e-3 never formed the copy circuit on this machine
+    name_scale: float = 8.0  # spread of the name tokens' embeddings over the model's other rows (tied: sharper copies)
     unboxed_share: float = 0.5  # deliberate mistake: final answer without \boxed{}
     stop_early_share: float = 0.4  # deliberate mistake: multi-hop answered after too few searches
     repeat_search_share: float = 0.1  # deliberate mistake: the same search twice in a row
@@ -67,9 +70,10 @@ class WarmupSection:
     def spec(self, world: WorldSpec, agent: AgentConfig) -> WarmupSpec:
         return WarmupSpec(world=world, tools=tuple(agent.tools), top_k=agent.top_k, system_prompt=agent.system_prompt,
                           unboxed_share=self.unboxed_share, stop_early_share=self.stop_early_share,
-                          repeat_search_share=self.repeat_search_share, short_steps=self.short_steps,
+                          repeat_search_share=self.repeat_search_share, copy_steps=self.copy_steps,
+                          copy_batch_size=self.copy_batch_size, short_steps=self.short_steps,
                           short_batch_size=self.short_batch_size, steps=self.steps,
-                          batch_size=self.batch_size, lr=self.lr)
+                          batch_size=self.batch_size, lr=self.lr, name_scale=self.name_scale)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from fullasync.models.tiny import (
     build_tiny_model,
     default_cache_root,
     load_tokenizer,
+    model_vocab_size,
     read_chat_template,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "default_cache_root",
     "is_complete_build",
     "load_tokenizer",
+    "model_vocab_size",
     "read_chat_template",
     "read_chat_template_source",
     "with_chat_template",

@@ -403,7 +403,10 @@ class Rollouter:
             raise
         except Exception as error:  # a harness failure is data, not a crash: record and go on
             self.episode_failures += 1
-            self.failure_reasons[failure_reason(error)] += 1
+            reason = failure_reason(error)
+            if reason not in self.failure_reasons:  # each kind once, with its message: the counts say how often
+                log.warning("row %s episode %d failed (%s, counted, not trained): %s", row_id, index, reason, error)
+            self.failure_reasons[reason] += 1
             self.recent_failures.append(
                 EpisodeFailure(row_id, index, f"{type(error).__name__}: {error}", traceback.format_exc())
             )
