@@ -59,7 +59,7 @@ from fullasync.models.tiny import VOCAB_MULTIPLE
 WARMUP_FORMAT = 3  # bump when the procedure changes; part of the cache key
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
 TURN_END = "<|im_end|>"
-CUT_AFTER_REPLY = {"copy": 1, "read": 2}  # phases trained on a conversation's first n replies only
+PHASES = ("copy", "short", "full")  # the warm-up's phases, in order (see `_Batcher.batch`)
 
 
 @dataclass(frozen=True)
@@ -172,14 +172,13 @@ class _Batcher:
         hops = sorted(self.by_hops)
         rows = self.by_hops[self.rng.choices(hops, [len(self.by_hops[h]) for h in hops])[0]]
         full = phase == "full"
-        size = {"copy": self.spec.copy_batch_size, "read": self.spec.short_batch_size, "short": self.spec.short_batch_size}.get(phase, self.spec.batch_size)
+        size = dict(zip(PHASES, (self.spec.copy_batch_size, self.spec.short_batch_size, self.spec.batch_size)))[phase]
         examples = []
         for _ in range(size):
             messages = synthetic_conversation(rows[self.rng.randrange(len(rows))], self.index, self.spec, self.rng,
                                               with_system=full)
-            if phase in CUT_AFTER_REPLY:  # up to and including the assistant's n-th reply
-                replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-                messages = messages[:replies[min(CUT_AFTER_REPLY[phase], len(replies)) - 1] + 1]
+            if phase == "copy":  # up to and including the first reply (the first search call)
+                messages = messages[:next(i for i, m in enumerate(messages) if m["role"] == "assistant") + 1]
             examples.append(tokenize_conversation(self.tokenizer, messages, self.tools if full else None))
         first_label = min(next(i for i, label in enumerate(labels) if label != -100) for _, labels in examples)
         shared = min(_common_prefix_length([ids for ids, _ in examples]), first_label) - 1  # >= 1 token per rest
@@ -272,8 +271,7 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     model.get_input_embeddings().weight.register_hook(share_updates(names))
     batcher = _Batcher(spec, tokenizer, train_rows, Bm25Index(documents(world)), random.Random(spec.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    phases = [("copy", spec.copy_steps), ("short", spec.short_steps), ("full", spec.steps)]
-    plan = [phase for phase, steps in phases for _ in range(steps)]
+    plan = [phase for phase, steps in zip(PHASES, (spec.copy_steps, spec.short_steps, spec.steps)) for _ in range(steps)]
     total, decay = len(plan), spec.short_steps + spec.steps
     # constant through the copy phase (the circuit forms abruptly, late), then a linear decay to 10%
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(
