@@ -27,7 +27,7 @@ from fullasync.config import BUILTIN_MODEL, RunConfig
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.logs import configure_logging
 from fullasync.metrics import MetricsSink
-from fullasync.models import load_tokenizer, model_vocab_size
+from fullasync.models import load_tokenizer
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
@@ -208,8 +208,7 @@ class AsyncAgentTrainer:
             model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
             resume_timeout_s=cfg.rollout.resume_timeout_s, tool_parser=cfg.model.tool_parser,
             # a call whose engines all died waits for the restart (detection is already behind it)
-            restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0,
-            vocab_size=model_vocab_size(model_path)))
+            restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0))
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep, self.fingerprint())
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,

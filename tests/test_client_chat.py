@@ -128,10 +128,10 @@ async def test_completions_prompt_as_text_or_ids(engine, tokenizer):
 
 class _ShortTokenizer:
     """The tiny tokenizer with its last ids missing, as a padded embedding leaves the tokenizer behind the model
-    (Qwen2.5: 151,936 embedding rows, 151,665 tokens)."""
+    (Qwen2.5: 151,936 embedding rows, 151,665 tokens); `name_or_path` is its model directory ("" = none known)."""
 
-    def __init__(self, tokenizer, length: int) -> None:
-        self._tokenizer, self._length = tokenizer, length
+    def __init__(self, tokenizer, length: int, name_or_path: str) -> None:
+        self._tokenizer, self._length, self.name_or_path = tokenizer, length, name_or_path
 
     def __len__(self) -> int:
         return self._length
@@ -143,13 +143,16 @@ class _ShortTokenizer:
 async def test_ids_the_model_can_sample_beyond_the_tokenizer_are_accepted_back(engine, tokenizer, tiny_model_path):
     from fullasync.models import model_vocab_size
 
-    short = _ShortTokenizer(tokenizer, len(tokenizer) - 24)
-    prompt = [10, 11, len(short) + 3]  # an id in the embedding's padding, e.g. sampled on an earlier turn
-    with pytest.raises(InvalidRequestError, match=f"outside the vocabulary .*\\[0, {len(short)}\\)"):
-        await RolloutService([engine], short).client().completions.create(model="policy", prompt=prompt, max_tokens=2)
-    padded = RolloutService([engine], short, ClientConfig(vocab_size=model_vocab_size(tiny_model_path)))
-    response = await padded.client().completions.create(model="policy", prompt=prompt, max_tokens=2)
-    assert response.usage.prompt_tokens == 3 and response.usage.completion_tokens >= 1
-    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
-        await padded.client().completions.create(model="policy", prompt=[model_vocab_size(tiny_model_path)],
-                                                 max_tokens=2)
+    rows = model_vocab_size(tiny_model_path)
+    unplaced = _ShortTokenizer(tokenizer, len(tokenizer) - 24, "")
+    prompt = [10, 11, len(unplaced) + 3]  # an id in the embedding's padding, e.g. sampled on an earlier turn
+    with pytest.raises(InvalidRequestError, match=f"outside the vocabulary .*\\[0, {len(unplaced)}\\)"):
+        await RolloutService([engine], unplaced).client().completions.create(model="policy", prompt=prompt,
+                                                                               max_tokens=2)
+    for padded in (RolloutService([engine], unplaced, ClientConfig(vocab_size=rows)),  # told
+                   RolloutService([engine], _ShortTokenizer(tokenizer, len(unplaced), tiny_model_path))):  # read
+        assert padded.vocab_size == rows
+        response = await padded.client().completions.create(model="policy", prompt=prompt, max_tokens=2)
+        assert response.usage.prompt_tokens == 3 and response.usage.completion_tokens >= 1
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+            await padded.client().completions.create(model="policy", prompt=[rows], max_tokens=2)

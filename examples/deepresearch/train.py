@@ -81,7 +81,7 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     from fullasync.api import AsyncAgentTrainer, engine_config
     from fullasync.client import ClientConfig, RolloutService
     from fullasync.engines.vllm_engine import launch_vllm_engines
-    from fullasync.models import load_tokenizer, model_vocab_size
+    from fullasync.models import load_tokenizer
     from fullasync.runtime import init_ray
 
     started = time.monotonic()
@@ -102,8 +102,7 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     engines = await launch_vllm_engines(engine_config(config, config.model.path), config.engine.num_engines)
     try:
         service = RolloutService(engines, load_tokenizer(config.model.path), ClientConfig(
-            model_name=config.model.served_name, max_model_len=config.engine.max_model_len,
-            vocab_size=model_vocab_size(config.model.path)))
+            model_name=config.model.served_name, max_model_len=config.engine.max_model_len))
 
         async def evaluate(when: str):
             report = await evaluate_on_service(service, heldout_rows, tools, config.agent,

@@ -22,7 +22,7 @@ the context. Training runs in three phases: the question and the first search ca
 phase: short, every example's loss dominated by copying the name), then whole conversations without
 the system prompt and tool list, then the full prompts; the prompt prefix all conversations share is
 run once per batch (`shared_prefix_loss`). At the end `copy_accuracy` probes held-out questions
-(never trained on): the share whose first query is the question's entity name under greedy decoding,
+(never trained on): the share whose first query's name token, teacher-forced, is the most likely one,
 printed and written to `warmup.json` in the policy's directory.
 
 Measured on this machine (2 layers, width 128, 200 held-out probes), what the defaults rest on:
@@ -89,6 +89,12 @@ class WarmupSpec:
         return spec_key(WARMUP_FORMAT, self)
 
 
+def search_call(query: str, call_id: str) -> dict[str, Any]:
+    """The assistant message that searches `query`, as the agent's client returns it."""
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "search", "arguments": json.dumps({"query": query})}}]}
+
+
 def synthetic_conversation(row: dict[str, Any], index: Bm25Index, spec: WarmupSpec, rng: random.Random,
                            with_system: bool = True) -> list[dict[str, Any]]:
     """One trajectory for `row` in the agent's message format, mistakes drawn from `rng`."""
@@ -102,9 +108,7 @@ def synthetic_conversation(row: dict[str, Any], index: Bm25Index, spec: WarmupSp
         repeats = 2 if rng.random() < spec.repeat_search_share else 1
         for _ in range(repeats):
             call_id = f"call_{len(messages)}"
-            arguments = json.dumps({"query": query})
-            messages.append({"role": "assistant", "content": None, "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": "search", "arguments": arguments}}]})
+            messages.append(search_call(query, call_id))
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": format_hits(index.search_now(query, spec.top_k))})
     answer = row["answer"] if hops == len(queries) else queries[hops]
@@ -299,8 +303,9 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
 
 
 def copy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], spec: WarmupSpec) -> float:
-    """Share of `rows` whose first search query, under the full prompt and greedy decoding, starts with
-    the question's entity name (the policy's step RL cannot teach: copying an unseen name)."""
+    """Share of `rows` where, under the full prompt and the first search call's tokens up to its query
+    (teacher-forced), the most likely next token is the question's entity name: the step RL cannot
+    teach, copying an unseen name."""
     import torch
 
     tools = [SCHEMAS[name] for name in spec.tools]
@@ -309,8 +314,7 @@ def copy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], spec: 
         for row in rows:
             name = row["search_queries"][0]
             messages = [{"role": "system", "content": spec.system_prompt}, {"role": "user", "content": row["question"]},
-                        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_2", "type": "function",
-                         "function": {"name": "search", "arguments": json.dumps({"query": name})}}]}]
+                        search_call(name, "call_2")]
             ids, _ = tokenize_conversation(tokenizer, messages, tools)
             position = max(i for i, token in enumerate(ids) if token == tokenizer.convert_tokens_to_ids(name))
             logits = model(input_ids=torch.tensor([ids[:position]])).logits[0, -1]

@@ -33,6 +33,7 @@ from fullasync.client.tool_parsers import make_tool_parser
 from fullasync.engines.protocol import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import InvalidRequestError
+from fullasync.models.tiny import model_vocab_size
 from fullasync.types import FinishReason, ModelCall, Trajectory
 
 log = logging.getLogger("fullasync")
@@ -48,8 +49,8 @@ class ClientConfig:
     tool_parser: str = "hermes"  # format of tool calls in the output; see fullasync.client.tool_parsers
     max_top_logprobs: int = 20  # the engines' max_logprobs: most alternatives per token a request may ask for
     restart_wait_s: float = 0.0  # a call whose engines all died waits this long for one to be restarted
-    # token ids the engines can sample: the model's embedding rows (config.json's vocab_size), which a
-    # padded embedding puts beyond the tokenizer's last id; 0 = the tokenizer's length
+    # token ids the engines can sample: the model's embedding rows, which a padded embedding puts beyond
+    # the tokenizer's last id; 0 = read config.json next to the tokenizer (else the tokenizer's length)
     vocab_size: int = 0
 
 
@@ -73,7 +74,9 @@ class RolloutService:
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
         self.tool_parser = make_tool_parser(config.tool_parser)
-        self.vocab_size = max(config.vocab_size, len(tokenizer))  # an id the engine sampled is one it accepts back
+        # an id the engine sampled is one it accepts back (padded embeddings sample beyond the tokenizer)
+        model_rows = config.vocab_size or model_vocab_size(getattr(tokenizer, "name_or_path", "") or None)
+        self.vocab_size = max(model_rows, len(tokenizer))
         # call ids: unique per service (and across services: a random prefix), cheaper than a uuid per call
         self.call_ids = map(f"{uuid.uuid4().hex[:8]}-{{}}".format, itertools.count())
         self._warned: set[str] = set()  # fields accepted but ignored, warned about once

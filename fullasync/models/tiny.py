@@ -139,11 +139,11 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def model_vocab_size(model_dir: Path | str) -> int:
-    """Rows of the model's token embedding (`vocab_size` in its config.json; 0 when absent): the ids its
-    engine can sample, which a padded embedding puts beyond the tokenizer's last id."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
+def model_vocab_size(model_dir: Path | str | None) -> int:
+    """Rows of the model's token embedding (`vocab_size` in its config.json; 0 when absent or no
+    directory): the ids its engine can sample, which a padded embedding puts beyond the tokenizer's last id."""
+    path = Path(model_dir) / "config.json" if model_dir else None
+    if path is None or not path.is_file():
         return 0
     config = json.loads(path.read_text(encoding="utf-8"))
     return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)
