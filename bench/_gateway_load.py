@@ -1,8 +1,17 @@
 """The harness side of bench/gateway_overhead.py, in a process of its own as real harnesses are.
 
-Reads commands from stdin, one JSON object per line: {"urls": [[base_url, api_key], ...], "request": {...},
-"stream": bool}. For each, sends one request per URL at once with the `openai` SDK and answers with one JSON
-line {"requests", "tokens", "seconds"}. An empty line ends it.
+Reads commands from stdin, one JSON object per line:
+- {"urls": [[base_url, api_key], ...], "request": {...}, "stream": bool, "seconds": T, "sigma": σ}: every URL
+  is one episode sending the request with the `openai` SDK again as soon as it is answered, for T seconds
+  (`_timing.sustained`), each turn's `max_tokens` from `_timing.turn_length`; answers {"tokens", "seconds"};
+- {"close": [base_url, ...]}: closes those episodes' clients; answers {"closed": n}.
+An empty line ends it.
+
+Each episode (base URL) gets its own SDK client with its own HTTP connection pool, made on its first request
+and kept for its later ones, as an agent keeps its client across turns. One pool shared by hundreds of
+episodes would cost every request a scan of all its connections (httpcore checks each for expiry, a
+`getpeername` per connection): at 256 episodes that scan was a fifth of this process's CPU, a cost of the
+load generator and not of the gateway.
 """
 
 from __future__ import annotations
@@ -10,29 +19,49 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
+from typing import Any
 
 import httpx
-from _timing import completion_tokens  # bench/ is on sys.path when run as a script
+from _timing import completion_tokens, sustained, turn_length  # bench/ is on sys.path when run as a script
 from openai import AsyncOpenAI
 
 
-async def one(http: httpx.AsyncClient, url: str, key: str, request: dict, stream: bool) -> int:
-    sdk = AsyncOpenAI(base_url=url, api_key=key, http_client=http, max_retries=0)
-    return await completion_tokens(sdk.chat.completions, request, stream)
+class Episodes:
+    """One SDK client per episode's base URL."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, AsyncOpenAI] = {}
+
+    def sdk(self, url: str, key: str) -> AsyncOpenAI:
+        if url not in self.clients:
+            self.clients[url] = AsyncOpenAI(base_url=url, api_key=key, max_retries=0,
+                                            http_client=httpx.AsyncClient(timeout=600))
+        return self.clients[url]
+
+    async def close(self, urls: list[str]) -> int:
+        closing = [self.clients.pop(url) for url in urls if url in self.clients]
+        await asyncio.gather(*(sdk.close() for sdk in closing))
+        return len(closing)
 
 
 async def main() -> None:
-    http = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024))
+    episodes = Episodes()
     loop = asyncio.get_running_loop()
     while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
         command = json.loads(line)
-        start = time.perf_counter()
-        tokens = await asyncio.gather(*(one(http, url, key, command["request"], command["stream"])
-                                        for url, key in command["urls"]))
-        print(json.dumps({"requests": len(tokens), "tokens": sum(tokens), "seconds": time.perf_counter() - start}),
-              flush=True)
-    await http.aclose()
+        if "close" in command:
+            print(json.dumps({"closed": await episodes.close(command["close"])}), flush=True)
+            continue
+        request, stream, sigma = command["request"], command["stream"], command["sigma"]
+        sdks = [episodes.sdk(url, key).chat.completions for url, key in command["urls"]]
+
+        def send(episode: int, turn: int, sdks: list = sdks) -> Any:
+            length = turn_length(episode, turn, request["max_tokens"], sigma)
+            return completion_tokens(sdks[episode], {**request, "max_tokens": length}, stream)
+
+        tokens, seconds = await sustained(send, len(sdks), command["seconds"])
+        print(json.dumps({"tokens": tokens, "seconds": seconds}), flush=True)
+    await episodes.close(list(episodes.clients))
 
 
 if __name__ == "__main__":

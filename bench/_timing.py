@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -21,6 +23,32 @@ async def completion_tokens(completions, request: dict, stream: bool) -> int:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
     return tokens
+
+
+def turn_length(episode: int, turn: int, median: int, sigma: float) -> int:
+    """`max_tokens` of an episode's turn: `median` (sigma 0), or lognormal around it with σ = `sigma`, capped at
+    8 × median; the same sequence in every process."""
+    if sigma == 0:
+        return median
+    z = random.Random(f"{episode}/{turn}").gauss(0.0, 1.0)
+    return max(1, min(8 * median, round(median * math.exp(sigma * z))))
+
+
+async def sustained(send: Callable[[int, int], Awaitable[int]], episodes: int, seconds: float) -> tuple[int, float]:
+    """Tokens and wall seconds of closed-loop load: each of `episodes` episodes sends its next request
+    (`send(episode, turn)`, returning the tokens it produced) as soon as its last one is answered, until
+    `seconds` have passed; requests under way then finish and count. `seconds` = 0: one request each."""
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def episode(index: int) -> int:
+        tokens, turn = await send(index, 0), 1
+        while time.perf_counter() < deadline:
+            tokens, turn = tokens + await send(index, turn), turn + 1
+        return tokens
+
+    tokens = sum(await asyncio.gather(*(episode(i) for i in range(episodes))))
+    return tokens, time.perf_counter() - start
 
 
 async def wave(make_one: Call, concurrency: int) -> tuple[int, int, float]:

@@ -1,14 +1,24 @@
 """Tokens/s through the HTTP gateway vs the in-process client, in one run (ratios).
 
-Same engine (vLLM, the tiny model), same chat request (EOS ignored, fixed length), non-streaming and
-streaming, at 1, 64 and 256 concurrent episodes. The in-process path is a `rollout_fn`'s: the client in
-the driver's event loop. The gateway path is a harness's: the `openai` SDK in a process of its own
-(bench/_gateway_load.py), one base URL per episode, over loopback HTTP to the gateway in the driver's
-loop — so the SDK's own parsing is not counted against the gateway, as with a real harness. The two
-paths take turns wave by wave so drift hits both alike. Asserts nothing; writes its section of
-docs/benchmarks.md unless --no-write.
+Same engine (vLLM, the tiny model), same chat requests (EOS ignored), non-streaming and streaming, at 1,
+64 and 256 concurrent episodes. The in-process path is a `rollout_fn`'s: the client in the driver's event
+loop. The gateway path is a harness's: the `openai` SDK in a process of its own (bench/_gateway_load.py),
+one base URL per episode, over loopback HTTP to the gateway in the driver's loop — so the SDK's own
+parsing is not counted against the gateway, as with a real harness.
 
-    .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--episodes 1,64,256]
+Load is closed-loop, as in a rollout: each episode keeps its client (in-process) or its SDK client and
+connection (gateway) over its turns and sends its next request as soon as its last one is answered, for
+`--seconds`; the paths take turns `--rounds` times so drift hits both alike. Settings (`--settings`):
+- cores *shared*: every process may use every core (the engine with one thread per core); *split*: the
+  engine alone on every core but the last, the driver and the harness process on the last — a cluster's
+  arrangement, where a harness's CPU does not take the engine's;
+- lengths *fixed*: every response `--max-tokens` long, so episodes move in lockstep and every request's
+  CPU (SDK, HTTP, client) falls between two engine batches; *varied*: lognormal around it (σ 1, as the
+  long-tail workload), the same sequence on both paths, so that CPU overlaps decoding as in a rollout.
+Asserts nothing; writes its section of docs/benchmarks.md unless --no-write.
+
+    .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--seconds 4] [--episodes 1,64,256]
+                                         [--settings shared-fixed,shared-varied,split-varied]
 """
 
 from __future__ import annotations
@@ -19,9 +29,11 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from _timing import MESSAGES, completion_tokens, tiny_engine_service
+from _timing import MESSAGES, completion_tokens, sustained, tiny_engine_service, turn_length
 from scheduling import write_section
 
 from fullasync.gateway import Gateway
@@ -29,10 +41,11 @@ from fullasync.gateway import Gateway
 BENCH = Path(__file__).resolve().parent
 DOCS = BENCH.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- gateway-overhead:begin -->", "<!-- gateway-overhead:end -->"
+VARIED_SIGMA = 1.0  # as the long-tail workload's lengths (fullasync.sim.workload)
 
 
 class HarnessProcess:
-    """The SDK side, in its own interpreter: one wave of requests per `wave()` call."""
+    """The SDK side, in its own interpreter: `load()` runs its episodes for a while."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
@@ -49,15 +62,23 @@ class HarnessProcess:
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    async def wave(self, urls: list[tuple[str, str]], request: dict, stream: bool) -> tuple[int, float, float]:
-        harness_cpu = self.cpu_s()
-        self.process.stdin.write((json.dumps({"urls": urls, "request": request, "stream": stream}) + "\n").encode())
+    async def _ask(self, command: dict) -> dict:
+        self.process.stdin.write((json.dumps(command) + "\n").encode())
         await self.process.stdin.drain()
         line = await self.process.stdout.readline()
         if not line:
             raise RuntimeError("the harness process ended early; run bench/_gateway_load.py alone to see why")
-        answer = json.loads(line)
+        return json.loads(line)
+
+    async def load(self, urls: list[tuple[str, str]], request: dict, stream: bool, seconds: float,
+                   sigma: float) -> tuple[int, float, float]:
+        harness_cpu = self.cpu_s()
+        answer = await self._ask({"urls": urls, "request": request, "stream": stream, "seconds": seconds,
+                                  "sigma": sigma})
         return answer["tokens"], answer["seconds"], self.cpu_s() - harness_cpu
+
+    async def close(self, urls: list[str]) -> None:
+        await self._ask({"close": urls})
 
     async def stop(self) -> None:
         self.process.stdin.write(b"\n")
@@ -65,63 +86,142 @@ class HarnessProcess:
         await self.process.wait()
 
 
-async def in_process_wave(service, request: dict, stream: bool, concurrency: int) -> tuple[int, float, float]:
-    async def one() -> int:
-        return await completion_tokens(service.client().chat.completions, request, stream)
+@dataclass(frozen=True)
+class Setting:
+    """Where the processes run and how long the responses are."""
 
-    start, cpu = time.perf_counter(), time.process_time()
-    tokens = sum(await asyncio.gather(*(one() for _ in range(concurrency))))
-    return tokens, time.perf_counter() - start, time.process_time() - cpu
+    split: bool  # the engine alone on its cores (split_cores), else every process on every core
+    sigma: float  # σ of the responses' lognormal lengths (`_timing.turn_length`); 0: all the same length
+
+    @classmethod
+    def parse(cls, text: str) -> Setting:
+        cores, _, lengths = text.partition("-")
+        if cores not in ("shared", "split") or lengths not in ("fixed", "varied"):
+            raise SystemExit(f"unknown setting {text!r}: use shared|split - fixed|varied, e.g. split-varied")
+        return cls(cores == "split", VARIED_SIGMA if lengths == "varied" else 0.0)
+
+    @property
+    def label(self) -> str:
+        return f"{'split' if self.split else 'shared'} cores, {'varied' if self.sigma else 'fixed'} lengths"
 
 
-async def gateway_wave(gateway: Gateway, harness: HarnessProcess, request: dict, stream: bool,
-                       concurrency: int) -> tuple[int, float, float, float]:
+async def in_process_load(clients: list, request: dict, stream: bool, seconds: float,
+                          sigma: float) -> tuple[int, float, float]:
+    def send(episode: int, turn: int) -> Any:
+        length = turn_length(episode, turn, request["max_tokens"], sigma)
+        return completion_tokens(clients[episode].chat.completions, {**request, "max_tokens": length}, stream)
+
     cpu = time.process_time()
+    tokens, elapsed = await sustained(send, len(clients), seconds)
+    return tokens, elapsed, time.process_time() - cpu
+
+
+async def gateway_load(harness: HarnessProcess, episodes: list, request: dict, stream: bool, seconds: float,
+                       sigma: float) -> tuple[int, float, float, float]:
+    cpu = time.process_time()
+    tokens, elapsed, harness_cpu = await harness.load([(e.base_url, e.api_key) for e in episodes], request, stream,
+                                                      seconds, sigma)
+    return tokens, elapsed, time.process_time() - cpu, harness_cpu
+
+
+async def measure_point(service, gateway: Gateway, harness: HarnessProcess, request: dict, stream: bool,
+                        concurrency: int, rounds: int, seconds: float, sigma: float) -> dict:
+    """One row: `concurrency` episodes per path, kept over the rounds (an agent's turns), each sending its next
+    request when its last is answered; one unmeasured request per episode first (connections, SDK clients);
+    then the paths take turns, `seconds` of load each per round."""
+    clients = [service.client() for _ in range(concurrency)]
     episodes = [gateway.open_episode() for _ in range(concurrency)]
+    totals = {"client": [0, 0.0, 0.0, 0.0], "gateway": [0, 0.0, 0.0, 0.0]}
     try:
-        tokens, seconds, harness_cpu = await harness.wave([(e.base_url, e.api_key) for e in episodes], request,
-                                                           stream)
-        return tokens, seconds, time.process_time() - cpu, harness_cpu
+        await in_process_load(clients, request, stream, 0, sigma)
+        await gateway_load(harness, episodes, request, stream, 0, sigma)
+        for _ in range(rounds):
+            for name, result in (("client", await in_process_load(clients, request, stream, seconds, sigma)),
+                                 ("gateway", await gateway_load(harness, episodes, request, stream, seconds, sigma))):
+                for i, value in enumerate(result):
+                    totals[name][i] += value
     finally:
+        await harness.close([e.base_url for e in episodes])
         for episode in episodes:
             gateway.close_episode(episode)
+    client_tps = totals["client"][0] / totals["client"][1]
+    gateway_tps = totals["gateway"][0] / totals["gateway"][1]
+    return {"episodes": concurrency, "stream": stream, "client_tps": client_tps, "gateway_tps": gateway_tps,
+            "ratio": gateway_tps / client_tps,
+            "client_us": 1e6 * totals["client"][2] / totals["client"][0],
+            "gateway_us": 1e6 * totals["gateway"][2] / totals["gateway"][0],
+            "harness_us": 1e6 * totals["gateway"][3] / totals["gateway"][0]}
 
 
-async def measure(max_tokens: int, rounds: int, concurrencies: list[int]) -> list[dict]:
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue  # ended meanwhile
+            children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` (threads it starts later inherit the set)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def split_cores(harness_pid: int) -> tuple[set[int], set[int]]:
+    """The engine (every process this one started but the harness: Ray and the engine actor) on all cores but
+    the last; this process and the harness on the last, as on a cluster where the engine has its own device."""
+    cores = sorted(os.sched_getaffinity(0))
+    engine_cpus, ours = set(cores[:-1]), {cores[-1]}
+    children, stack = _children(), [os.getpid()]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if child != harness_pid:
+                _pin(child, engine_cpus)
+    _pin(harness_pid, ours)
+    _pin(os.getpid(), ours)
+    return engine_cpus, ours
+
+
+async def measure(max_tokens: int, rounds: int, seconds: float, concurrencies: list[int],
+                  setting: Setting) -> list[dict]:
+    cores, split = sorted(os.sched_getaffinity(0)), setting.split
+    if split:  # before the engine starts: its thread count follows (fullasync.engines.platform)
+        os.environ["FULLASYNC_ENGINE_THREADS"] = str(len(cores) - 1)
     engine, service = await tiny_engine_service()
     gateway = Gateway(service)
     await gateway.start()
     harness = await HarnessProcess.start()
+    if split:
+        engine_cpus, ours = split_cores(harness.process.pid)
+        print(f"engine on cores {sorted(engine_cpus)} ({len(engine_cpus)} threads); driver and harness on "
+              f"{sorted(ours)}", flush=True)
     request = dict(model="policy", messages=MESSAGES, max_tokens=max_tokens, extra_body={"ignore_eos": True})
     rows = []
     try:
-        for stream in (False, True):  # warm-up: compile paths, open connections
-            await in_process_wave(service, request, stream, 4)
-            await gateway_wave(gateway, harness, request, stream, 4)
         for concurrency in concurrencies:
             for stream in (False, True):
-                totals = {"client": [0, 0.0, 0.0, 0.0], "gateway": [0, 0.0, 0.0, 0.0]}
-                for _ in range(rounds):
-                    for name, result in (("client", await in_process_wave(service, request, stream, concurrency)),
-                                         ("gateway", await gateway_wave(gateway, harness, request, stream,
-                                                                        concurrency))):
-                        for i, value in enumerate(result):
-                            totals[name][i] += value
-                client_tps = totals["client"][0] / totals["client"][1]
-                gateway_tps = totals["gateway"][0] / totals["gateway"][1]
-                row = {"episodes": concurrency, "stream": stream, "client_tps": client_tps,
-                       "gateway_tps": gateway_tps, "ratio": gateway_tps / client_tps,
-                       "client_us": 1e6 * totals["client"][2] / totals["client"][0],
-                       "gateway_us": 1e6 * totals["gateway"][2] / totals["gateway"][0],
-                       "harness_us": 1e6 * totals["gateway"][3] / totals["gateway"][0]}
+                row = await measure_point(service, gateway, harness, request, stream, concurrency, rounds, seconds,
+                                          setting.sigma)
+                row["setting"] = setting.label
                 rows.append(row)
-                print(f"{concurrency:>8} {'stream' if stream else 'json':>7} {client_tps:>10.0f} {gateway_tps:>10.0f} "
-                      f"{row['ratio']:>6.2f} {row['client_us']:>9.0f} {row['gateway_us']:>9.0f} {row['harness_us']:>9.0f}",
-                      flush=True)
+                print(f"{concurrency:>8} {'stream' if stream else 'json':>7} {row['client_tps']:>10.0f} "
+                      f"{row['gateway_tps']:>10.0f} {row['ratio']:>6.2f} {row['client_us']:>9.0f} "
+                      f"{row['gateway_us']:>9.0f} {row['harness_us']:>9.0f}", flush=True)
     finally:
         await harness.stop()
         await gateway.stop()
         await engine.shutdown()
+        if split:
+            os.environ.pop("FULLASYNC_ENGINE_THREADS")
+            _pin(os.getpid(), set(cores))
     return rows
 
 
@@ -131,19 +231,26 @@ def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, 
         "",
         "Tokens/s of the same chat requests through the gateway (the `openai` SDK in a separate process, one base "
         "URL per episode, loopback HTTP) and through the in-process client (a `rollout_fn`), on one vLLM engine "
-        "with the tiny model; the paths take turns wave by wave. Goal: ratio ≥ 0.97 at 1 episode, ≥ 0.9 at 64.",
+        "with the tiny model. Closed-loop load: each episode keeps its client and connection and sends its next "
+        "request when its last is answered; the paths take turns. Goal: ratio ≥ 0.97 at 1 episode, ≥ 0.9 at 64.",
         "",
-        "| episodes | response | in-process tok/s | gateway tok/s | gateway ÷ in-process | driver CPU µs/token "
-        "in-process | through the gateway | harness process CPU µs/token |",
-        "|---|---|---|---|---|---|---|---|",
-        *(f"| {r['episodes']} | {'SSE stream' if r['stream'] else 'JSON'} | {r['client_tps']:.0f} "
+        "| setting | episodes | response | in-process tok/s | gateway tok/s | gateway ÷ in-process | driver CPU "
+        "µs/token in-process | through the gateway | harness process CPU µs/token |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r['setting']} | {r['episodes']} | {'SSE stream' if r['stream'] else 'JSON'} "
+          f"| {r['client_tps']:.0f} "
           f"| {r['gateway_tps']:.0f} | {r['ratio']:.2f} | {r['client_us']:.0f} | {r['gateway_us']:.0f} "
           f"| {r['harness_us']:.0f} |" for r in rows),
         "",
-        "Driver CPU: the driver process's CPU time per generated token over the waves (client, gateway, engine "
+        "Driver CPU: the driver process's CPU time per generated token under load (client, gateway, engine "
         "handle; the engine and the harness process are not in it) — the gateway's own cost, whatever the load. "
         "Harness process CPU: the `openai` SDK's and httpx's side, which on this 2-core machine competes with the "
-        "engine and the driver for the same cores (a real cluster runs harnesses elsewhere).",
+        "engine and the driver for the same cores (a real cluster runs harnesses elsewhere). Settings: *shared* "
+        "cores: every process may use both cores, the engine with 2 threads; *split*: the engine (1 thread) alone "
+        "on one core, the driver and the harness process on the other, as on a cluster. *Fixed* lengths: every "
+        "response the same length, so episodes move in lockstep and each request's CPU falls between two engine "
+        "batches (the worst case); *varied*: lognormal lengths (σ 1, the same sequence on both paths), so that "
+        "CPU overlaps decoding as in a rollout.",
         "",
         f"Command: `{command}` — {elapsed_s:.0f} s; load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
         "(1 / 5 / 15 min) at the end, on this 2-core machine.",
@@ -154,15 +261,25 @@ def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="turns each path takes per row")
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of load per path and round")
     parser.add_argument("--episodes", default="1,64,256", help="concurrent episodes, comma-separated")
+    parser.add_argument("--settings", default="shared-fixed,shared-varied,split-varied",
+                        help="comma-separated CORES-LENGTHS: cores shared (every process on every core) or split "
+                        "(the engine on all but the last core, the driver and the harness on the last); lengths "
+                        f"fixed (every response --max-tokens long) or varied (lognormal around it, σ {VARIED_SIGMA})")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
     print(f"{'episodes':>8} {'body':>7} {'client':>10} {'gateway':>10} {'ratio':>6} {'client':>9} {'gateway':>9} "
           f"{'harness':>9}")
     print(f"{'':>8} {'':>7} {'tokens/s':>21} {'':>6} {'CPU µs/token (driver, driver, harness)':>29}")
     started = time.perf_counter()
-    rows = asyncio.run(measure(args.max_tokens, args.rounds, [int(c) for c in args.episodes.split(",")]))
+    concurrencies = [int(c) for c in args.episodes.split(",")]
+    settings = sorted((Setting.parse(text) for text in args.settings.split(",")), key=lambda s: s.split)
+    rows = []
+    for setting in settings:  # shared cores first: split_cores pins Ray's processes for good
+        print(f"{setting.label}:")
+        rows += asyncio.run(measure(args.max_tokens, args.rounds, args.seconds, concurrencies, setting))
     if not args.no_write:
         command = "python bench/gateway_overhead.py " + " ".join(sys.argv[1:])
         write_section(DOCS, render(rows, command.strip(), time.perf_counter() - started, os.getloadavg()), BEGIN, END)

@@ -6,6 +6,7 @@ log-probs, usage, optional token ids in vLLM's field names).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -22,6 +23,16 @@ from fullasync.client.continuation import StitchedGeneration
 from fullasync.client.tool_parsers import ParsedToolCall
 
 
+# ids of responses and tool calls, 32 hex digits like a uuid4's: a random prefix per process, then a counter,
+# so unique without an urandom system call per response (one was 2% of the driver's CPU at scale)
+_unique_hex = map(f"{uuid.uuid4().hex[:16]}{{:016x}}".format, itertools.count())
+
+
+def response_id(kind: str) -> str:
+    """A fresh response id: `chatcmpl-…` or `cmpl-…` as OpenAI writes them."""
+    return f"{kind}-{next(_unique_hex)}"
+
+
 def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> str:
     """Decoded output without special tokens, cut before a matched stop string (as OpenAI does)."""
     text = chat_tokens.decode(generation.output_ids)
@@ -35,7 +46,7 @@ def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> 
 def tool_call_objects(calls: list[ParsedToolCall]) -> list[ChatCompletionMessageToolCall]:
     return [
         ChatCompletionMessageToolCall(
-            id=f"call_{uuid.uuid4().hex[:24]}",
+            id=f"call_{next(_unique_hex)[8:]}",
             type="function",
             function={"name": call.name, "arguments": json.dumps(call.arguments)},
         )
@@ -89,7 +100,7 @@ def usage(prompt_tokens: int, generations: list[StitchedGeneration]) -> Completi
 
 def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: list, generations: list[StitchedGeneration], token_ids: bool) -> Any:
     response = cls(
-        id=f"{'chatcmpl' if cls is ChatCompletion else 'cmpl'}-{uuid.uuid4().hex}",
+        id=response_id("chatcmpl" if cls is ChatCompletion else "cmpl"),
         object=kind,
         created=int(time.time()),
         model=model,

@@ -9,7 +9,6 @@ abandons records nothing. A weight push mid-stream is invisible: the deltas simp
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -87,7 +86,7 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
                       token_ids: bool, include_usage: bool,
                       on_done: Callable[[StitchedGeneration, str | None, list], None]) -> AsyncIterator[ChatCompletionChunk]:
     """Chunks of one streamed chat completion; `on_done(generation, content, calls)` records it."""
-    chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    chunk_id, created = responses.response_id("chatcmpl"), int(time.time())
     texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
     first = _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""))
     if token_ids:
@@ -127,7 +126,7 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
                             on_done: Callable[[StitchedGeneration], None]) -> AsyncIterator[Completion]:
     """Text-completion chunks (`object: text_completion`), as OpenAI streams them; with `token_ids`, each
     choice carries its delta's ids and the first one also `prompt_token_ids` (vLLM's placement)."""
-    chunk_id, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    chunk_id, created = responses.response_id("cmpl"), int(time.time())
     texts = TextDeltas(chat_tokens, stop)
     prompt_pending = token_ids
 
