@@ -5,9 +5,10 @@ Everything runs on `VirtualClockLoop`, so simulated seconds cost no real time.
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
+import gc
+import weakref
 
 import pytest
 
@@ -143,6 +144,32 @@ def test_client_resubmits_aborted_generations_to_the_requested_length():
     assert call.num_resumes == 3 and call.resubmitted_tokens > 0
     assert call.output_versions[0] == 0 and call.output_versions[-1] == 3
     assert list(call.output_versions) == sorted(call.output_versions)
+
+
+def test_a_finished_episode_is_freed_without_the_cyclic_collector():
+    """A client, its episode and its recorded calls (every token tuple) go when the last reference does: a
+    reference cycle would keep them until the collector runs, which a run's driver makes rare on purpose."""
+    async def main():
+        engines = [SimulatedEngine("e", STEADY)]
+        service = RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+        client = service.client("episode")
+        await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=20, extra_body={"ignore_eos": True})
+        await client.completions.create(model="policy", prompt=[1, 2, 3, 4], max_tokens=5, extra_body={"ignore_eos": True})
+        assert client.chat.completions is not None  # the chat side holds no reference back either
+        trajectory = client.trajectory(1.0)
+        client.close()
+        refs = [weakref.ref(client), weakref.ref(client.episode)]
+        del client
+        await engines[0].shutdown()
+        return refs, trajectory
+
+    gc.disable()
+    try:
+        refs, trajectory = run_virtual(main)
+        assert [ref() for ref in refs] == [None, None]
+    finally:
+        gc.enable()
+    assert len(trajectory.calls) == 2 and len(trajectory.calls[0].output_ids) == 20  # what the trainer needs stays
 
 
 TINY = Workload(name="tiny", devices=4, batch_groups=4, group_size=4, prompt_tokens=16, median_length=32,

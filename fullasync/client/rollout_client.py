@@ -120,8 +120,16 @@ class RolloutClient:
     def __init__(self, service: RolloutService, episode_id: str) -> None:
         self.service = service
         self.episode = Episode(episode_id)
-        self.chat = _Chat(self)
-        self.completions = _Completions(self)
+
+    # Made per access rather than stored: a stored `_Chat(self)` would make every client a reference cycle,
+    # so a finished episode (its calls, every token tuple) would wait for the cyclic collector to be freed.
+    @property
+    def chat(self) -> _Chat:
+        return _Chat(self)
+
+    @property
+    def completions(self) -> _Completions:
+        return _Completions(self)
 
     def trajectory(self, reward: float, metadata: Mapping[str, Any] | None = None) -> Trajectory:
         """The episode's recorded calls as a `Trajectory` with `reward`."""
