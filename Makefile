@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.fullasync-installed
 
-.PHONY: setup setup-terminus run demo test test-all test-slow clean-venv
+.PHONY: setup setup-terminus run demo test test-unit test-all test-slow clean-venv
 
 setup: $(STAMP)
 
@@ -59,6 +59,17 @@ run: setup
 demo: setup
 	$(PY) -m fullasync.demo
 
+# docs/config.md, generated from the config's field declarations (a unit test fails when it is out of date).
+.PHONY: docs
+docs: setup
+	$(PY) -m fullasync.config_doc > docs/config.md
+
+# Tiers (tests/unit, tests/integration; markers in pyproject.toml): `test-unit` is the inner loop (no Ray, vLLM
+# or verl; under 90 s), `test` everything but the slow tests, `test-slow` those. pytest exits 5 (a failure
+# here) when a selection is empty.
+test-unit: setup
+	$(PY) -m pytest tests/unit -m "not slow" -q
+
 test: setup setup-terminus
 	$(PY) -m pytest -m "not slow" -x -q
 
@@ -71,3 +82,15 @@ test-slow: setup setup-terminus
 
 clean-venv:
 	rm -rf $(VENV) $(HARBOR_VENV)
+
+# Lint and type checks (ruff and mypy, pinned in the lock, configured in pyproject.toml); CI runs this before the
+# tests. mypy sees `agents/` and `patches/` under their installed names through links in $(VENV)/mypy-path.
+.PHONY: lint
+MYPY_PATH := $(VENV)/mypy-path
+
+lint: setup
+	mkdir -p $(MYPY_PATH)
+	ln -sfn $(CURDIR)/agents $(MYPY_PATH)/fullasync_agents
+	ln -sfn $(CURDIR)/patches $(MYPY_PATH)/fullasync_patches
+	$(VENV)/bin/ruff check fullasync agents patches tests bench examples
+	$(VENV)/bin/mypy

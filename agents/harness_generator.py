@@ -2,9 +2,10 @@
 
 Owns: the adapter's working directory and its `ZygoteLauncher` (`start_harness` in `setup`, both gone
 in `teardown`), the checks before an episode (set up, and a gateway base URL to point the harness at),
-running one episode's spec under the hard time limit, and `exit_statuses` — how episodes ended, where
-a launcher failure (crash, hard kill) counts under its exception's name. Does not own: the spec, what
-the harness runs, or the reward (each adapter: `fullasync_agents.mini_swe`, `fullasync_agents.terminus`).
+running one episode's spec record to its result record under the hard time limit, and `exit_statuses` —
+how episodes ended, where a launcher failure (crash, hard kill, a record that does not match its type)
+counts under its exception's name. Does not own: the spec, what the harness runs, or the reward (each
+adapter: `fullasync_agents.mini_swe`, `fullasync_agents.terminus`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from fullasync_agents.launcher import ZygoteLauncher
+from typing import TypeVar
 
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+from fullasync_agents.launcher import ZygoteLauncher
+from fullasync_agents.messages import Message
+
+OutcomeT = TypeVar("OutcomeT", bound=Message)
 
 
 class HarnessError(RuntimeError):
@@ -59,17 +62,27 @@ class HarnessGenerator(CustomGenerator):
 
     def launcher_for(self, episode: EpisodeContext, adapter: str) -> ZygoteLauncher:
         """The running launcher; the adapter's HarnessError if `setup()` has not run or there is no gateway URL."""
+        self.gateway(episode)
+        return self._running_launcher(adapter)
+
+    def gateway(self, episode: EpisodeContext) -> tuple[str, str]:
+        """The episode's gateway base URL and key, to point the harness at; HarnessError if it has none."""
+        if episode.base_url is None or episode.api_key is None:
+            raise self.harness_error("the episode has no gateway base URL: keep uses_gateway = True")
+        return episode.base_url, episode.api_key
+
+    def _running_launcher(self, adapter: str) -> ZygoteLauncher:
         if self._launcher is None:
             raise self.harness_error(f"{adapter}.setup() has not run: train through AsyncAgentTrainer / the "
                                      "rollouter, or await generator.setup() first")
-        if episode.base_url is None:
-            raise self.harness_error("the episode has no gateway base URL: keep uses_gateway = True")
         return self._launcher
 
-    async def run_harness(self, spec: dict[str, Any], timeout_s: float, files: Path | None = None) -> dict[str, Any]:
-        """One episode's result; a launcher failure is counted in `exit_statuses` and raised."""
+    async def run_harness(self, spec: Message, outcome_type: type[OutcomeT], timeout_s: float,
+                          files: Path | None = None) -> OutcomeT:
+        """One episode's result record; a launcher failure is counted in `exit_statuses` and raised."""
+        launcher = self._running_launcher(type(self).__name__)
         try:
-            return await self._launcher.run(spec, timeout_s, files)
+            return await launcher.run(spec, outcome_type, timeout_s, files)
         except Exception as error:
             self.exit_statuses[type(error).__name__] += 1
             raise

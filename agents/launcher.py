@@ -1,12 +1,14 @@
 """The trainer side of an out-of-process harness: start its zygote once, run each episode with a hard time limit.
 
 Owns: the zygote's life (`start`/`stop`) for any argv and environment (a harness in another
-interpreter included), asking it for one episode process per spec, waiting for that process without
-blocking the event loop (a pidfd), and the hard kill: at the time limit, or when the episode is
-cancelled, the episode process and every process below it are killed (`kill_tree`), so nothing
-outlives its episode. Reads the episode's result file; a process that ends without one is an
-infrastructure failure (`HarnessCrashedError`, with the tail of its log). The zygote is
-`fullasync_agents.zygote.serve`. Does not own: what an episode does, or its reward.
+interpreter included), asking it for one episode process per spec (an `EpisodeRequest` around the
+harness's spec record), waiting for that process without blocking the event loop (a pidfd), and the
+hard kill: at the time limit, or when the episode is cancelled, the episode process and every process
+below it are killed (`kill_tree`), so nothing outlives its episode. Reads the episode's result file into
+the harness's result record, checked on receipt; a process that ends without one is an infrastructure
+failure (`HarnessCrashedError`, with the tail of its log), and so is a record that does not match its
+type, either way (`HarnessMessageError`). The zygote is `fullasync_agents.zygote.serve`. Does not own:
+what an episode does, or its reward.
 """
 
 from __future__ import annotations
@@ -17,18 +19,24 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-from fullasync_agents.zygote import READY
+from typing import TypeVar
 
 from fullasync.rollout.processes import alive, kill_tree
+from fullasync_agents.messages import EpisodeRequest, ForkReply, Message, MessageError
+from fullasync_agents.zygote import READY
 
 ZYGOTE_START_TIMEOUT_S = 180.0  # importing litellm on a loaded 2-core machine can take a while
 FORK_TIMEOUT_S = 30.0
+OutcomeT = TypeVar("OutcomeT", bound=Message)
 
 
 class HarnessCrashedError(RuntimeError):
     """The harness process ended without a result: an infrastructure failure, never a reward of 0."""
+
+
+class HarnessMessageError(HarnessCrashedError):
+    """A record crossing the zygote boundary did not match its type: the harness refused the episode's spec, or
+    its result is malformed. An infrastructure failure (a version mismatch, a bug), never a reward of 0."""
 
 
 class HarnessTimeoutError(TimeoutError):
@@ -42,8 +50,13 @@ async def wait_for_exit(pid: int, timeout_s: float) -> None:
     except ProcessLookupError:  # ended already
         return
     loop = asyncio.get_running_loop()
-    ended = loop.create_future()
-    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+    ended: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(fd, on_exit)
     try:
         await asyncio.wait_for(ended, timeout_s)
     finally:
@@ -52,7 +65,7 @@ async def wait_for_exit(pid: int, timeout_s: float) -> None:
 
 
 class ZygoteLauncher:
-    """`await start()`, then `await run(spec, timeout_s)` per episode (concurrently), `await stop()`.
+    """`await start()`, then `await run(spec, OutcomeType, timeout_s)` per episode (concurrently), `await stop()`.
 
     `argv` starts the zygote (e.g. `[python, "-m", "fullasync_agents.terminus.runner"]`), `env` is its
     whole environment; `harness` names it in errors and `missing_hint` says how to install it.
@@ -80,6 +93,7 @@ class ZygoteLauncher:
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
             start_new_session=True, cwd=self.workdir, env=self.env)
         log.close()
+        assert self._zygote.stdout is not None  # piped
         try:
             line = await asyncio.wait_for(self._zygote.stdout.readline(), ZYGOTE_START_TIMEOUT_S)
         except TimeoutError:
@@ -98,17 +112,30 @@ class ZygoteLauncher:
         await self._zygote.wait()
         self._zygote = None
 
-    async def _fork(self, spec: dict[str, Any]) -> int:
+    def _pipes(self) -> tuple[asyncio.StreamWriter, asyncio.StreamReader]:
+        """The running zygote's stdin and stdout."""
         if self._zygote is None or self._zygote.returncode is not None:
             raise HarnessCrashedError(f"the {self.harness} launcher is not running: call setup() first "
                                       "(the rollouter does), and see zygote.log if it died")
+        stdin, stdout = self._zygote.stdin, self._zygote.stdout
+        assert stdin is not None and stdout is not None  # started with both piped
+        return stdin, stdout
+
+    async def _fork(self, request: EpisodeRequest) -> int:
+        stdin, stdout = self._pipes()
         async with self._fork_lock:
-            self._zygote.stdin.write((json.dumps(spec) + "\n").encode())
-            await self._zygote.stdin.drain()
-            line = await asyncio.wait_for(self._zygote.stdout.readline(), FORK_TIMEOUT_S)
+            stdin.write((json.dumps(request.to_json()) + "\n").encode())
+            await stdin.drain()
+            line = await asyncio.wait_for(stdout.readline(), FORK_TIMEOUT_S)
         if not line:
             raise HarnessCrashedError(f"the {self.harness} launcher died; see {self.workdir / 'zygote.log'}")
-        return int(json.loads(line)["pid"])
+        try:
+            reply = ForkReply.from_json(json.loads(line))
+        except (MessageError, ValueError) as error:
+            raise HarnessMessageError(f"the {self.harness} launcher answered {line[:200]!r}: {error}") from None
+        if reply.error:
+            raise HarnessMessageError(f"{self.harness}'s process refused the episode: {reply.error}")
+        return reply.pid
 
     def episode_dir(self) -> Path:
         """A fresh directory for the next episode's files (removed when its `run` ends)."""
@@ -117,12 +144,15 @@ class ZygoteLauncher:
         files.mkdir()
         return files
 
-    async def run(self, spec: dict[str, Any], timeout_s: float, files: Path | None = None) -> dict[str, Any]:
-        """Run one episode to its result; at `timeout_s` (or on cancellation) kill it and all it started."""
+    async def run(self, spec: Message, outcome_type: type[OutcomeT], timeout_s: float,
+                  files: Path | None = None) -> OutcomeT:
+        """Run one episode of `spec` to its `outcome_type` result; at `timeout_s` (or on cancellation) kill it and
+        all it started."""
         files = files if files is not None else self.episode_dir()
-        spec = {**spec, "result_path": str(files / "result.json"), "log_path": str(files / "harness.log")}
+        request = EpisodeRequest(spec.to_json(), result_path=str(files / "result.json"),
+                                 log_path=str(files / "harness.log"))
         try:
-            pid = await self._fork(spec)
+            pid = await self._fork(request)
             ended = False
             try:
                 await wait_for_exit(pid, timeout_s)
@@ -133,15 +163,19 @@ class ZygoteLauncher:
             finally:
                 if not ended and alive(pid):  # timed out or cancelled (the rollouter's episode timeout)
                     kill_tree(pid)
-            return self._result(files)
+            return self._result(files, outcome_type)
         finally:
             shutil.rmtree(files, ignore_errors=True)
 
-    def _result(self, files: Path) -> dict[str, Any]:
+    def _result(self, files: Path, outcome_type: type[OutcomeT]) -> OutcomeT:
         result = files / "result.json"
         if not result.exists():
             raise HarnessCrashedError(f"{self.harness}'s episode process ended without a result:\n{_log_tail(files)}")
-        return json.loads(result.read_text())
+        try:
+            return outcome_type.from_json(json.loads(result.read_text()))
+        except ValueError as error:  # a MessageError, or a file that is not JSON
+            raise HarnessMessageError(f"{self.harness}'s episode result is not a valid {outcome_type.__name__}: "
+                                      f"{error}") from None
 
 
 def _log_tail(files: Path, chars: int = 3000) -> str:

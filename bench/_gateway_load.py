@@ -55,7 +55,8 @@ async def main() -> None:
         request, stream, sigma = command["request"], command["stream"], command["sigma"]
         sdks = [episodes.sdk(url, key).chat.completions for url, key in command["urls"]]
 
-        def send(episode: int, turn: int, sdks: list = sdks) -> Any:
+        def send(episode: int, turn: int, sdks: list = sdks, request: dict = request, sigma: float = sigma,
+                 stream: bool = stream) -> Any:
             length = turn_length(episode, turn, request["max_tokens"], sigma)
             return completion_tokens(sdks[episode], {**request, "max_tokens": length}, stream)
 

@@ -17,13 +17,15 @@ from _timing import MESSAGES, interleaved, tiny_engine_service
 
 from fullasync.engines.protocol import GenerateRequest, SamplingOptions
 
+
 async def main(max_tokens: int, rounds: int) -> None:
     engine, service = await tiny_engine_service()
     prompt_ids = service.chat_tokens.prompt_ids(MESSAGES, None)
     sampling = SamplingOptions(ignore_eos=True)
 
     async def direct(i: int) -> int:
-        result = await engine.generate(GenerateRequest(f"direct-{time.monotonic_ns()}-{i}", tuple(prompt_ids), max_tokens, sampling))
+        request = GenerateRequest(f"direct-{time.monotonic_ns()}-{i}", tuple(prompt_ids), max_tokens, sampling)
+        result = await engine.generate(request)
         return len(result.output_ids)
 
     async def completions(i: int) -> int:

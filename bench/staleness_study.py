@@ -137,8 +137,8 @@ async def run_seed(specs: list[dict]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fullasync.api import AsyncAgentTrainer
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.api import AsyncAgentTrainer, engine_config
+    from fullasync.engines.vllm_engine import launch_vllm_engines
     from fullasync.runtime import init_ray
     from fullasync.weight_sync import WeightSync
 
@@ -146,9 +146,7 @@ async def run_seed(specs: list[dict]) -> None:
     model_path = AsyncAgentTrainer(first).model_path()
     warm = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).state_dict()
     init_ray()
-    (engine,) = await launch_vllm_engines(VLLMEngineConfig(
-        model_path=model_path, served_model_name=first.model.served_name, dtype=first.engine.dtype,
-        max_model_len=first.engine.max_model_len, max_num_seqs=first.engine.max_num_seqs, seed=first.seed))
+    (engine,) = await launch_vllm_engines(engine_config(first, model_path))
     try:
         for spec in specs:
             await WeightSync([engine], version=await engine.version()).push(warm)  # back to the warm policy
@@ -349,7 +347,7 @@ def plot(shown: list[StudyConfig], by_name: dict[str, list[dict]]) -> None:
     labels = [c.name.split(" ", 2)[-1] for c in shown if c.mode != "sync"]
     labels = list(dict.fromkeys(labels))
     colors = plt.get_cmap("tab10")
-    for axes, k in zip(panels[0], staleness):
+    for axes, k in zip(panels[0], staleness, strict=True):
         for config in [c for c in shown if c.mode == "sync" or c.max_staleness == k]:
             runs = by_name[config.name]
             if not runs:
@@ -364,8 +362,9 @@ def plot(shown: list[StudyConfig], by_name: dict[str, list[dict]]) -> None:
                          "linewidth": 2.2 if config.is_default else 1.4}
             label = config.name.removeprefix(f"async k={k} ") + (" (default)" if config.is_default else "")
             axes.plot(common, means, marker="o", markersize=3, label=f"{label} (n={len(runs)})", **style)
-            axes.fill_between(common, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                              color=style["color"], alpha=0.07)
+            lower = [m - s for m, s in zip(means, stds, strict=True)]
+            upper = [m + s for m, s in zip(means, stds, strict=True)]
+            axes.fill_between(common, lower, upper, color=style["color"], alpha=0.07)
         axes.set_title(f"max_staleness {k}")
         axes.set_xlabel("trained samples")
         axes.grid(alpha=0.3)

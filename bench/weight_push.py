@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scheduling import DOCS, write_section  # noqa: E402
+from scheduling import DOCS, write_section
 
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines  # noqa: E402
-from fullasync.runtime import init_ray  # noqa: E402
-from fullasync.weight_sync import WeightSync  # noqa: E402
+from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.runtime import init_ray
+from fullasync.weight_sync import WeightSync
 
 BEGIN, END = "<!-- weight-push:begin -->", "<!-- weight-push:end -->"
 MODELS = {"tiny": ("tiny", "float32"), "smollm2": ("smollm2-135m-instruct", "float32"),
@@ -131,12 +131,13 @@ async def measure(label: str, pushes: int, bucket_bytes: int, zero_copy_export: 
             in_actor = timing.pause_s + timing.update_s + timing.resume_s
             rows.append((ended - started, exported - started, timing.wall_s - in_actor, timing.pause_s,
                          timing.phases["copy_s"], timing.phases["load_s"], timing.phases["reset_s"],
-                         timing.resume_s, sum(engine.calls.values()) - calls, timing.phases["buckets"], timing.phases["shm_bytes"]))
+                         timing.resume_s, sum(engine.calls.values()) - calls, timing.phases["buckets"],
+                         timing.phases["shm_bytes"]))
             print(f"{label}: push {index}: {ended - started:.3f} s", flush=True)
     finally:
         await engine.shutdown()
         ray.kill(exporter)
-    median = [statistics.median(column) for column in zip(*rows)]
+    median = [statistics.median(column) for column in zip(*rows, strict=True)]
     return PushFigures(label, num_bytes, floor, *median[:9], int(median[9]), int(median[10]))
 
 

@@ -1,6 +1,6 @@
 """What the harness examples (`examples/mini_swe`, `examples/terminus`) share around training.
 
-Owns: the `evaluation` config section, the adapter's kwargs from an `agent` section, the generator mixin
+Owns: the adapter's kwargs from an `agent` section, the generator mixin
 that counts the weight versions each episode's tokens came from, the run itself with its summary
 (`<output_dir>/summary.json`: held-out solve rate before and after with binomial standard errors, wall
 time, episodes/s, a per-episode count, exits, episodes a weight push landed in) and the closing lines.
@@ -13,14 +13,9 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-
-@dataclass
-class EvaluationSection:
-    samples_per_row: int = 4  # held-out episodes per task before and after training
 
 
 def agent_kwargs(section: Any) -> dict[str, Any]:
@@ -48,6 +43,13 @@ class TracksWeightVersions:
             self.episodes_with_resumed_calls += any(call.num_resumes for call in calls)
 
 
+def check_served_name(agent_model_name: str, served_name: str) -> None:
+    """A litellm-style `hosted_vllm/<name>` must name the policy the gateway serves."""
+    if agent_model_name.partition("/")[2] != served_name:
+        raise ValueError(f"agent.model_name={agent_model_name!r} does not name model.served_name={served_name!r}; "
+                         f"set agent.model_name=hosted_vllm/{served_name}")
+
+
 def solve_rate(mean: float | None, episodes: int) -> dict[str, float | None]:
     """The held-out solve rate with its binomial standard error over `episodes`."""
     if mean is None:
@@ -62,10 +64,9 @@ async def train_and_summarize(config, generator: TracksWeightVersions, train: li
     `per_episode()` is the generator's count for each finished episode, averaged under `per_episode_key`."""
     from fullasync.api import AsyncAgentTrainer
 
-    config.val_samples_per_row = config.evaluation.samples_per_row
     result = await AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train,
                                      val_dataset=held_out).train_async()
-    episodes = len(held_out) * config.evaluation.samples_per_row
+    episodes = len(held_out) * config.val_samples_per_row
     counts = per_episode()
     summary = {
         "wall_s": time.monotonic() - started,

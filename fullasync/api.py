@@ -18,21 +18,26 @@ import importlib
 import json
 import logging
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig
+from fullasync.config_fields import shared_settings
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.logs import configure_logging
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
-from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.run.assemble import check_rollout_fn, settled_heap
+from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.runtime import init_ray
+
+if TYPE_CHECKING:
+    from fullasync.engines.protocol import Engine
+    from fullasync.trainer.verl_trainer import VerlTrainer
 
 log = logging.getLogger("fullasync")
 
@@ -48,15 +53,31 @@ def resolve_dotted(path: str, what: str) -> Any:
         raise ValueError(f"{what}={path!r} could not be resolved: {error}") from error
 
 
+# Fields of the `engine` section that are the run's, not an engine's (every other one is a VLLMEngineConfig field).
+RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb")
+RESTART_GRACE_S = 60.0  # a call whose engines all died waits for a restart this much beyond engine.start_timeout_s
+
+
 def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
-    """The engines a run of `config` starts (for callers that start them themselves and pass them in)."""
+    """The engines a run of `config` starts (for callers that start them themselves and pass them in): the
+    `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed."""
     section = config.engine
     return VLLMEngineConfig(
-        model_path=model_path, served_model_name=config.model.served_name, dtype=section.dtype,
-        max_model_len=section.max_model_len, max_num_seqs=section.max_num_seqs, seed=config.seed,
-        stall_timeout_s=section.stall_timeout_s, probe_interval_s=section.probe_interval_s,
-        start_timeout_s=section.start_timeout_s, ray_resources=dict(section.ray_resources),
+        model_path=model_path, served_model_name=config.model.served_name, seed=config.seed,
         extra_engine_kwargs={"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {},
+        **shared_settings(section, VLLMEngineConfig),
+    )
+
+
+def client_config(config: RunConfig) -> ClientConfig:
+    """The client of a run of `config`: it serves the engines' context length and `top_logprobs` limit (the same
+    fields), the model's name and tool-call format, and waits for interrupted and restarting engines."""
+    engine = config.engine
+    return ClientConfig(
+        model_name=config.model.served_name, tool_parser=config.model.tool_parser,
+        max_model_len=engine.max_model_len, max_top_logprobs=engine.max_logprobs,
+        resume_timeout_s=config.rollout.resume_timeout_s,
+        restart_wait_s=engine.start_timeout_s + RESTART_GRACE_S if engine.restart_on_failure else 0.0,
     )
 
 
@@ -156,7 +177,8 @@ class AsyncAgentTrainer:
         digest = hashlib.sha256()
         for row_id, row in self._rows():
             digest.update(json.dumps([row_id, row], sort_keys=True, default=repr).encode())
-        return {**self.config.fingerprint(), "data.num_rows": len(self.train_rows), "data.rows_sha256": digest.hexdigest()}
+        return {**self.config.fingerprint(), "data.num_rows": len(self.train_rows),
+                "data.rows_sha256": digest.hexdigest()}
 
     def resumable(self) -> Checkpoint | None:
         """The checkpoint this run continues (per `resume`), checked against this run; None: a fresh start."""
@@ -165,7 +187,8 @@ class AsyncAgentTrainer:
             log.warning("removed %d checkpoint(s) a crash interrupted while saving: %s", len(removed), removed)
         return checkpoint.find_resumable(self.checkpoint_root, self.config.resume, self.fingerprint())
 
-    async def train_async(self, engines: list | None = None, trainer: Any = None) -> LoopResult:
+    async def train_async(self, engines: Sequence[Engine] | None = None,
+                          trainer: VerlTrainer | None = None) -> LoopResult:
         """Run the training; `engines` / `trainer` already started by the caller are reused and left running."""
         from fullasync.trainer.verl_trainer import VerlTrainer
 
@@ -174,7 +197,7 @@ class AsyncAgentTrainer:
         model_path = self.model_path()
         init_ray(log_to_driver=cfg.worker_logs)
         own_engines, own_trainer = engines is None, trainer is None
-        if own_trainer:
+        if trainer is None:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         started = await asyncio.gather(
             launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if own_engines
@@ -204,13 +227,10 @@ class AsyncAgentTrainer:
         output_dir = Path(cfg.output_dir)
         sink = MetricsSink(output_dir / "metrics.jsonl", output_dir / "tensorboard" if cfg.tensorboard else None,
                            cfg.wandb_project or None)
-        service = RolloutService(engines, load_tokenizer(model_path), ClientConfig(
-            model_name=cfg.model.served_name, max_model_len=cfg.engine.max_model_len,
-            resume_timeout_s=cfg.rollout.resume_timeout_s, tool_parser=cfg.model.tool_parser,
-            # a call whose engines all died waits for the restart (detection is already behind it)
-            restart_wait_s=cfg.engine.start_timeout_s + 60.0 if cfg.engine.restart_on_failure else 0.0))
+        service = RolloutService(engines, load_tokenizer(model_path), client_config(cfg))
         try:
-            policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep, self.fingerprint())
+            policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
+                                      self.fingerprint())
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
                                  checkpoints=policy)

@@ -3,7 +3,8 @@
     fullasync train                                   # built-in task, fully async, defaults
     fullasync train mode=sync trainer.lr=1e-5         # overrides
     fullasync train --cfg job                         # print the merged config and exit
-    fullasync train --help                            # every field with its help
+    fullasync train --help                            # every field with its type, default and help
+    fullasync train --hydra-help                      # Hydra's own options
 
 A run checkpoints into output_dir/checkpoints (checkpoint.every) and the same command continues it
 (resume=auto). SIGTERM or Ctrl-C: the step under way finishes, a checkpoint is saved and the command
@@ -16,8 +17,10 @@ import logging
 import sys
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
 
 from fullasync.config import RunConfig
+from fullasync.config_doc import HELP_FLAGS, exit_with_help_if_asked
 
 COMMANDS = ("train",)
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped by a signal after saving a checkpoint
@@ -27,13 +30,14 @@ def _register() -> None:
     ConfigStore.instance().store(name="fullasync_train", node=RunConfig)
 
 
-def _train(cfg) -> None:
+def _train(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
 
     from fullasync.api import AsyncAgentTrainer
     from fullasync.run.checkpoint import IncompatibleCheckpointError
 
-    config: RunConfig = OmegaConf.to_object(cfg)
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, RunConfig)  # the structured schema registered by _register
     try:
         trainer = AsyncAgentTrainer(config)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -62,9 +66,15 @@ def _train(cfg) -> None:
 def main() -> None:
     import hydra
 
+    usage = f"usage: fullasync {{{','.join(COMMANDS)}}} [key=value ...] [--cfg job] [--help] [--hydra-help]"
+    examples = (__doc__ or "").split("\n", 2)[2]  # the lines after the docstring's title
+    if len(sys.argv) == 2 and sys.argv[1] in HELP_FLAGS:
+        print(f"{usage}\n\n{examples}", end="")
+        raise SystemExit(0)
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        print(f"usage: fullasync {{{','.join(COMMANDS)}}} [key=value ...] [--cfg job] [--help]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         raise SystemExit(2)
+    exit_with_help_if_asked(sys.argv[2:], RunConfig, f"{usage}\n\n{examples}")
     sys.argv = [f"fullasync {sys.argv[1]}", *sys.argv[2:]]
     _register()
     app = hydra.main(version_base=None, config_name="fullasync_train")(_train)

@@ -1,29 +1,27 @@
 """The run configuration: dataclasses that are also Hydra structured configs.
 
-Owns: every knob of a training run (each field's comment is its help text), the meaning of
-`mode`, and the cross-field checks run at start-up; each error names the field and the fix.
-Does not own: the trainer's own knobs (`fullasync.trainer.config.TrainerConfig`, nested here).
+Owns: every knob of a training run, each declared once with its default, its one-line help and whether a
+resumed run may change it (`fullasync.config_fields.setting`); the meaning of `mode`; and the cross-field
+checks run at start-up (`RunConfig.validate`), each error naming the field and the fix. The components' own
+configs (engines, client, rollouter) take their defaults from here and are made from these sections
+(`fullasync.api.engine_config`, `client_config`, `RunSettings.from_config`).
+Does not own: the trainer's own knobs (`fullasync.trainer.config.TrainerConfig`, nested here), or how the
+help is printed (`fullasync.config_doc`: `fullasync train --help`, docs/config.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from fullasync.config_fields import config_fields, section, setting
 from fullasync.engines.protocol import PauseMode
 from fullasync.placement import check_ray_resources
 from fullasync.trainer.config import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
-RESUME_MAY_CHANGE = (  # fields (or sections, ending in ".") a resumed run may set differently from its checkpoint
-    "total_steps", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint", "tensorboard",
-    "wandb_project", "worker_logs", "checkpoint.", "engine.", "rollout.episode_timeout_s", "rollout.resume_timeout_s",
-    "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads",
-    "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
-)
 
 
 class Mode(str, enum.Enum):
@@ -34,10 +32,12 @@ class Mode(str, enum.Enum):
 
 @dataclass
 class ModelSection:
-    path: str = BUILTIN_MODEL  # local HF model dir, builtin:arithmetic, or a named model (smollm2-135m-instruct)
-    served_name: str = "policy"  # the `model` name harnesses pass to the client
-    chat_template: str = ""  # override the model's chat template: a Jinja file or a built-in name (chatml-tools)
-    tool_parser: str = "hermes"  # format of tool calls in the output (fullasync.client.tool_parsers)
+    path: str = setting(BUILTIN_MODEL, "local HF model dir, builtin:arithmetic, or a named model "
+                        "(smollm2-135m-instruct)")
+    served_name: str = setting("policy", "the `model` name harnesses pass to the client (and the engines serve)")
+    chat_template: str = setting("", "override the model's chat template: a Jinja file or a built-in name "
+                                 "(chatml-tools); \"\" = the model's own")
+    tool_parser: str = setting("hermes", "format of tool calls in the output (fullasync.client.tool_parsers)")
 
     def validate(self) -> None:
         """Cheap checks of the names (the template + parser fit is checked once the tokenizer is loaded)."""
@@ -52,81 +52,98 @@ class ModelSection:
 
 @dataclass
 class EngineSection:
-    num_engines: int = 1  # vLLM engines (Ray actors)
-    dtype: str = "float32"  # engine dtype; float32 matches the trainer's log-probs
-    max_model_len: int = 1024  # context length (prompt + output)
-    max_num_seqs: int = 128  # concurrent sequences per engine
-    stall_timeout_s: float = 120.0  # an engine with in-flight requests and no new token this long is declared dead
-    probe_interval_s: float = 5.0  # how often the engine watchdog probes each engine
-    restart_on_failure: bool = True  # restart a dead engine with the current weights (else the run stops)
-    start_timeout_s: float = 300.0  # bound on starting (or restarting) an engine
-    kv_cache_mb: int = 0  # KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of memory)
-    ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
+    num_engines: int = setting(1, "vLLM engines (Ray actors)")
+    dtype: str = setting("float32", "engine dtype; float32 matches the trainer's log-probs")
+    max_model_len: int = setting(1024, "context length (prompt + output) of the engines and the client")
+    max_num_seqs: int = setting(128, "concurrent sequences per engine")
+    max_logprobs: int = setting(20, "most alternatives per token a request may ask for (top_logprobs), "
+                                "in the engines and the client")
+    stall_timeout_s: float = setting(120.0, "an engine with in-flight requests and no new token this long "
+                                     "(not paused) is declared dead")
+    probe_interval_s: float = setting(5.0, "how often the engine watchdog probes each engine")
+    restart_on_failure: bool = setting(True, "restart a dead engine with the current weights (else the run stops)")
+    start_timeout_s: float = setting(300.0, "bound on starting (or restarting) an engine")
+    kv_cache_mb: int = setting(0, "KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of "
+                               "memory)")
+    ray_resources: dict[str, float] = setting({}, "custom Ray resources per engine: pins its node")
 
 
 @dataclass
 class RolloutSection:
-    n: int = 8  # episodes per dataset row (group size)
-    batch_size: int = 8  # groups per train step
-    max_running_rows: int = 16  # rows generating at once (bounded further by the staleness rule)
-    episode_timeout_s: float = 300.0  # an episode running longer is cancelled and counted as failed
-    filter_zero_variance: bool = False  # drop groups whose rewards are all equal (counted as filtered)
-    resume_timeout_s: float = 300.0  # how long an interrupted generation waits for the engines to resume
+    n: int = setting(8, "episodes per dataset row (group size)")
+    batch_size: int = setting(8, "groups per train step")
+    max_running_rows: int = setting(16, "rows generating at once (bounded further by the staleness rule)")
+    episode_timeout_s: float = setting(300.0, "an episode running longer is cancelled and counted as failed",
+                                       resume_may_change=True)
+    filter_zero_variance: bool = setting(False, "drop groups whose rewards are all equal (counted as filtered)")
+    resume_timeout_s: float = setting(300.0, "how long an interrupted generation waits for the engines to resume",
+                                      resume_may_change=True)
 
 
 @dataclass
 class DataSection:
-    task: str = "arithmetic"  # built-in task providing data and rollout_fn; "" when both are given below
-    rollout_fn: str = ""  # dotted path `pkg.module:function` of `async def rollout_fn(client, row)`
-    train_dataset: str = ""  # dotted path to a function returning an iterable of rows (or a datasets.Dataset)
-    val_dataset: str = ""  # same, for validation rows
-    epochs: int = 20  # passes over the training rows; the run ends at total_steps or when they are consumed
-    max_train_rows: int = 0  # train on the first this many rows only (0 = all)
+    task: str = setting("arithmetic", "built-in task providing data and rollout_fn; \"\" when both are given below")
+    rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
+    train_dataset: str = setting("", "dotted path to a function returning an iterable of rows "
+                                 "(or a datasets.Dataset)")
+    val_dataset: str = setting("", "same, for validation rows")
+    epochs: int = setting(20, "passes over the training rows; the run ends at total_steps or when they are consumed")
+    max_train_rows: int = setting(0, "train on the first this many rows only (0 = all)")
 
 
 @dataclass
 class CheckpointSection:
-    every: int = 10  # save the whole run every this many steps, and after the last (0 = only on SIGTERM/SIGINT)
-    keep: int = 2  # newest complete checkpoints kept under output_dir/checkpoints (0 = all)
+    every: int = setting(10, "save the whole run every this many steps, and after the last "
+                         "(0 = only on SIGTERM/SIGINT)")
+    keep: int = setting(2, "newest complete checkpoints kept under output_dir/checkpoints (0 = all)")
+
+
+def _run_trainer() -> TrainerConfig:
+    """The trainer sized for the built-in task. trainer.correction=auto applies the default off-policy correction
+    (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy."""
+    return TrainerConfig(lr=5e-4, micro_batch_size=32)
 
 
 @dataclass
 class RunConfig:
-    mode: str = "fully_async"  # sync | one_step_off | fully_async
-    max_staleness: int = -1  # fully_async: max trainer_version − token_version; -1 = mode default (sync 0, one_step_off 1, fully_async 2)
-    partial_rollout: bool = True  # fully_async: interrupt generations at a push and resume them under new weights
-    total_steps: int = 60  # train steps to run; 0 = until the rows of all epochs are consumed
-    val_every: int = 0  # validate every this many steps (0 = only before and after training)
-    val_samples_per_row: int = 16  # episodes per validation row (accuracy = mean reward)
-    output_dir: str = "outputs/run"  # metrics.jsonl, result.json and checkpoints/ go here
-    resume: str = "auto"  # auto: continue the newest checkpoint in output_dir if any | never | a checkpoint directory
-    save_checkpoint: bool = False  # save the final policy in HF format under output_dir/checkpoint
-    tensorboard: bool = False  # also log to TensorBoard under output_dir/tensorboard
-    wandb_project: str = ""  # also log to Weights & Biases (when installed)
-    seed: int = 0  # seeds sampling in the engines and the trainer
-    worker_logs: bool = False  # show the Ray workers' console output (vLLM, verl) here; else it stays in Ray's logs
-    model: ModelSection = field(default_factory=ModelSection)
-    engine: EngineSection = field(default_factory=EngineSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    data: DataSection = field(default_factory=DataSection)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    # Sized for the built-in task. trainer.correction=auto applies the default off-policy correction
-    # (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy.
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=32))
+    mode: str = setting(Mode.FULLY_ASYNC.value, "sync | one_step_off | fully_async")
+    max_staleness: int = setting(-1, "fully_async: max trainer_version − token_version; -1 = mode default "
+                                 "(sync 0, one_step_off 1, fully_async 2)")
+    partial_rollout: bool = setting(True, "fully_async: interrupt generations at a push and resume them under "
+                                    "new weights")
+    total_steps: int = setting(60, "train steps to run; 0 = until the rows of all epochs are consumed",
+                               resume_may_change=True)
+    val_every: int = setting(0, "validate every this many steps (0 = only before and after training)",
+                             resume_may_change=True)
+    val_samples_per_row: int = setting(16, "episodes per validation row (accuracy = mean reward)",
+                                       resume_may_change=True)
+    output_dir: str = setting("outputs/run", "metrics.jsonl, result.json and checkpoints/ go here",
+                              resume_may_change=True)
+    resume: str = setting("auto", "auto: continue the newest checkpoint in output_dir if any | never | "
+                          "a checkpoint directory", resume_may_change=True)
+    save_checkpoint: bool = setting(False, "save the final policy in HF format under output_dir/checkpoint",
+                                    resume_may_change=True)
+    tensorboard: bool = setting(False, "also log to TensorBoard under output_dir/tensorboard",
+                                resume_may_change=True)
+    wandb_project: str = setting("", "also log to Weights & Biases (when installed)", resume_may_change=True)
+    seed: int = setting(0, "seeds sampling in the engines (trainer.seed seeds the trainer)")
+    worker_logs: bool = setting(False, "show the Ray workers' console output (vLLM, verl) here; else it stays in "
+                                "Ray's logs", resume_may_change=True)
+    model: ModelSection = section(ModelSection, "the policy: where it is loaded from and how it is served")
+    engine: EngineSection = section(EngineSection, "the vLLM engines (how many, where, their sizes and watchdog)",
+                                    resume_may_change=True)
+    rollout: RolloutSection = section(RolloutSection, "how rows are turned into groups of episodes")
+    data: DataSection = section(DataSection, "the rows and the rollout function")
+    checkpoint: CheckpointSection = section(CheckpointSection, "saving the whole run to continue it later",
+                                            resume_may_change=True)
+    trainer: TrainerConfig = section(_run_trainer, "the trainer (verl, FSDP2): optimiser, losses, corrections, "
+                                     "workers")
 
     def fingerprint(self) -> dict[str, Any]:
-        """The fields a resumed run must share with the run that wrote the checkpoint (flattened, dotted names).
-
-        Left out, free to change on resume: how long to run, where and how to log, timeouts, checkpointing,
-        and the engines (how many, where, their sizes)."""
-        def flatten(prefix: str, value: Any) -> dict[str, Any]:
-            if dataclasses.is_dataclass(value):
-                return {k: v for f in dataclasses.fields(value)
-                        for k, v in flatten(f"{prefix}{f.name}.", getattr(value, f.name)).items()}
-            return {prefix[:-1]: value.value if isinstance(value, enum.Enum) else value}
-
-        return {key: value for key, value in flatten("", self).items()
-                if not any(key == free or key.startswith(free) for free in RESUME_MAY_CHANGE)}
+        """The fields a resumed run must share with the run that wrote the checkpoint (flattened, dotted names):
+        every field but those declared `resume_may_change` (on the field or on a section above it)."""
+        return {f.name: f.value.value if isinstance(f.value, enum.Enum) else f.value
+                for f in config_fields(self) if not f.resume_may_change}
 
     @property
     def staleness(self) -> int:
@@ -167,7 +184,31 @@ class RunConfig:
         return f"correction={correction.value} ({why}{proximal})"
 
     def validate(self) -> None:
-        """Cross-field checks; each error says which field and how to fix it."""
+        """Every start-up check of the run's settings, alone and across fields (the one place they live);
+        each error names the field and the fix."""
+        self._check_mode()
+        for name in ("n", "batch_size", "max_running_rows"):
+            if getattr(self.rollout, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
+        for name in ("episode_timeout_s", "resume_timeout_s"):
+            if getattr(self.rollout, name) <= 0:
+                raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be > 0")
+        if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
+            raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
+                             "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
+        self._check_engine()
+        if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
+            raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
+        if self.checkpoint.every < 0 or self.checkpoint.keep < 0:
+            raise ValueError(f"checkpoint.every={self.checkpoint.every} and checkpoint.keep={self.checkpoint.keep} "
+                             "must be >= 0")
+        self.trainer.validate()
+        if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
+            warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "
+                          "with plain PPO against the policy that sampled them; drop trainer.correction (auto) "
+                          "for the default correction", UserWarning, stacklevel=2)
+
+    def _check_mode(self) -> None:
         if self.mode not in {m.value for m in Mode}:
             raise ValueError(f"mode={self.mode!r} is not a mode; choose one of {[m.value for m in Mode]}")
         mode = Mode(self.mode)
@@ -179,25 +220,21 @@ class RunConfig:
                              "drop max_staleness or use mode=fully_async")
         if self.max_staleness < -1:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (or -1 for the mode default)")
-        for name in ("n", "batch_size", "max_running_rows"):
-            if getattr(self.rollout, name) < 1:
-                raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
-        if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
-            raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
-                             "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
-        if not 0 < self.engine.probe_interval_s < self.engine.stall_timeout_s:
-            raise ValueError(f"engine.probe_interval_s={self.engine.probe_interval_s} must be > 0 and below "
-                             f"engine.stall_timeout_s={self.engine.stall_timeout_s}")
-        check_ray_resources("engine.ray_resources", self.engine.ray_resources)
-        if self.engine.kv_cache_mb < 0:
-            raise ValueError(f"engine.kv_cache_mb={self.engine.kv_cache_mb} must be >= 0 (0 = the platform default)")
-        if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
-            raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
-        if self.checkpoint.every < 0 or self.checkpoint.keep < 0:
-            raise ValueError(f"checkpoint.every={self.checkpoint.every} and checkpoint.keep={self.checkpoint.keep} "
-                             "must be >= 0")
-        self.trainer.validate()
-        if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
-            warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "
-                          "with plain PPO against the policy that sampled them; drop trainer.correction (auto) "
-                          "for the default correction", UserWarning, stacklevel=2)
+
+    def _check_engine(self) -> None:
+        """The engines' settings; the client takes its context length and its `top_logprobs` limit from the same
+        fields (engine.max_model_len, engine.max_logprobs), so engines and client cannot disagree."""
+        engine = self.engine
+        for name in ("num_engines", "max_model_len", "max_num_seqs"):
+            if getattr(engine, name) < 1:
+                raise ValueError(f"engine.{name}={getattr(engine, name)} must be >= 1")
+        if engine.max_logprobs < 0:
+            raise ValueError(f"engine.max_logprobs={engine.max_logprobs} must be >= 0 (0 = no top_logprobs)")
+        if not 0 < engine.probe_interval_s < engine.stall_timeout_s:
+            raise ValueError(f"engine.probe_interval_s={engine.probe_interval_s} must be > 0 and below "
+                             f"engine.stall_timeout_s={engine.stall_timeout_s}")
+        if engine.start_timeout_s <= 0:
+            raise ValueError(f"engine.start_timeout_s={engine.start_timeout_s} must be > 0")
+        check_ray_resources("engine.ray_resources", engine.ray_resources)
+        if engine.kv_cache_mb < 0:
+            raise ValueError(f"engine.kv_cache_mb={engine.kv_cache_mb} must be >= 0 (0 = the platform default)")

@@ -78,7 +78,8 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
 class MetricsSink:
     """Writes each step's metrics to a JSONL file and to the optional loggers that were asked for."""
 
-    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None, wandb_project: str | None = None) -> None:
+    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None,
+                 wandb_project: str | None = None) -> None:
         self.path = path
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

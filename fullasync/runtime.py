@@ -15,7 +15,7 @@ import os
 
 import ray
 
-from patches import ray_loopback
+from fullasync_patches import ray_loopback
 
 LOOPBACK = "127.0.0.1"
 

@@ -18,7 +18,10 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
+
+JsonValue: TypeAlias = "str | int | float | bool | None | Sequence[JsonValue] | Mapping[str, JsonValue]"
+"""A value JSON can hold (what crosses a process boundary as JSON, or is passed on to a library as such)."""
 
 PROMPT_VERSION = -1
 """Version recorded for tokens the model did not sample (prompt, template, environment)."""
@@ -76,7 +79,7 @@ class ModelCall:
         if self.num_resumes < 0 or self.resubmitted_tokens < 0:
             raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0")
         if self.output_weight_versions and (len(self.output_weight_versions) != n or any(
-                w < v for w, v in zip(self.output_weight_versions, self.output_versions))):
+                w < v for w, v in zip(self.output_weight_versions, self.output_versions, strict=True))):
             raise ValueError("ModelCall.output_weight_versions must be aligned with output_ids and never older than "
                              "output_versions (the oldest version in a token's context)")
 

@@ -1,13 +1,16 @@
 """Pushes new weights into running engines: pause → push → bump version → resume; keeps them there.
 
-Owns: which engines get which version, and the push's timing. Each engine runs pause → update →
-resume itself in one call (`Engine.install`, one round trip per engine per push; resume happens in
-its `finally`, so an engine is never left paused by a failed push); engines install concurrently and
-each resumes as soon as it holds the new weights. It also keeps every engine at the current version:
+Owns: which engines get which version, and the push's timing. A push is one transaction of its
+`WeightTransport` (`start_weight_update` → `update_weights` per engine → `finish_weight_update`); with
+the default `ObjectStoreTransport` each engine runs pause → update → resume itself in one call
+(`Engine.install`, one round trip per engine per push; resume happens in its `finally`, so an engine
+is never left paused by a failed push); engines install concurrently and each resumes as soon as it
+holds the new weights. It also keeps every engine at the current version:
 with `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog
 declared dead and installs the current weights on it; an engine that dies during a push is skipped
 and gets the new weights at its restart. Push and restart never interleave (one lock).
-Does not own: how the trainer exports weights, or how an engine notices it died (its watchdog).
+Does not own: how the trainer exports weights, how they travel (`engines/weight_transport.py`), or how
+an engine notices it died (its watchdog).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import Engine, InstallTiming, PauseMode
+from fullasync.engines.protocol import Engine, InstallTiming, PauseMode, WeightsPayload
+from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
 from fullasync.errors import EngineDiedError
 
 log = logging.getLogger("fullasync")
@@ -43,7 +47,7 @@ class WeightSync:
     """Installs successive weight versions on a fixed set of engines."""
 
     def __init__(self, engines: Sequence[Engine], mode: PauseMode = PauseMode.ABORT, version: int = 0,
-                 restart_on_failure: bool = False) -> None:
+                 restart_on_failure: bool = False, transport: WeightTransport | None = None) -> None:
         if not engines:
             raise ValueError("WeightSync needs at least one engine")
         self.engines = list(engines)
@@ -52,7 +56,8 @@ class WeightSync:
         self.start_version = version  # the version this run started from (a resumed run keeps its first run's)
         self.restart_on_failure = restart_on_failure
         self.restarts = 0  # engines restarted so far
-        self._latest: object | None = None  # the weights of `version` (None: the engines' own initial weights)
+        self.transport: WeightTransport = transport if transport is not None else ObjectStoreTransport()
+        self._latest: WeightsPayload | None = None  # the weights of `version` (None: the engines' own initial weights)
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None  # a restart that failed ends the run
 
@@ -65,25 +70,27 @@ class WeightSync:
                 if engine.death is not None:
                     raise engine.death
 
-    async def push(self, named_tensors: object) -> WeightPushTiming:
-        """Install `named_tensors` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
-        return await self._install(named_tensors, None)
+    async def push(self, weights: WeightsPayload) -> WeightPushTiming:
+        """Install `weights` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
+        return await self._install(weights, None)
 
-    async def restore(self, named_tensors: object, version: int, start_version: int) -> WeightPushTiming:
+    async def restore(self, weights: WeightsPayload, version: int, start_version: int) -> WeightPushTiming:
         """Resume a run: install its checkpoint's weights as `version` (numbering goes on from there)."""
-        timing = await self._install(named_tensors, version)
+        timing = await self._install(weights, version)
         self.start_version = start_version
         return timing
 
-    async def _install(self, named_tensors: object, version: int | None) -> WeightPushTiming:
+    async def _install(self, weights: WeightsPayload, version: int | None) -> WeightPushTiming:
         self.check_engines()
         async with self._lock:
             new_version = self.version + 1 if version is None else version
             clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
             live = [e for e in self.engines if e.death is None]
             start = clock()
-            timings = await self._on_each(live, lambda e: e.install(named_tensors, new_version, self.mode))
-            self.version, self._latest = new_version, named_tensors
+            await self.transport.start_weight_update(weights, new_version)
+            timings = await self._on_each(live, lambda e: self.transport.update_weights(e, new_version, self.mode))
+            await self.transport.finish_weight_update(new_version)
+            self.version, self._latest = new_version, weights
             wall = clock() - start
         slowest = max(timings, key=lambda t: t.pause_s + t.update_s + t.resume_s,
                       default=InstallTiming(0.0, 0.0, 0.0))
@@ -96,7 +103,7 @@ class WeightSync:
         """Run `step` on every engine at once; one that dies meanwhile is left to its restart (if on)."""
         outcomes = await asyncio.gather(*(step(e) for e in engines), return_exceptions=True)
         timings = []
-        for engine, outcome in zip(engines, outcomes):
+        for engine, outcome in zip(engines, outcomes, strict=True):
             if isinstance(outcome, EngineDiedError) and self.restart_on_failure:
                 log.warning("engine %s died during a weight push; it gets version %d when restarted",
                             engine.name, self.version + 1)

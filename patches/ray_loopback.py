@@ -17,6 +17,7 @@ import functools
 import os
 
 SUPPORTED_RAY_MAJOR = "2."
+LOOPBACK_MARKER = "fullasync_loopback"  # set on the wrapped start_api_server, for idempotence
 _DEAD_PROXY = "http://127.0.0.1:9"  # discard port: nothing listens, requests fail at once on loopback
 _PROXY_ENV = {
     "http_proxy": _DEAD_PROXY, "HTTP_PROXY": _DEAD_PROXY, "https_proxy": _DEAD_PROXY, "HTTPS_PROXY": _DEAD_PROXY,
@@ -38,7 +39,7 @@ def _behind_dead_proxy(start_api_server):
                 else:
                     os.environ[key] = value
 
-    wrapped.fullasync_loopback = True
+    setattr(wrapped, LOOPBACK_MARKER, True)
     return wrapped
 
 
@@ -48,8 +49,9 @@ def apply() -> None:
     import ray._private.services as services
 
     if not ray.__version__.startswith(SUPPORTED_RAY_MAJOR):
-        raise RuntimeError(f"patches.ray_loopback was written for Ray 2.x, found {ray.__version__}; re-check it")
+        raise RuntimeError(f"fullasync_patches.ray_loopback was written for Ray 2.x, found {ray.__version__}; "
+                           "re-check it")
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by every Ray process at import
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported ray already
-    if not getattr(services.start_api_server, "fullasync_loopback", False):
+    if not getattr(services.start_api_server, LOOPBACK_MARKER, False):
         services.start_api_server = _behind_dead_proxy(services.start_api_server)

@@ -22,7 +22,7 @@ this module as the first thing verl does.
 Import-time behaviour: importing this module changes nothing, except when verl's external-module
 hook imports it (this module is listed in `VERL_USE_EXTERNAL_MODULES`); that hook only imports,
 so the module applies itself then. `apply()` is idempotent and checks the installed verl version
-first (`VerlVersionError` for any other version). tests/test_verl_cpu_patch.py checks every verl
+first (`VerlVersionError` for any other version). tests/integration/test_verl_cpu_patch.py checks every verl
 name and signature this module relies on.
 """
 
@@ -37,7 +37,6 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,14 +44,14 @@ from torch.distributed.constants import default_pg_timeout
 
 SUPPORTED_VERL_VERSION = "0.9.1"  # the verl release this module was written and tested against
 PLATFORM_NAME = "cpu"  # the name registered in verl's PlatformRegistry and used in VERL_PLATFORM
-MODULE_NAME = "patches.verl_cpu"  # the import name verl's external-module hook is given
+MODULE_NAME = "fullasync_patches.verl_cpu"  # the import name verl's external-module hook is given
 LOOPBACK = "127.0.0.1"  # gloo rendezvous address: the CPU platform runs on one node
-REPO_ROOT = Path(__file__).resolve().parent.parent  # makes `patches` importable in Ray workers
 
 # verl.workers.engine.fsdp.transformer_impl classes registered for the device "cpu", by model type
 ENGINE_MODEL_TYPES = {"language_model": "FSDPEngineWithLMHead", "value_model": "FSDPEngineWithValueHead"}
 ENGINE_BACKENDS = ("fsdp", "fsdp2")
 # Modules that bind `initialize_global_process_group_ray` by name (`from ... import ...`).
+PROCESS_GROUP_INIT = "initialize_global_process_group_ray"
 PROCESS_GROUP_INIT_BINDERS = ("verl.utils.distributed", "verl.checkpoint_engine.base", "verl.workers.engine_workers")
 PATCH_MARKER = "__fullasync_verl_cpu__"  # set on everything this module installs, for idempotence
 
@@ -66,9 +65,9 @@ def check_verl_version() -> str:
     installed = importlib.metadata.version("verl")
     if installed != SUPPORTED_VERL_VERSION:
         raise VerlVersionError(
-            f"patches.verl_cpu was written for verl {SUPPORTED_VERL_VERSION}, but verl {installed} is "
+            f"fullasync_patches.verl_cpu was written for verl {SUPPORTED_VERL_VERSION}, but verl {installed} is "
             f"installed. Install verl=={SUPPORTED_VERL_VERSION}, or re-check what the patch touches "
-            f"(tests/test_verl_cpu_patch.py) and update SUPPORTED_VERL_VERSION."
+            f"(tests/integration/test_verl_cpu_patch.py) and update SUPPORTED_VERL_VERSION."
         )
     return installed
 
@@ -76,15 +75,14 @@ def check_verl_version() -> str:
 def worker_env_vars() -> dict[str, str]:
     """Environment for a Ray worker that runs verl on CPU (use as `runtime_env["env_vars"]`).
 
-    verl imports `patches.verl_cpu` from its own `__init__` (external-module hook), so the
-    platform exists before anything in verl asks for it; PYTHONPATH makes `patches` importable.
+    verl imports `fullasync_patches.verl_cpu` from its own `__init__` (external-module hook), so the
+    platform exists before anything in verl asks for it; the module is importable in every worker because it is
+    installed with fullasync (as `fullasync_patches`).
     """
-    python_path = [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     external = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != MODULE_NAME]
     return {
         "VERL_PLATFORM": PLATFORM_NAME,
         "VERL_USE_EXTERNAL_MODULES": ",".join([MODULE_NAME, *external]),
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys(python_path)),
     }
 
 
@@ -286,7 +284,7 @@ def _select_platform() -> None:
     requested = os.environ.get("VERL_PLATFORM", "").strip().lower()
     if requested and requested != PLATFORM_NAME:
         raise RuntimeError(
-            f"VERL_PLATFORM={requested!r} is set, but patches.verl_cpu.apply() selects {PLATFORM_NAME!r}; "
+            f"VERL_PLATFORM={requested!r} is set, but fullasync_patches.verl_cpu.apply() selects {PLATFORM_NAME!r}; "
             f"unset VERL_PLATFORM or do not apply the CPU patch in this process"
         )
     os.environ["VERL_PLATFORM"] = PLATFORM_NAME
@@ -294,7 +292,7 @@ def _select_platform() -> None:
     if not getattr(type(current), PATCH_MARKER, False):
         raise RuntimeError(
             f"verl already chose the platform {current.device_name!r} in this process; call "
-            f"patches.verl_cpu.apply() before anything imports verl.workers or calls get_platform()"
+            f"fullasync_patches.verl_cpu.apply() before anything imports verl.workers or calls get_platform()"
         )
 
 
@@ -345,7 +343,7 @@ def _patch_process_group_init() -> None:
     for module_name in PROCESS_GROUP_INIT_BINDERS:
         module = sys.modules.get(module_name)
         if module is not None:
-            module.initialize_global_process_group_ray = patched
+            setattr(module, PROCESS_GROUP_INIT, patched)
 
 
 def _register_engines() -> None:

@@ -1,18 +1,13 @@
-"""Shared fixtures: one tiny model, one Ray, one real vLLM engine per test session."""
+"""Fixtures every tier shares and that start nothing: the tiny model on disk and its tokenizer.
+
+The heavy fixtures (Ray, a real vLLM engine, the gateway in front of it) live in `integration/conftest.py`,
+so collecting `unit/` imports no Ray, vLLM or verl."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
-from fullasync.client import RolloutService
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.gateway import Gateway
 from fullasync.models import build_tiny_model, load_tokenizer
-from fullasync.runtime import init_ray
-from fullasync.weight_sync import WeightSync
 
 
 @pytest.fixture(scope="session")
@@ -23,82 +18,3 @@ def tiny_model_path() -> str:
 @pytest.fixture(scope="session")
 def tokenizer(tiny_model_path):
     return load_tokenizer(tiny_model_path)
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    import ray
-
-    init_ray()
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-async def gateway(engine, tokenizer):
-    """A gateway in front of the shared engine, one per test module."""
-    gateway = Gateway(RolloutService([engine], tokenizer))
-    await gateway.start()
-    yield gateway
-    await gateway.stop()
-
-
-@pytest.fixture(scope="session")
-async def engine(ray_cluster, tiny_model_path):
-    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=tiny_model_path))
-    yield engine
-    await engine.shutdown()
-
-
-class PolicyWeights:
-    """The weights the shared engine holds, so tests can compute reference log-probs in torch."""
-
-    def __init__(self, model_path: str, weight_sync: WeightSync) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        self.weight_sync = weight_sync
-        self.current = {k: v.clone() for k, v in self.model.state_dict().items()}
-
-    def perturbed(self, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:
-        """New weights: the current ones plus seeded noise; lm_head left out (tied to the embeddings)."""
-        generator = torch.Generator().manual_seed(seed)
-        return {
-            name: tensor + scale * torch.randn(tensor.shape, generator=generator)
-            for name, tensor in self.current.items()
-            if name != "lm_head.weight"
-        }
-
-    async def push(self, state: dict[str, torch.Tensor], mode: PauseMode = PauseMode.ABORT):
-        self.weight_sync.mode = mode
-        timing = await self.weight_sync.push(state)
-        self.current = {**self.current, **state}
-        if self.model.config.tie_word_embeddings:
-            self.current["lm_head.weight"] = self.current["model.embed_tokens.weight"]
-        return timing
-
-    async def assert_engine_serves_current(self, engine, tokenizer, prompt: str, version: int,
-                                           tolerance: float = 1e-4) -> None:
-        """A generation on `engine` has this object's current weights' log-probs and carries `version`."""
-        client = RolloutService([engine], tokenizer).client()
-        await client.completions.create(model="policy", prompt=prompt, max_tokens=32, seed=1)
-        (call,) = client.episode.calls
-        reference = self.token_logprobs(self.current, call.prompt_ids, call.output_ids)
-        assert max(abs(a - b) for a, b in zip(call.output_logprobs, reference)) < tolerance
-        assert set(call.output_versions) == {version}
-
-    def token_logprobs(self, state: dict[str, torch.Tensor], prompt_ids, output_ids) -> list[float]:
-        """log p(output_i | prompt, output_<i) under `state`, by a plain torch forward."""
-        self.model.load_state_dict(state, strict=False)
-        if self.model.config.tie_word_embeddings:
-            self.model.tie_weights()
-        ids = torch.tensor([list(prompt_ids) + list(output_ids)])
-        with torch.no_grad():
-            logits = self.model(ids).logits[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        start = len(prompt_ids)
-        positions = torch.arange(start - 1, start - 1 + len(output_ids))
-        return logprobs[positions, torch.tensor(list(output_ids))].tolist()
-
-
-@pytest.fixture(scope="session")
-async def policy(engine, tiny_model_path) -> PolicyWeights:
-    return PolicyWeights(tiny_model_path, WeightSync([engine], version=await engine.version()))

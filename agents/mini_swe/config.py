@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ACTION_FORMATS = ("text", "tool_call")  # LitellmTextbasedModel (```mswea_bash_command blocks) | LitellmModel (bash tool)
+ACTION_FORMATS = ("text", "tool_call")  # LitellmTextbasedModel (```mswea_bash_command) | LitellmModel (bash tool)
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # LocalEnvironment's end-of-task signal
 
 SYSTEM_TEMPLATE = (
@@ -30,7 +30,7 @@ OBSERVATION_TEMPLATE = "<returncode>{{output.returncode}}</returncode>\n<output>
 
 @dataclass(frozen=True)
 class MiniSweConfig:
-    action_format: str = "text"  # text: LitellmTextbasedModel (```mswea_bash_command); tool_call: LitellmModel (bash tool)
+    action_format: str = "text"  # text: LitellmTextbasedModel (```mswea_bash_command); tool_call: LitellmModel
     model_name: str = "hosted_vllm/policy"  # litellm model name; the part after the provider is the served model name
     temperature: float = 1.0  # sampling temperature of every model call
     max_tokens: int = 96  # output budget of one model call
@@ -40,13 +40,14 @@ class MiniSweConfig:
     episode_timeout_s: float = 120.0  # hard limit: the harness and every process it started are killed
     command_timeout_s: int = 10  # LocalEnvironment timeout of one bash command
     score_timeout_s: float = 60.0  # hidden tests running longer score 0
-    model_retries: int = 1  # MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT: attempts per model call (1: a failed call ends the episode)
+    model_retries: int = 1  # MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT: attempts per call (1: a failed call ends it)
     system_template: str = ""  # "" = the adapter's short default for action_format
     instance_template: str = INSTANCE_TEMPLATE  # jinja; {{task}} is the row's instruction
     observation_template: str = OBSERVATION_TEMPLATE  # jinja over `output` (returncode, output, exception_info)
-    templates_from: str = ""  # a mini-swe-agent YAML config (e.g. its shipped mini.yaml) whose agent/model templates win
-    environment_class: str = "local"  # mini-swe-agent environment: local | docker (environment.executable=podman for Podman) | a class path
-    environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs; "{repo}" in strings = sandbox path
+    templates_from: str = ""  # a mini-swe-agent YAML config (e.g. its mini.yaml) whose agent/model templates win
+    # mini-swe-agent environment: local | docker (environment.executable=podman for Podman) | a class path
+    environment_class: str = "local"
+    environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs; "{repo}" = sandbox path
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # extra litellm kwargs for every call (e.g. top_p)
     sandbox_parent: str = ""  # where episode sandboxes are created ("" = the system temp dir)
 

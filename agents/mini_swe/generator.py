@@ -20,12 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullasync.rollout.generator import EpisodeContext
+from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
 from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
+from fullasync_agents.mini_swe.messages import AgentSettings, MiniSweOutcome, MiniSweSpec
 from fullasync_agents.sandbox import Sandbox, create_sandbox, score
-
-from fullasync.rollout.generator import EpisodeContext
 
 # Harness exits that are the policy's doing and are scored like any other end state.
 SCORED_ERRORS = frozenset({"ContextWindowExceededError"})
@@ -88,12 +89,12 @@ class MiniSweAgentGenerator(HarnessGenerator):
                                  offline_environment(config_dir, self.config.model_retries),
                                  harness="mini-swe-agent", missing_hint=MISSING_HINT)
 
-    def model_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
+    def model_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """litellm kwargs of every model call of this row's episode (override to constrain decoding, say)."""
         return {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
                 **self.config.model_kwargs}
 
-    def environment(self, sandbox: Sandbox) -> dict[str, Any]:
+    def environment(self, sandbox: Sandbox) -> dict[str, JsonValue]:
         """mini-swe-agent environment config; local: commands run in the sandbox's repository."""
         extra = {key: value.replace("{repo}", str(sandbox.repo)) if isinstance(value, str) else value
                  for key, value in self.config.environment.items()}
@@ -102,33 +103,35 @@ class MiniSweAgentGenerator(HarnessGenerator):
                     **extra}
         return {"environment_class": self.config.environment_class, "timeout": self.config.command_timeout_s, **extra}
 
-    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], sandbox: Sandbox) -> dict[str, Any]:
+    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], sandbox: Sandbox) -> MiniSweSpec:
         config = self.config
-        return {
-            "base_url": episode.base_url, "api_key": episode.api_key, "task": row["instruction"],
-            "action_format": config.action_format, "model_name": config.model_name,
-            "model_kwargs": self.model_kwargs(row), "environment": self.environment(sandbox),
-            "observation_template": self._templates.get("observation_template", config.observation_template),
-            "format_error_template": self._templates.get("format_error_template", ""),
-            "agent": {
-                "system_template": self._templates.get("system_template", config.resolved_system_template),
-                "instance_template": self._templates.get("instance_template", config.instance_template),
-                "step_limit": config.step_limit, "cost_limit": 0.0,
-                "max_consecutive_format_errors": config.max_format_errors,
-                "wall_time_limit_seconds": config.agent_wall_time_s,
-            },
-        }
+        base_url, api_key = self.gateway(episode)
+        return MiniSweSpec(
+            base_url=base_url, api_key=api_key, task=row["instruction"],
+            action_format=config.action_format, model_name=config.model_name,
+            model_kwargs=self.model_kwargs(row), environment=self.environment(sandbox),
+            observation_template=self._templates.get("observation_template", config.observation_template),
+            format_error_template=self._templates.get("format_error_template", ""),
+            agent=AgentSettings(
+                system_template=self._templates.get("system_template", config.resolved_system_template),
+                instance_template=self._templates.get("instance_template", config.instance_template),
+                step_limit=config.step_limit, cost_limit=0.0,
+                max_consecutive_format_errors=config.max_format_errors,
+                wall_time_limit_seconds=config.agent_wall_time_s,
+            ),
+        )
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
         self.launcher_for(episode, "MiniSweAgentGenerator")
         sandbox = create_sandbox(row, self.config.sandbox_parent or None)
         try:
-            outcome = await self.run_harness(self.episode_spec(episode, row, sandbox), self.config.episode_timeout_s)
-            self.exit_statuses[outcome["exit_status"]] += 1
-            if outcome["error"] and outcome["exit_status"] not in SCORED_ERRORS:
-                raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome['error']}\n"
-                                   f"{outcome.get('traceback', '')[-2000:]}")
-            self.model_calls.append(outcome["n_calls"])
+            outcome = await self.run_harness(self.episode_spec(episode, row, sandbox), MiniSweOutcome,
+                                             self.config.episode_timeout_s)
+            self.exit_statuses[outcome.exit_status] += 1
+            if outcome.error and outcome.exit_status not in SCORED_ERRORS:
+                raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome.error}\n"
+                                   f"{outcome.traceback[-2000:]}")
+            self.model_calls.append(outcome.n_calls)
             return await score(row, sandbox, self.config.score_timeout_s)
         finally:
             sandbox.remove()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fullasync.types import JsonValue
+
 LOCAL_ENVIRONMENT = "fullasync_agents.terminus.sandbox_environment:LocalNamespaceEnvironment"
 PARSERS = ("json", "xml")  # Terminus-2's two response formats
 
@@ -19,7 +21,7 @@ PARSERS = ("json", "xml")  # Terminus-2's two response formats
 class TerminusConfig:
     model_name: str = "hosted_vllm/policy"  # litellm model name; the part after the provider is the served model name
     temperature: float = 1.0  # sampling temperature of every model call
-    max_tokens: int = 256  # output budget of one call (a cut-off reply is Terminus-2's "too long" turn); 0 = the context
+    max_tokens: int = 256  # output budget of a call (a cut-off reply is Terminus-2's "too long" turn); 0 = the context
     context_length: int = 2048  # the policy's context; litellm's model_info.max_input_tokens for hosted_vllm/
     max_turns: int = 4  # Terminus-2 max_turns: agent turns per episode, then the trial is verified
     parser: str = "json"  # json | xml: Terminus-2's response format
@@ -30,7 +32,7 @@ class TerminusConfig:
     episode_timeout_s: float = 300.0  # hard limit: the harness and every process it started are killed, episode failed
     environment_type: str = "local"  # local (namespace sandbox, no daemon) | a harbor environment type, e.g. docker
     environment_import_path: str = ""  # a harbor BaseEnvironment as "module:Class" (wins over environment_type)
-    environment: dict[str, Any] = field(default_factory=dict)  # extra kwargs of the environment (EnvironmentConfig.kwargs)
+    environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs (EnvironmentConfig.kwargs)
     llm_call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra kwargs of every model call (e.g. extra_body)
     agent_kwargs: dict[str, Any] = field(default_factory=dict)  # further Terminus2 constructor kwargs (win over these)
     harbor_python: str = ""  # interpreter with harbor==0.24.0; "" = $FULLASYNC_HARBOR_PYTHON or <checkout>/.venv-harbor
@@ -53,7 +55,8 @@ class TerminusConfig:
         if self.agent_timeout_s < 0 or self.verifier_timeout_s < 0:
             raise ValueError("agent_timeout_s and verifier_timeout_s must be >= 0 (0 = the task's own)")
 
-    def agent_kwargs_for(self, base_url: str, api_key: str, llm_call_kwargs: dict[str, Any]) -> dict[str, Any]:
+    def agent_kwargs_for(self, base_url: str, api_key: str,
+                         llm_call_kwargs: dict[str, JsonValue]) -> dict[str, JsonValue]:
         """Terminus2's constructor kwargs for one episode on the gateway."""
         return {
             "api_base": base_url, "temperature": self.temperature, "max_turns": self.max_turns,
@@ -70,7 +73,7 @@ class TerminusConfig:
             **self.agent_kwargs,
         }
 
-    def environment_entry(self, sandbox_parent: str) -> dict[str, Any]:
+    def environment_entry(self, sandbox_parent: str) -> dict[str, JsonValue]:
         """harbor's `EnvironmentConfig` fields: the local namespace sandbox, or a harbor environment type."""
         if self.environment_import_path or self.environment_type == "local":
             kwargs = dict(self.environment)

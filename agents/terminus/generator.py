@@ -1,4 +1,4 @@
-"""`Terminus2Generator`: harbor's Terminus-2 (harbor 0.24.0, unchanged) as a fullasync `CustomGenerator` over the gateway.
+"""`Terminus2Generator`: harbor's Terminus-2 (harbor 0.24.0, unchanged) as a `CustomGenerator` over the gateway.
 
 Owns: one episode end to end — the spec that points harbor's own `Trial` (task directory, agent
 `terminus-2`, environment, verifier) at the episode's gateway base URL and key, the run in the harbor
@@ -21,12 +21,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fullasync.rollout.generator import EpisodeContext
+from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
 from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.terminus import interpreter
 from fullasync_agents.terminus.config import TerminusConfig
-
-from fullasync.rollout.generator import EpisodeContext
+from fullasync_agents.terminus.messages import TerminusOutcome, TerminusSpec
 
 # Harness exits that are the policy's doing and score 0 without (complete) verification.
 SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
@@ -36,18 +37,18 @@ class HarnessError(harness_generator.HarnessError):
     """Terminus-2 or its trial failed for a reason that is not the policy's (set-up, sandbox, task, a crash)."""
 
 
-def outcome_reward(outcome: dict[str, Any], row_id: Any) -> float:
+def outcome_reward(outcome: TerminusOutcome, row_id: object) -> float:
     """The episode's reward from harbor's trial result; HarnessError when the failure is not the policy's."""
-    failure = outcome.get("exception_type")
-    if outcome.get("reward") is not None:
-        return float(outcome["reward"])
+    failure = outcome.exception_type
+    if outcome.reward is not None:
+        return outcome.reward
     if failure in SCORED_ZERO:
         return 0.0
     if failure is None:
-        raise HarnessError(f"row {row_id!r}: the verifier gave no 'reward' (rewards {outcome.get('rewards')}): "
+        raise HarnessError(f"row {row_id!r}: the verifier gave no 'reward' (rewards {outcome.rewards}): "
                            "the task's tests/test.sh must write /logs/verifier/reward.txt")
-    raise HarnessError(f"Terminus-2's trial failed on row {row_id!r}: {failure}: {outcome.get('exception_message')}\n"
-                       f"{(outcome.get('traceback') or '')[-2000:]}")
+    raise HarnessError(f"Terminus-2's trial failed on row {row_id!r}: {failure}: {outcome.exception_message}\n"
+                       f"{(outcome.traceback or '')[-2000:]}")
 
 
 class Terminus2Generator(HarnessGenerator):
@@ -60,7 +61,7 @@ class Terminus2Generator(HarnessGenerator):
         super().__init__()
         self.config = config if config is not None else TerminusConfig()
         self.turns: list[int] = []  # agent turns of each finished (scored) episode
-        self.last_outcome: dict[str, Any] = {}  # harbor's report of the latest scored episode (messages, token ids)
+        self.last_outcome: TerminusOutcome | None = None  # harbor's report of the latest scored episode
 
     async def setup(self) -> None:
         """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once)."""
@@ -71,26 +72,28 @@ class Terminus2Generator(HarnessGenerator):
                                  interpreter.harness_environment(paths), harness="Terminus-2",
                                  missing_hint=interpreter.SETUP_HINT)
 
-    def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, Any]:
+    def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """Extra kwargs of every model call of this row's episode (override to constrain decoding, say)."""
         return dict(self.config.llm_call_kwargs)
 
-    def agent_entry(self, episode: EpisodeContext, row: dict[str, Any]) -> dict[str, Any]:
+    def agent_entry(self, episode: EpisodeContext, row: dict[str, Any]) -> dict[str, JsonValue]:
         """harbor's `AgentConfig` fields for this episode."""
-        kwargs = self.config.agent_kwargs_for(episode.base_url, episode.api_key, self.llm_call_kwargs(row))
+        base_url, api_key = self.gateway(episode)
+        kwargs = self.config.agent_kwargs_for(base_url, api_key, self.llm_call_kwargs(row))
         return {"name": self.harbor_agent, "model_name": self.config.model_name, "kwargs": kwargs}
 
-    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], files: Path) -> dict[str, Any]:
+    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], files: Path) -> TerminusSpec:
         config = self.config
-        verifier = {"override_timeout_sec": config.verifier_timeout_s} if config.verifier_timeout_s else {}
+        verifier: dict[str, JsonValue] = {"override_timeout_sec": config.verifier_timeout_s} \
+            if config.verifier_timeout_s else {}
         agent = self.agent_entry(episode, row)
         if config.agent_timeout_s:
             agent["override_timeout_sec"] = config.agent_timeout_s
-        return {
-            "task_dir": str(row["task_dir"]), "trials_dir": str(files / "trials"), "trial_name": "trial",
-            "agent": agent, "environment": config.environment_entry(str(files)), "verifier": verifier,
-            "extra_instructions": list(row.get("extra_instructions", [])),
-        }
+        return TerminusSpec(
+            task_dir=str(row["task_dir"]), trials_dir=str(files / "trials"), trial_name="trial",
+            agent=agent, environment=config.environment_entry(str(files)), verifier=verifier,
+            extra_instructions=[str(line) for line in row.get("extra_instructions", [])],
+        )
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
         launcher = self.launcher_for(episode, "Terminus2Generator")
@@ -98,14 +101,15 @@ class Terminus2Generator(HarnessGenerator):
             raise HarnessError(f"row {row.get('id')!r}: 'task_dir' must name a harbor task directory (with task.toml), "
                                f"got {row.get('task_dir')!r}")
         files = launcher.episode_dir()
-        outcome = await self.run_harness(self.episode_spec(episode, row, files), self.config.episode_timeout_s, files)
-        status = outcome.get("exception_type") or "Verified"
+        outcome = await self.run_harness(self.episode_spec(episode, row, files), TerminusOutcome,
+                                         self.config.episode_timeout_s, files)
+        status = outcome.exception_type or "Verified"
         self.exit_statuses[status] += 1
         if status == "ContextLengthExceededError" and episode.client is not None and not episode.client.episode.calls:
             raise HarnessError(f"row {row.get('id')!r}: Terminus-2's first prompt does not fit the policy's context "
                                "(harbor's prompt alone is ~1,600 tokens of the tiny tokenizer): raise "
                                "engine.max_model_len and TerminusConfig.context_length")
         reward = outcome_reward(outcome, row.get("id"))
-        self.turns.append(outcome.get("n_turns") or 0)
+        self.turns.append(outcome.n_turns or 0)
         self.last_outcome = outcome
         return reward

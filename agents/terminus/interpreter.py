@@ -13,9 +13,8 @@ import os
 import subprocess
 from pathlib import Path
 
-import fullasync_agents
-
 import fullasync
+import fullasync_agents
 
 HARBOR_VERSION = "0.24.0"
 PYTHON_ENV = "FULLASYNC_HARBOR_PYTHON"
@@ -35,7 +34,8 @@ def checkout_root() -> Path:
 
 def harbor_python(configured: str = "") -> Path:
     """The interpreter to run harbor with; HarborMissingError saying what is missing if there is none."""
-    candidate = Path(configured or os.environ.get(PYTHON_ENV, "") or checkout_root() / ".venv-harbor" / "bin" / "python")
+    default = checkout_root() / ".venv-harbor" / "bin" / "python"
+    candidate = Path(configured or os.environ.get(PYTHON_ENV, "") or default)
     if not candidate.exists():
         raise HarborMissingError(f"{candidate} does not exist. {SETUP_HINT}.")
     return candidate
@@ -43,7 +43,8 @@ def harbor_python(configured: str = "") -> Path:
 
 def check_harbor(python: Path) -> None:
     """Raise HarborMissingError unless `python` is >= 3.12 and imports harbor at the pinned version."""
-    probe = ("import sys, importlib.metadata as m; assert sys.version_info >= (3, 12), 'Python ' + sys.version.split()[0]; "
+    probe = ("import sys, importlib.metadata as m; "
+             "assert sys.version_info >= (3, 12), 'Python ' + sys.version.split()[0]; "
              "print(m.version('harbor'))")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
@@ -60,6 +61,8 @@ def import_path(directory: Path) -> Path:
     for name, package in (("fullasync_agents", fullasync_agents), ("fullasync", fullasync)):
         link = directory / name
         if not link.exists():
+            if package.__file__ is None:
+                raise RuntimeError(f"{name} is not installed as a regular package (no __file__)")
             link.symlink_to(Path(package.__file__).resolve().parent, target_is_directory=True)
     return directory
 

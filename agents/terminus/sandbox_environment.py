@@ -58,7 +58,9 @@ done
 while [ $# -ge 2 ]; do mount --bind "$1" "$root$2"; shift 2; done
 mount -t proc proc "$root/proc"
 mount -t tmpfs -o mode=755 tmpfs "$root/dev"
-for device in null zero full random urandom tty; do touch "$root/dev/$device"; mount --bind "/dev/$device" "$root/dev/$device"; done
+for device in null zero full random urandom tty; do
+  touch "$root/dev/$device"; mount --bind "/dev/$device" "$root/dev/$device"
+done
 mkdir -p "$root/dev/pts" "$root/dev/shm"
 mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
 ln -s pts/ptmx "$root/dev/ptmx"
@@ -129,6 +131,7 @@ class LocalNamespaceEnvironment(BaseEnvironment):
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=log,
             env={**os.environ, "SANDBOX_READ_ONLY": " ".join(read_only)})
         log.close()
+        assert self._unshare.stdout is not None  # stdout=PIPE
         try:
             line = await asyncio.wait_for(self._unshare.stdout.readline(), self._start_timeout_s)
         except TimeoutError:

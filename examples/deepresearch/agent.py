@@ -17,11 +17,13 @@ Does not own: retrieval, the reward's arithmetic (`reward.py`), or episode stati
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from examples.deepresearch.reward import RewardBreakdown, RewardConfig, compute_reward
 from examples.deepresearch.tools import ResearchTools, ToolOutcome
+from fullasync.config import ModelSection
+from fullasync.config_fields import setting
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.types import Trajectory
 
@@ -30,16 +32,16 @@ SYSTEM_PROMPT = "Answer the question. Use the search tool to look up names. Give
 
 @dataclass
 class AgentConfig:
-    max_turns: int = 6  # model calls per episode; the last one should answer
-    max_tokens: int = 48  # tokens per model call
-    temperature: float = 1.0  # sampling temperature of every call
-    top_k: int = 3  # search results shown per query
-    max_calls_per_turn: int = 1  # tool calls run per reply; further ones get an error (0 = no limit)
-    tools: list[str] = field(default_factory=lambda: ["search"])  # tools declared to the model: search, open
-    model: str = "policy"  # the `model` name sent with each request
-    max_context_tokens: int = 2048  # stop before a call could need more than this (prompt + max_tokens)
-    system_prompt: str = SYSTEM_PROMPT  # the system message
-    extra_body: dict[str, Any] = field(default_factory=dict)  # sent with every request (e.g. vLLM's top_k)
+    max_turns: int = setting(6, "model calls per episode; the last one should answer")
+    max_tokens: int = setting(48, "tokens per model call")
+    temperature: float = setting(1.0, "sampling temperature of every call")
+    top_k: int = setting(3, "search results shown per query")
+    max_calls_per_turn: int = setting(1, "tool calls run per reply; further ones get an error (0 = no limit)")
+    tools: list[str] = setting(["search"], "tools declared to the model: search, open")
+    model: str = setting(ModelSection.served_name, "the `model` name sent with each request (= model.served_name)")
+    max_context_tokens: int = setting(2048, "stop before a call could need more than this (prompt + max_tokens)")
+    system_prompt: str = setting(SYSTEM_PROMPT, "the system message")
+    extra_body: dict[str, Any] = setting({}, "sent with every request (e.g. vLLM's top_k)")
 
     def validate(self) -> None:
         if self.max_turns < 1 or self.max_tokens < 1:

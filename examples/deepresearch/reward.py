@@ -15,16 +15,19 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fullasync.config_fields import setting
+
 BOX = "\\boxed{"
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 @dataclass
 class RewardConfig:
-    metric: str = "f1"  # f1 | em: what a correct boxed answer earns
-    duplicate_search_penalty: float = 0.0  # subtracted per search repeating an earlier query of the episode
-    excess_call_penalty: float = 0.0  # subtracted per tool call beyond agent.max_calls_per_turn (those are not run)
-    tool_error_penalty: float = 0.0  # subtracted per tool call that failed (bad arguments, unknown tool, ...)
+    metric: str = setting("f1", "f1 | em: what a correct boxed answer earns")
+    duplicate_search_penalty: float = setting(0.0, "subtracted per search repeating an earlier query of the episode")
+    excess_call_penalty: float = setting(0.0, "subtracted per tool call beyond agent.max_calls_per_turn (those are not "
+                                         "run)")
+    tool_error_penalty: float = setting(0.0, "subtracted per tool call that failed (bad arguments, unknown tool, ...)")
 
     def validate(self) -> None:
         if self.metric not in ("f1", "em"):

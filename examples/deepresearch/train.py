@@ -1,11 +1,12 @@
 """Train the search agent fully asynchronously (Hydra). Run from the repository root:
 
-    python examples/deepresearch/train.py                                  # defaults: config/train.yaml
-    python examples/deepresearch/train.py mode=fully_async max_staleness=4 agent.max_turns=6
-    python examples/deepresearch/train.py harness=gateway retrieval.mode=server   # openai SDK over HTTP, HTTP retrieval
-    python examples/deepresearch/train.py model.path=/models/qwen files.train=my.jsonl retrieval.mode=url \\
+    python -m examples.deepresearch.train                                  # defaults: config/train.yaml
+    python -m examples.deepresearch.train mode=fully_async max_staleness=4 agent.max_turns=6
+    python -m examples.deepresearch.train harness=gateway retrieval.mode=server   # openai SDK over HTTP, HTTP retrieval
+    python -m examples.deepresearch.train model.path=/models/qwen files.train=my.jsonl retrieval.mode=url \\
         retrieval.url=http://127.0.0.1:8090
-    python examples/deepresearch/train.py --cfg job                        # print the merged config
+    python -m examples.deepresearch.train --cfg job                        # print the merged config
+    python -m examples.deepresearch.train --help                           # every field with its type, default and help
 
 Owns: wiring world, retrieval, agent and reward into `AsyncAgentTrainer`, the held-out evaluation
 before and after training (F1 with standard errors, on the same engines), and the run summary
@@ -23,13 +24,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-import hydra  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from examples.deepresearch.config import BUILTIN_POLICY, DeepResearchConfig  # noqa: E402
+from examples.deepresearch.config import BUILTIN_POLICY, DeepResearchConfig
+from fullasync.config_doc import exit_with_help_if_asked
 
 ConfigStore.instance().store(name="deepresearch_schema", node=DeepResearchConfig)
 
@@ -78,8 +78,8 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     from examples.deepresearch.episodes import EpisodeStats
     from examples.deepresearch.evaluate import evaluate_on_service
     from examples.deepresearch.tools import ResearchTools
-    from fullasync.api import AsyncAgentTrainer, engine_config
-    from fullasync.client import ClientConfig, RolloutService
+    from fullasync.api import AsyncAgentTrainer, client_config, engine_config
+    from fullasync.client import RolloutService
     from fullasync.engines.vllm_engine import launch_vllm_engines
     from fullasync.models import load_tokenizer
     from fullasync.runtime import init_ray
@@ -101,8 +101,7 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     init_ray()
     engines = await launch_vllm_engines(engine_config(config, config.model.path), config.engine.num_engines)
     try:
-        service = RolloutService(engines, load_tokenizer(config.model.path), ClientConfig(
-            model_name=config.model.served_name, max_model_len=config.engine.max_model_len))
+        service = RolloutService(engines, load_tokenizer(config.model.path), client_config(config))
 
         async def evaluate(when: str):
             report = await evaluate_on_service(service, heldout_rows, tools, config.agent,
@@ -160,4 +159,6 @@ def main(cfg: Any) -> None:
 
 
 if __name__ == "__main__":
+    exit_with_help_if_asked(sys.argv[1:], DeepResearchConfig, __doc__ or "",
+                            Path(__file__).parent / "config" / "train.yaml")
     main()

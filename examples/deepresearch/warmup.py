@@ -52,9 +52,9 @@ from examples.deepresearch.agent import SYSTEM_PROMPT
 from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.tools import SCHEMAS, format_hits
 from examples.deepresearch.world import World, WorldSpec, documents, generate_world, questions
-from fullasync.tasks.warmup import cached_warm_policy, spec_key
 from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
+from fullasync.tasks.warmup import cached_warm_policy, spec_key
 
 WARMUP_FORMAT = 3  # bump when the procedure changes; part of the cache key
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
@@ -135,7 +135,7 @@ def tokenize_conversation(tokenizer: Any, messages: list[dict[str, Any]], tools:
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     spans = assistant_spans(text)
     labels = [token if any(b <= start and end <= e for b, e in spans) else -100
-              for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])]
+              for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)]
     return list(encoded["input_ids"]), labels
 
 
@@ -176,7 +176,8 @@ class _Batcher:
         hops = sorted(self.by_hops)
         rows = self.by_hops[self.rng.choices(hops, [len(self.by_hops[h]) for h in hops])[0]]
         full = phase == "full"
-        size = dict(zip(PHASES, (self.spec.copy_batch_size, self.spec.short_batch_size, self.spec.batch_size)))[phase]
+        sizes = (self.spec.copy_batch_size, self.spec.short_batch_size, self.spec.batch_size)
+        size = dict(zip(PHASES, sizes, strict=True))[phase]
         examples = []
         for _ in range(size):
             messages = synthetic_conversation(rows[self.rng.randrange(len(rows))], self.index, self.spec, self.rng,
@@ -275,7 +276,8 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     model.get_input_embeddings().weight.register_hook(share_updates(names))
     batcher = _Batcher(spec, tokenizer, train_rows, Bm25Index(documents(world)), random.Random(spec.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
-    plan = [phase for phase, steps in zip(PHASES, (spec.copy_steps, spec.short_steps, spec.steps)) for _ in range(steps)]
+    steps_per_phase = (spec.copy_steps, spec.short_steps, spec.steps)
+    plan = [phase for phase, steps in zip(PHASES, steps_per_phase, strict=True) for _ in range(steps)]
     total, decay = len(plan), spec.short_steps + spec.steps
     # constant through the copy phase (the circuit forms abruptly, late), then a linear decay to 10%
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(

@@ -1,12 +1,13 @@
 """Train a policy through mini-swe-agent (its released code, unchanged) fully asynchronously (Hydra).
 Run from the repository root:
 
-    python examples/mini_swe/train.py                                   # tiny warmed-up policy, this machine
-    python examples/mini_swe/train.py total_steps=40 agent.step_limit=4 max_staleness=4
-    python examples/mini_swe/train.py model.path=/models/Qwen2.5-7B-Instruct agent.action_format=tool_call \\
+    python -m examples.mini_swe.train                                   # tiny warmed-up policy, this machine
+    python -m examples.mini_swe.train total_steps=40 agent.step_limit=4 max_staleness=4
+    python -m examples.mini_swe.train model.path=/models/Qwen2.5-7B-Instruct agent.action_format=tool_call \\
         agent.hint=false agent.templates_from=<site-packages>/minisweagent/config/mini.yaml \\
         agent.max_tokens=1024 agent.step_limit=30 engine.max_model_len=32768 engine.num_engines=8
-    python examples/mini_swe/train.py --cfg job                         # print the merged config
+    python -m examples.mini_swe.train --cfg job                         # print the merged config
+    python -m examples.mini_swe.train --help                            # every field with its type, default and help
 
 Owns: wiring the toy SWE task set (train families for training, held-out families for evaluation) and
 `MiniSweAgentGenerator` into `AsyncAgentTrainer`, and the summary (`<output_dir>/summary.json` and the
@@ -22,15 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-import hydra  # noqa: E402
-from fullasync_agents.mini_swe import MiniSweAgentGenerator  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from examples import harness_train  # noqa: E402
-from examples.mini_swe.config import BUILTIN_POLICY, MiniSweTrainConfig  # noqa: E402
+from examples import harness_train
+from examples.mini_swe.config import BUILTIN_POLICY, MiniSweTrainConfig
+from fullasync.config_doc import exit_with_help_if_asked
+from fullasync_agents.mini_swe import MiniSweAgentGenerator
 
 ConfigStore.instance().store(name="mini_swe_schema", node=MiniSweTrainConfig)
 PER_EPISODE = "model_calls_per_episode"
@@ -70,4 +70,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    exit_with_help_if_asked(sys.argv[1:], MiniSweTrainConfig, __doc__ or "",
+                            Path(__file__).parent / "config" / "train.yaml")
     main()

@@ -17,20 +17,20 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
-from fullasync_agents.swe_tasks.catalog import Bug
-from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
-
 from examples.harness_warmup import train_on_demonstrations
 from fullasync.models import TinyModelSpec
 from fullasync.tasks.warmup import cached_warm_policy, spec_key
+from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
+from fullasync_agents.swe_tasks.catalog import Bug
+from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
 
 WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
 WORDS = ("alpha", "beta", "calc", "cart", "data", "grid", "item", "list", "money", "node", "order", "price", "queue",
          "rate", "score", "shape", "stock", "text", "time", "unit", "value", "width", "count", "total", "size")
 SHAPES = (  # (right, wrong) templates in the shape of the training families
     ("return {a} + {b}", "return {a} - {b}"), ("return {a} * {b}", "return {a} + {b}"),
-    ("return {a} - {b}", "return {a} + {b}"), ("range({a} + 1)", "range({a})"), ("range({n}, {a} + 1)", "range({n}, {a})"),
+    ("return {a} - {b}", "return {a} + {b}"), ("range({a} + 1)", "range({a})"),
+    ("range({n}, {a} + 1)", "range({n}, {a})"),
     ("return len({a}) - 1", "return len({a})"), ("return {a} >= {n}", "return {a} > {n}"),
     ("return {a} < {b}", "return {a} > {b}"), ("return {a} <= {b}", "return {a} < {b}"),
     ("{c} = {n}", "{c} = {m}"), ("{a} = 1", "{a} = 0"), ("{a} % 2 == 0", "{a} % 2 == 1"),

@@ -1,12 +1,13 @@
 """Train a policy through Terminus-2 (harbor 0.24.0's released code, unchanged) fully asynchronously (Hydra).
 Run from the repository root, after `make setup setup-terminus`:
 
-    python examples/terminus/train.py                                   # tiny warmed-up policy, this machine
-    python examples/terminus/train.py total_steps=40 agent.max_turns=4 max_staleness=4
-    python examples/terminus/train.py model.path=/models/Qwen2.5-7B-Instruct agent.hint=false \\
+    python -m examples.terminus.train                                   # tiny warmed-up policy, this machine
+    python -m examples.terminus.train total_steps=40 agent.max_turns=4 max_staleness=4
+    python -m examples.terminus.train model.path=/models/Qwen2.5-7B-Instruct agent.hint=false \\
         agent.max_tokens=2048 agent.max_turns=30 agent.pane_width=160 agent.pane_height=40 \\
-        agent.context_length=32768 engine.max_model_len=32768 engine.num_engines=8
-    python examples/terminus/train.py --cfg job                         # print the merged config
+        engine.max_model_len=32768 engine.num_engines=8
+    python -m examples.terminus.train --cfg job                         # print the merged config
+    python -m examples.terminus.train --help                            # every field with its type, default and help
 
 Owns: wiring the terminal task set (training families for training, the held-out family for evaluation)
 and `Terminus2Generator` into `AsyncAgentTrainer`, and the summary (`<output_dir>/summary.json` and the
@@ -22,15 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from a checkout
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-import hydra  # noqa: E402
-from fullasync_agents.terminus import Terminus2Generator  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from examples import harness_train  # noqa: E402
-from examples.terminus.config import BUILTIN_POLICY, TerminusTrainConfig  # noqa: E402
+from examples import harness_train
+from examples.terminus.config import BUILTIN_POLICY, TerminusTrainConfig
+from fullasync.config_doc import exit_with_help_if_asked
+from fullasync_agents.terminus import Terminus2Generator
 
 ConfigStore.instance().store(name="terminus_schema", node=TerminusTrainConfig)
 PER_EPISODE = "turns_per_episode"
@@ -70,4 +70,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    exit_with_help_if_asked(sys.argv[1:], TerminusTrainConfig, __doc__ or "",
+                            Path(__file__).parent / "config" / "train.yaml")
     main()

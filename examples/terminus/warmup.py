@@ -20,12 +20,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync_agents.terminal_tasks import hint_for
-from fullasync_agents.terminus.interpreter import HARBOR_VERSION, harbor_python, harness_environment
-
 from examples.harness_warmup import train_on_demonstrations
 from fullasync.models import TinyModelSpec
 from fullasync.tasks.warmup import cached_warm_policy
+from fullasync_agents.terminal_tasks import hint_for
+from fullasync_agents.terminus.interpreter import HARBOR_VERSION, harbor_python, harness_environment
 
 WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
 WORDS = ("alpha", "beta", "notes", "data", "report", "items", "names", "log", "queue", "stock", "words", "lines",

@@ -35,7 +35,8 @@ class ChatTokenizer:
         self.eos_text: str = tokenizer.decode([self.eos_token_id])
         self._shows_tools: bool | None = None  # does the template render `tools`? learnt on the first call with tools
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+               generation_prompt: bool) -> str:
         try:
             rendered = self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
@@ -46,7 +47,8 @@ class ChatTokenizer:
                 )
                 self._shows_tools = rendered != without
         except Exception as error:  # jinja raises many types; the user needs to know the template refused
-            raise InvalidRequestError(f"the chat template could not render these messages: {error}", "messages") from error
+            raise InvalidRequestError(f"the chat template could not render these messages: {error}",
+                                      "messages") from error
         if tools and not self._shows_tools:
             raise InvalidRequestError(
                 "the model's chat template ignores `tools`, so the model would never see them; set "

@@ -329,7 +329,7 @@ def parse_completion(fields: Mapping[str, Any]) -> Parsed:
     """Validate a text completion request (keyword arguments of `create`, or the HTTP body)."""
     parsed = _parse(CompletionRequest, fields)
     request = parsed.request
-    if isinstance(request.prompt, str) and not request.prompt or isinstance(request.prompt, list) and not request.prompt:
+    if isinstance(request.prompt, str | list) and not request.prompt:
         raise InvalidRequestError("prompt must be a non-empty string or a list of token ids", param="prompt")
     if request.stream and request.n != 1:
         raise InvalidRequestError("stream=True supports n=1 only", param="n")

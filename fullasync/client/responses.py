@@ -10,18 +10,25 @@ import itertools
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
+from openai import BaseModel
 from openai.types import Completion, CompletionChoice, CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageToolCall
+from openai.types.chat import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageToolCall,
+    ChatCompletionMessageToolCallUnion,
+)
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from openai.types.chat.chat_completion_message_function_tool_call import Function
 from openai.types.chat.chat_completion_token_logprob import ChatCompletionTokenLogprob, TopLogprob
 from openai.types.completion_choice import Logprobs
 
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 from fullasync.client.tool_parsers import ParsedToolCall
-
+from fullasync.types import FinishReason
 
 # ids of responses and tool calls, 32 hex digits like a uuid4's: a random prefix per process, then a counter,
 # so unique without an urandom system call per response (one was 2% of the driver's CPU at scale)
@@ -31,6 +38,19 @@ _unique_hex = map(f"{uuid.uuid4().hex[:16]}{{:016x}}".format, itertools.count())
 def response_id(kind: str) -> str:
     """A fresh response id: `chatcmpl-…` or `cmpl-…` as OpenAI writes them."""
     return f"{kind}-{next(_unique_hex)}"
+
+
+def finish_reason(reason: FinishReason) -> Literal["stop", "length"]:
+    """OpenAI's `finish_reason` of a finished generation (an aborted one is resumed, never answered)."""
+    if reason is FinishReason.ABORT:
+        raise ValueError("an aborted generation has no OpenAI finish_reason: it is resumed before it is answered")
+    return "stop" if reason is FinishReason.STOP else "length"
+
+
+def set_vllm_field(model: BaseModel, name: str, value: list[int]) -> None:
+    """Set one of vLLM's additions to OpenAI's schema (`token_ids`, `prompt_token_ids`): the SDK's models keep
+    fields they do not declare (pydantic `extra="allow"`), though their types list OpenAI's fields only."""
+    setattr(model, name, value)
 
 
 def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> str:
@@ -48,7 +68,7 @@ def tool_call_objects(calls: list[ParsedToolCall]) -> list[ChatCompletionMessage
         ChatCompletionMessageToolCall(
             id=f"call_{next(_unique_hex)[8:]}",
             type="function",
-            function={"name": call.name, "arguments": json.dumps(call.arguments)},
+            function=Function(name=call.name, arguments=json.dumps(call.arguments)),
         )
         for call in calls
     ]
@@ -61,11 +81,11 @@ def _token_texts(chat_tokens: ChatTokenizer, ids: list[int]) -> list[str]:
 def chat_logprobs(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> ChoiceLogprobs:
     tokens = _token_texts(chat_tokens, generation.output_ids)
     content = []
-    for i, (token, logprob) in enumerate(zip(tokens, generation.output_logprobs)):
+    for i, (token, logprob) in enumerate(zip(tokens, generation.output_logprobs, strict=True)):
         alternatives = generation.top_logprobs[i] if generation.top_logprobs else {}
         top = [
             TopLogprob(token=text, logprob=lp, bytes=list(text.encode()))
-            for text, lp in zip(_token_texts(chat_tokens, list(alternatives)), alternatives.values())
+            for text, lp in zip(_token_texts(chat_tokens, list(alternatives)), alternatives.values(), strict=True)
         ]
         content.append(
             ChatCompletionTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top)
@@ -81,11 +101,13 @@ def chat_choice(
     logprobs: ChoiceLogprobs | None,
     token_ids: bool,
 ) -> Choice:
-    finish = "tool_calls" if tool_calls else generation.finish_reason.value
-    message = ChatCompletionMessage(role="assistant", content=content, tool_calls=tool_calls or None)
+    finish: Literal["stop", "length", "tool_calls"] = (
+        "tool_calls" if tool_calls else finish_reason(generation.finish_reason))
+    calls: list[ChatCompletionMessageToolCallUnion] = [*tool_calls]
+    message = ChatCompletionMessage(role="assistant", content=content, tool_calls=calls or None)
     choice = Choice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
     if token_ids:
-        choice.token_ids = list(generation.output_ids)  # vLLM's field name (`return_token_ids`)
+        set_vllm_field(choice, "token_ids", list(generation.output_ids))  # vLLM's field name (`return_token_ids`)
     return choice
 
 
@@ -98,7 +120,8 @@ def usage(prompt_tokens: int, generations: list[StitchedGeneration]) -> Completi
     )
 
 
-def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: list, generations: list[StitchedGeneration], token_ids: bool) -> Any:
+def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: list,
+              generations: list[StitchedGeneration], token_ids: bool) -> Any:
     response = cls(
         id=response_id("chatcmpl" if cls is ChatCompletion else "cmpl"),
         object=kind,
@@ -108,11 +131,12 @@ def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: 
         usage=usage(len(prompt_ids), generations),
     )
     if token_ids:
-        response.prompt_token_ids = list(prompt_ids)  # vLLM's field name (`return_token_ids`)
+        set_vllm_field(response, "prompt_token_ids", list(prompt_ids))  # vLLM's field name (`return_token_ids`)
     return response
 
 
-def chat_completion(model: str, prompt_ids: list[int], choices: list[Choice], generations: list[StitchedGeneration], token_ids: bool) -> ChatCompletion:
+def chat_completion(model: str, prompt_ids: list[int], choices: list[Choice], generations: list[StitchedGeneration],
+                    token_ids: bool) -> ChatCompletion:
     return _envelope(ChatCompletion, "chat.completion", model, prompt_ids, choices, generations, token_ids)
 
 
@@ -135,15 +159,17 @@ def completion(
                 offsets.append(offset)
                 offset += len(token)
             top = [
-                dict(zip(_token_texts(chat_tokens, list(alt)), alt.values())) for alt in generation.top_logprobs
+                dict(zip(_token_texts(chat_tokens, list(alt)), alt.values(), strict=True))
+                for alt in generation.top_logprobs
             ] or None
             logprobs = Logprobs(
                 tokens=tokens, token_logprobs=list(generation.output_logprobs), text_offset=offsets, top_logprobs=top
             )
-        choice = CompletionChoice(index=index, text=text, finish_reason=generation.finish_reason.value, logprobs=logprobs)
+        choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason(generation.finish_reason),
+                                  logprobs=logprobs)
         if token_ids:  # vLLM puts both on each completion choice
-            choice.token_ids = list(generation.output_ids)
-            choice.prompt_token_ids = list(prompt_ids)
+            set_vllm_field(choice, "token_ids", list(generation.output_ids))
+            set_vllm_field(choice, "prompt_token_ids", list(prompt_ids))
         choices.append(choice)
     return _envelope(Completion, "text_completion", model, prompt_ids, choices, generations, token_ids)
 

@@ -26,10 +26,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from fullasync.client import responses
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.continuation import StitchedGeneration, generate_with_resume, stream_with_resume
-from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.messages import normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
+from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.tool_parsers import make_tool_parser
+from fullasync.config import EngineSection, ModelSection, RolloutSection
 from fullasync.engines.protocol import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import InvalidRequestError
@@ -41,13 +42,17 @@ log = logging.getLogger("fullasync")
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Settings shared by every episode's client."""
+    """Settings shared by every episode's client.
 
-    model_name: str = "policy"  # the name callers pass as `model`
-    max_model_len: int = 2048  # the engines' context length (prompt + output)
-    resume_timeout_s: float = 300.0  # how long an interrupted generation waits for the engines to resume
-    tool_parser: str = "hermes"  # format of tool calls in the output; see fullasync.client.tool_parsers
-    max_top_logprobs: int = 20  # the engines' max_logprobs: most alternatives per token a request may ask for
+    A run makes it from its sections (`fullasync.api.client_config`); the settings a run has take their defaults
+    from there (help: `fullasync.config`, docs/config.md), so a client made on its own fits engines made on their
+    own (`VLLMEngineConfig`) in context length and `top_logprobs`."""
+
+    model_name: str = ModelSection.served_name  # the name callers pass as `model`
+    max_model_len: int = EngineSection.max_model_len  # the engines' context length (prompt + output)
+    resume_timeout_s: float = RolloutSection.resume_timeout_s
+    tool_parser: str = ModelSection.tool_parser
+    max_top_logprobs: int = EngineSection.max_logprobs  # the engines' max_logprobs
     restart_wait_s: float = 0.0  # a call whose engines all died waits this long for one to be restarted
     # token ids the engines can sample: the model's embedding rows, which a padded embedding puts beyond
     # the tokenizer's last id; 0 = read config.json next to the tokenizer (else the tokenizer's length)
@@ -224,8 +229,8 @@ class RolloutClient:
 
     def _stream(self, request: _Request) -> AsyncIterator[Any]:
         return stream_with_resume(
-            self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}", request.prompt_ids,
-            request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
+            self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}",
+            request.prompt_ids, request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
             self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
         )
 
@@ -343,7 +348,8 @@ class _Completions:
             client._record(request.prompt_ids, generation)
         first = generations[0]
         raw_text = service.chat_tokens.tokenizer.decode(first.output_ids, skip_special_tokens=False)
-        if isinstance(prompt, str) and first.finish_reason is FinishReason.LENGTH and raw_text == response.choices[0].text:
+        extendable = first.finish_reason is FinishReason.LENGTH and raw_text == response.choices[0].text
+        if isinstance(prompt, str) and extendable:
             # only an output whose text is exactly its ids can be extended by text later
             client.episode.last_completion = (prompt + raw_text, tuple(request.prompt_ids) + tuple(first.output_ids))
         return response

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletionChunk
@@ -72,11 +72,12 @@ class TextDeltas:
         return delta
 
 
-def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta, finish: str | None = None,
+def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta,
+           finish: Literal["stop", "length", "tool_calls"] | None = None,
            logprobs: ChoiceLogprobs | None = None, token_ids: tuple[int, ...] | None = None) -> ChatCompletionChunk:
     choice = Choice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
     if token_ids is not None:
-        choice.token_ids = list(token_ids)
+        responses.set_vllm_field(choice, "token_ids", list(token_ids))
     return ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
                                choices=[choice])
 
@@ -84,13 +85,15 @@ def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta, finish: 
 async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, parser: ToolParser | None,
                       model: str, prompt_ids: list[int], stop: tuple[str, ...], with_logprobs: bool,
                       token_ids: bool, include_usage: bool,
-                      on_done: Callable[[StitchedGeneration, str | None, list], None]) -> AsyncIterator[ChatCompletionChunk]:
+                      on_done: Callable[[StitchedGeneration, str | None, list], None],
+                      ) -> AsyncIterator[ChatCompletionChunk]:
     """Chunks of one streamed chat completion; `on_done(generation, content, calls)` records it."""
     chunk_id, created = responses.response_id("chatcmpl"), int(time.time())
     texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
     first = _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""))
     if token_ids:
-        first.prompt_token_ids = list(prompt_ids)  # chunk level, on the first chunk only (as vLLM streams it)
+        # chunk level, on the first chunk only (as vLLM streams it)
+        responses.set_vllm_field(first, "prompt_token_ids", list(prompt_ids))
     yield first
     async for item, text in texts.follow(stream):
         logprobs = None
@@ -114,7 +117,8 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
                      ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=index, id=call.id, type="function",
                                                                  function=function)]))
     on_done(generation, content, calls)
-    finish = "tool_calls" if tool_calls else generation.finish_reason.value
+    finish: Literal["stop", "length", "tool_calls"] = (
+        "tool_calls" if tool_calls else responses.finish_reason(generation.finish_reason))
     yield _chunk(chunk_id, created, model, ChoiceDelta(), finish=finish)
     if include_usage:
         yield ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
@@ -135,9 +139,10 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
         # streamed choices carry finish_reason null until the last one, which the pydantic type forbids
         choice = CompletionChoice.model_construct(index=0, text=text, finish_reason=finish, logprobs=None)
         if token_ids:
-            choice.token_ids = list(ids)
+            responses.set_vllm_field(choice, "token_ids", list(ids))
             if prompt_pending:
-                choice.prompt_token_ids, prompt_pending = list(prompt_ids), False
+                responses.set_vllm_field(choice, "prompt_token_ids", list(prompt_ids))
+                prompt_pending = False
         return Completion.model_construct(id=chunk_id, object="text_completion", created=created, model=model,
                                           choices=[choice])
 

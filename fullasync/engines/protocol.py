@@ -1,7 +1,10 @@
 """The engine contract: token ids in; token ids, log-probs, per-token versions and finish reason out.
 
-Owns: the request/result records and the `Engine` protocol every backend implements.
-Does not own: any backend (see `vllm_engine.py`) or routing (see `router.py`).
+Owns: the request/result records, the weights payload an engine installs (`WeightsPayload`), and the
+`Engine` protocol every backend implements: everything a caller (router, client, weight sync, run) does
+with an engine is in it, so a backend that satisfies it needs no probing.
+Does not own: any backend (see `vllm_engine.py`), routing (see `router.py`) or how weights travel
+(`weight_transport.py`).
 """
 
 from __future__ import annotations
@@ -9,13 +12,28 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from fullasync.errors import EngineDiedError, InvalidRequestError
-from fullasync.types import FinishReason
+from fullasync.types import FinishReason, JsonValue
+
+if TYPE_CHECKING:  # the contract loads without torch or Ray; only the type checker needs them
+    import torch
+    from ray import ObjectRef
 
 STRUCTURED_KINDS = ("regex", "json", "choice", "json_object")
+StructuredSpec: TypeAlias = "str | tuple[str, ...] | Mapping[str, JsonValue] | bool"
+"""The spec of each structured kind: a regex, the choices, a JSON schema, or True for any JSON object."""
+
+NamedTensors: TypeAlias = "Mapping[str, torch.Tensor]"
+"""A model's weights by Hugging Face parameter name (`lm_head.weight` included when tied)."""
+
+WeightsPayload: TypeAlias = "NamedTensors | ObjectRef[NamedTensors]"
+"""The weights of one version as they reach `Engine.install`: the mapping itself (in process, simulator), or a
+Ray object reference to it (the trainer's export: the tensors stay in Ray's object store and the driver never
+holds them; Ray resolves the reference in the engine's actor)."""
 
 
 class PauseMode(str, enum.Enum):
@@ -43,7 +61,7 @@ class SamplingOptions:
     ignore_eos: bool = False
     seed: int | None = None
     num_top_logprobs: int = 0  # alternatives per token to return besides the sampled one
-    structured: tuple[str, Any] | None = None  # output constraint (kind, spec), kind in STRUCTURED_KINDS
+    structured: tuple[str, StructuredSpec] | None = None  # output constraint (kind, spec), kind in STRUCTURED_KINDS
 
     def __post_init__(self) -> None:
         for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 1e-9, 1.0), ("min_p", 0.0, 1.0)):
@@ -137,18 +155,26 @@ class InstallTiming:
     phases: dict[str, float] = field(default_factory=dict)  # engine-specific breakdown of update_s
 
 
+@runtime_checkable
 class Engine(Protocol):
-    """An inference engine as the client and the weight sync see it. All methods are async."""
+    """An inference engine as the router, the client, the weight sync and the run see it.
 
-    name: str
-    death: EngineDiedError | None  # why the engine was declared dead; None while it serves
+    Implementations: `RayEngine` (vLLM in a Ray actor) and `SimulatedEngine` (fullasync.sim). Every method
+    but `generate_stream` is a coroutine; `generate_stream` is an async generator whose last item is the
+    whole `GenerateResult`.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def death(self) -> EngineDiedError | None: ...  # why the engine was declared dead; None while it serves
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
-    # Optional: engines that stream also offer
-    #   def generate_stream(request) -> AsyncIterator[TokenDelta | GenerateResult]  (result last)
-    # and engines that can die (Ray-hosted) offer
-    #   async def restart(weights, version) -> None   (WeightSync calls it on an engine declared dead)
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """Token deltas as they are sampled, then the whole `GenerateResult` (with versions) last."""
+        ...
 
     async def abort(self, request_ids: list[str]) -> None: ...
 
@@ -158,15 +184,27 @@ class Engine(Protocol):
 
     async def wait_resumed(self, timeout_s: float) -> bool: ...
 
-    async def update_weights(self, named_tensors: object, version: int) -> None: ...
+    async def update_weights(self, weights: WeightsPayload, version: int) -> None:
+        """Reload `weights` in place and label what follows with `version`; the engine must be paused."""
+        ...
 
-    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
+    async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
         """pause(mode) → update_weights → resume (resume even if the update fails), in one call."""
+        ...
+
+    async def restart(self, weights: WeightsPayload | None, version: int) -> None:
+        """Serve again after being declared dead: `weights` (None: the model's own) as `version`."""
         ...
 
     async def version(self) -> int: ...
 
     async def num_in_flight(self) -> int: ...
+
+    async def in_flight_tokens(self) -> dict[str, int]:
+        """Tokens generated so far by each in-flight request, by request id."""
+        ...
+
+    async def shutdown(self) -> None: ...
 
 
 async def wait_until_set(event: asyncio.Event, timeout_s: float) -> bool:

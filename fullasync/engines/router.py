@@ -48,7 +48,7 @@ class EngineRouter:
             for engine in self._buckets[load].values():
                 if engine.death is None:
                     return engine
-        raise self.engines[0].death
+        raise self.engines[0].death or RuntimeError("EngineRouter: no live engine, yet none is declared dead")
 
     def _move(self, engine: Engine, by: int) -> None:
         load = self._load[engine.name]
@@ -82,10 +82,9 @@ class EngineRouter:
     def load(self, engine_name: str) -> int:
         return self._load[engine_name]
 
-    async def generate_stream(self, request: GenerateRequest, episode_id: str) -> AsyncIterator[TokenDelta | GenerateResult]:
+    async def generate_stream(self, request: GenerateRequest,
+                              episode_id: str) -> AsyncIterator[TokenDelta | GenerateResult]:
         engine = self.pick(episode_id)
-        if not hasattr(engine, "generate_stream"):
-            raise NotImplementedError(f"engine {engine.name} does not stream; use non-streaming requests")
         self._move(engine, +1)
         try:
             async for item in engine.generate_stream(request):

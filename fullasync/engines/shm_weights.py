@@ -30,8 +30,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import torch
 
@@ -64,6 +65,9 @@ class BucketLayout:
     timeout_s: float = 120.0  # the receiver gives up waiting for a bucket after this long
 
 
+Bucket: TypeAlias = "list[tuple[TensorEntry, torch.Tensor]]"  # whole layers: each tensor's place and its source
+
+
 def _group_key(name: str) -> str:
     """Tensors of one layer share a key; tied embeddings and output layer share one."""
     if name in _TIED:
@@ -76,7 +80,7 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tuple[list[list[tuple[TensorEntry, torch.Tensor]]], int]:
+def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tuple[list[Bucket], int]:
     """Buckets of whole layers, each up to `bucket_bytes` (a bigger layer gets a bucket of its own).
 
     A tensor viewing the same memory as an earlier one (tied embeddings) shares its bytes.
@@ -85,8 +89,8 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tupl
     groups: dict[str, list[str]] = {}
     for name in tensors:
         groups.setdefault(_group_key(name), []).append(name)
-    buckets: list[list[tuple[TensorEntry, torch.Tensor]]] = []
-    current: list[tuple[TensorEntry, torch.Tensor]] = []
+    buckets: list[Bucket] = []
+    current: Bucket = []
     used = 0
     slot_bytes = 0
     for names in groups.values():
@@ -94,7 +98,7 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tupl
         if current and used + group_bytes > bucket_bytes:
             buckets.append(current)
             current, used = [], 0
-        placed: dict[tuple, TensorEntry] = {}
+        placed: dict[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]], TensorEntry] = {}
         for name in names:
             tensor = tensors[name]
             key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
@@ -162,7 +166,7 @@ class WeightSender:
         """Extra memory held: the shared file (control block and two slots)."""
         return CONTROL_BYTES + 2 * self.slot_bytes if self._buffer is not None else 0
 
-    def prepare(self, tensors: Mapping[str, torch.Tensor], timeout_s: float) -> tuple[BucketLayout, list]:
+    def prepare(self, tensors: Mapping[str, torch.Tensor], timeout_s: float) -> tuple[BucketLayout, list[Bucket]]:
         """Plan this push and reset the control block; returns the layout for the receiver and the plan."""
         buckets, slot_bytes = plan_buckets(tensors, self.bucket_bytes)
         if slot_bytes > self.slot_bytes:
@@ -181,12 +185,12 @@ class WeightSender:
                               tuple(tuple(entry for entry, _ in bucket) for bucket in buckets), timeout_s)
         return layout, buckets
 
-    def send(self, buckets: list, stop: threading.Event, timeout_s: float) -> float:
+    def send(self, buckets: list[Bucket], stop: threading.Event, timeout_s: float) -> float:
         """Copy the buckets into the slots as the receiver frees them; seconds spent copying.
 
         Returns early if `stop` is set (the receiving RPC ended, e.g. with an error).
         """
-        control = self._control()
+        control, buffer = self._control(), self._mapped()
         copying = 0.0
         for index, bucket in enumerate(buckets):
             slot = index % 2
@@ -198,7 +202,7 @@ class WeightSender:
                     raise TimeoutError(f"the engine did not take weight bucket {index - 1} within {timeout_s:.0f} s")
                 time.sleep(0.0002)
             started = time.perf_counter()
-            target = _slot(self._buffer, self.slot_bytes, slot)
+            target = _slot(buffer, self.slot_bytes, slot)
             for entry, tensor in bucket:
                 _view(target, entry).copy_(tensor)
             copying += time.perf_counter() - started
@@ -217,8 +221,13 @@ class WeightSender:
             os.unlink(self.path)
             self.slot_bytes = 0
 
+    def _mapped(self) -> mmap.mmap:
+        if self._buffer is None:
+            raise RuntimeError("WeightSender: prepare() a push before sending it")
+        return self._buffer
+
     def _control(self) -> torch.Tensor:
-        return torch.frombuffer(self._buffer, dtype=torch.int64, count=8)
+        return torch.frombuffer(self._mapped(), dtype=torch.int64, count=8)
 
 
 class WeightReceiver:
@@ -235,7 +244,9 @@ class WeightReceiver:
                 self._buffer.close()
             self._buffer = _map(layout.path, CONTROL_BYTES + 2 * layout.slot_bytes)
             self.path = layout.path
-        control = torch.frombuffer(self._buffer, dtype=torch.int64, count=8)
+        buffer = self._buffer
+        assert buffer is not None  # mapped above, or by an earlier push of the same file
+        control = torch.frombuffer(buffer, dtype=torch.int64, count=8)
         if int(control[_PUSH]) != layout.push_id:
             raise RuntimeError(f"weight hand-off: push {layout.push_id} expected, the file holds {int(control[_PUSH])}")
         try:
@@ -246,9 +257,10 @@ class WeightReceiver:
                     if int(control[_FAILED]):
                         raise RuntimeError("weight hand-off: the sender gave up")
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"weight hand-off: bucket {index} did not arrive in {layout.timeout_s:.0f} s")
+                        raise TimeoutError(f"weight hand-off: bucket {index} did not arrive in "
+                                           f"{layout.timeout_s:.0f} s")
                     time.sleep(0.0002)
-                source = _slot(self._buffer, layout.slot_bytes, slot)
+                source = _slot(buffer, layout.slot_bytes, slot)
                 for entry in bucket:
                     yield entry.name, _view(source, entry)
                 control[_RELEASED + slot] = index + 1
@@ -257,10 +269,10 @@ class WeightReceiver:
             raise
 
 
-def receive_closure(layout: BucketLayout):
+def receive_closure(layout: BucketLayout) -> Callable[[Any], None]:
     """A function vLLM runs on its worker: reload weights in place from the shared buckets."""
 
-    def reload(worker) -> None:
+    def reload(worker: Any) -> None:  # vLLM's worker (its CPU or GPU class); it keeps our receiver between pushes
         receiver = getattr(worker, "fullasync_weight_receiver", None)
         if receiver is None:
             receiver = WeightReceiver()

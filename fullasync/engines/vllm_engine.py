@@ -30,20 +30,24 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from fullasync.config import EngineSection, ModelSection, RunConfig
 from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
 from fullasync.engines.protocol import (
     GenerateRequest,
     GenerateResult,
     InstallTiming,
+    NamedTensors,
     PauseMode,
     TokenDelta,
+    WeightsPayload,
     wait_until_set,
 )
 from fullasync.engines.shm_weights import WeightSender, receive_closure
@@ -51,37 +55,55 @@ from fullasync.errors import EngineDiedError, InvalidRequestError
 from fullasync.placement import check_ray_resources, require_cluster_offers
 from fullasync.types import FinishReason
 
+if TYPE_CHECKING:
+    from vllm import RequestOutput, SamplingParams
+    from vllm.logprobs import Logprob
+    from vllm.outputs import WeightVersionSpan
+    from vllm.v1.engine.async_llm import AsyncLLM
+
 log = logging.getLogger("fullasync")
+T = TypeVar("T")
 
 # A streamed request's new tokens go to the driver at most this often (and at once for the first token and at
 # the end): one Ray object per vLLM step cost the driver ~1.7 ms of CPU per streamed token.
 STREAM_DELTA_S = 0.02
 
+EngineDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]  # vLLM's model dtypes
+LogprobsMode = Literal["raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs"]
+
 
 @dataclass(frozen=True)
 class VLLMEngineConfig:
-    """How to start one vLLM engine."""
+    """How to start one vLLM engine.
+
+    A run makes it from its `engine` section (`fullasync.api.engine_config`: every field both declare, plus the
+    model's path and served name and the run's seed); the settings a run has take their defaults from there, so
+    an engine started on its own gets the same ones. Their help is in `fullasync.config` (docs/config.md)."""
 
     model_path: str  # local HF model directory
-    served_model_name: str = "policy"  # the name clients pass as `model`
-    dtype: str = "float32"  # weights/activations dtype in the engine; float32 matches a float32 trainer
-    max_model_len: int = 2048  # context length (prompt + output)
-    max_num_seqs: int = 128  # concurrent sequences per engine
+    served_model_name: str = ModelSection.served_name
+    dtype: str = EngineSection.dtype
+    max_model_len: int = EngineSection.max_model_len
+    max_num_seqs: int = EngineSection.max_num_seqs
     enable_prefix_caching: bool = True  # reuse KV of shared prefixes (multi-turn, resumed requests)
     logprobs_mode: str = "processed_logprobs"  # log-probs after temperature/top-p, i.e. of the sampling policy
-    seed: int = 0  # engine sampling seed
-    max_logprobs: int = 20  # most alternatives per token a request may ask for (top_logprobs)
+    seed: int = RunConfig.seed
+    max_logprobs: int = EngineSection.max_logprobs
     extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to AsyncEngineArgs as is
-    start_timeout_s: float = 300.0  # bound on engine start-up
+    start_timeout_s: float = EngineSection.start_timeout_s
     call_timeout_s: float = 120.0  # bound on control calls (pause, resume, update, version)
     generate_timeout_s: float = 1800.0  # bound on one generate call
-    probe_interval_s: float = 5.0  # how often the watchdog probes the engine
-    stall_timeout_s: float = 120.0  # in-flight requests with no new token this long (not paused) = engine dead
+    probe_interval_s: float = EngineSection.probe_interval_s
+    stall_timeout_s: float = EngineSection.stall_timeout_s
     ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
     weight_bucket_bytes: int = 64 * 2**20  # weights pass to the engine core in buckets of whole layers this big
 
     def __post_init__(self) -> None:
         check_ray_resources("VLLMEngineConfig.ray_resources", self.ray_resources)
+        for name, kind in (("dtype", EngineDType), ("logprobs_mode", LogprobsMode)):
+            if getattr(self, name) not in get_args(kind):
+                raise ValueError(f"engine {name}={getattr(self, name)!r} is not one vLLM knows; choose one of "
+                                 f"{list(get_args(kind))}")
         if self.weight_bucket_bytes <= 0:
             raise ValueError(f"VLLMEngineConfig.weight_bucket_bytes must be > 0, got {self.weight_bucket_bytes}")
 
@@ -97,7 +119,7 @@ class EngineHealth:
     last_request_id: str | None
 
 
-def _sampling_params(request: GenerateRequest) -> Any:
+def _sampling_params(request: GenerateRequest) -> SamplingParams:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -105,7 +127,8 @@ def _sampling_params(request: GenerateRequest) -> Any:
     structured = None
     if opts.structured is not None:
         kind, spec = opts.structured
-        structured = StructuredOutputsParams(**{kind: list(spec) if kind == "choice" else spec})
+        value = list(spec) if kind == "choice" and isinstance(spec, tuple) else spec
+        structured = StructuredOutputsParams(**{kind: value})  # type: ignore[arg-type]  # `kind` names the field
     return SamplingParams(
         max_tokens=request.max_tokens,
         temperature=opts.temperature,
@@ -123,7 +146,7 @@ def _sampling_params(request: GenerateRequest) -> Any:
     )
 
 
-def _versions_from_spans(spans: Any, num_tokens: int, fallback: int) -> tuple[int, ...]:
+def _versions_from_spans(spans: list[WeightVersionSpan] | None, num_tokens: int, fallback: int) -> tuple[int, ...]:
     if not spans:
         return (fallback,) * num_tokens
     versions: list[int] = []
@@ -140,7 +163,7 @@ class VLLMEngineActor:
     def __init__(self, config: VLLMEngineConfig, name: str) -> None:
         self.config = config
         self.name = name
-        self._llm: Any = None
+        self._llm: AsyncLLM | None = None
         self._version = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -159,19 +182,24 @@ class VLLMEngineActor:
         args = AsyncEngineArgs(
             model=cfg.model_path,
             served_model_name=cfg.served_model_name,
-            dtype=cfg.dtype,
+            dtype=cast(EngineDType, cfg.dtype),  # checked in VLLMEngineConfig
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
-            logprobs_mode=cfg.logprobs_mode,
+            logprobs_mode=cast(LogprobsMode, cfg.logprobs_mode),
             seed=cfg.seed,
             max_logprobs=cfg.max_logprobs,
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
         )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = llm = AsyncLLM.from_engine_args(args)
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
         self._version = initial_version
-        await self._llm.update_weight_version(str(initial_version))
+        await llm.update_weight_version(str(initial_version))
+
+    def _started(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RuntimeError(f"engine {self.name}: start() has not run, or shutdown() has")
+        return self._llm
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         async for item in self.generate_stream(request):
@@ -193,7 +221,7 @@ class VLLMEngineActor:
         kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
         sent, sent_at = 0, -math.inf  # tokens already yielded; when (the first token goes out at once)
         try:
-            stream = self._rejections_as_invalid(request, self._llm.generate(
+            stream = self._rejections_as_invalid(request, self._started().generate(
                 {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{kv_version}"},
                 _sampling_params(request), request.request_id,
             ))
@@ -203,7 +231,8 @@ class VLLMEngineActor:
                 output_ids += new_ids
                 self._progress[request.request_id] = len(output_ids)
                 self._progress_at = time.monotonic()
-                for token_id, entry in zip(new_ids, completion.logprobs or ()):
+                entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
+                for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
                     logprobs.append(entry[token_id].logprob)
                     if want_top:
                         top.append({tid: lp.logprob for tid, lp in entry.items()})
@@ -232,7 +261,8 @@ class VLLMEngineActor:
             output_weight_versions=weight_versions if weight_versions != versions else (),
         )
 
-    async def _rejections_as_invalid(self, request: GenerateRequest, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def _rejections_as_invalid(self, request: GenerateRequest,
+                                     stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """vLLM's input checks raise before the first output: report them as the caller's error."""
         from vllm.exceptions import VLLMClientError, VLLMValidationError
 
@@ -260,14 +290,14 @@ class VLLMEngineActor:
         )
 
     async def abort(self, request_ids: list[str]) -> None:
-        await self._llm.abort(request_ids)
+        await self._started().abort(request_ids)
 
     async def pause(self, mode: PauseMode) -> None:
         self._resumed.clear()
-        await self._llm.pause_generation(mode=PauseMode(mode).value, clear_cache=False)
+        await self._started().pause_generation(mode=PauseMode(mode).value, clear_cache=False)
 
     async def resume(self) -> None:
-        await self._llm.resume_generation()
+        await self._started().resume_generation()
         self._progress_at = time.monotonic()  # paused time is not a stall
         self._resumed.set()
 
@@ -277,8 +307,10 @@ class VLLMEngineActor:
     async def is_paused(self) -> bool:
         return not self._resumed.is_set()
 
-    async def install(self, named_tensors: Mapping[str, Any], version: int, mode: PauseMode) -> InstallTiming:
-        """pause → update_weights → resume in one call (resume in `finally`): one round trip per push."""
+    async def install(self, named_tensors: NamedTensors, version: int, mode: PauseMode) -> InstallTiming:
+        """pause → update_weights → resume in one call (resume in `finally`): one round trip per push.
+
+        `named_tensors` is the mapping itself: Ray resolves the object reference `RayEngine.install` passes."""
         clock = time.perf_counter
         start = clock()
         await self.pause(mode)
@@ -291,7 +323,7 @@ class VLLMEngineActor:
             await self.resume()
         return InstallTiming(paused - start, updated - paused, clock() - resume_start, phases)
 
-    async def update_weights(self, named_tensors: Mapping[str, Any], version: int) -> dict[str, float]:
+    async def update_weights(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Reload weights in place and label what follows with `version`; the engine must be paused.
 
         The tensors reach the engine-core process through shared memory in buckets (`shm_weights.py`):
@@ -306,11 +338,13 @@ class VLLMEngineActor:
             # vLLM's CPU output layer keeps its own packed copy of tied embeddings; it is
             # refreshed only when lm_head.weight is among the loaded weights.
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        llm = self._started()
         started = time.perf_counter()
         timeout = self.config.call_timeout_s
         layout, buckets = self._weights.prepare(tensors, timeout)
         received = threading.Event()
-        reload = asyncio.ensure_future(self._llm.collective_rpc(receive_closure(layout)))
+        # vLLM runs a callable on each worker as well as a method name (its annotation says only `str`)
+        reload = asyncio.ensure_future(llm.collective_rpc(receive_closure(layout)))  # type: ignore[arg-type]
         reload.add_done_callback(lambda _: received.set())
         try:
             copy_s = await asyncio.to_thread(self._weights.send, buckets, received, timeout)
@@ -320,9 +354,9 @@ class VLLMEngineActor:
             raise
         await reload
         loaded = time.perf_counter()
-        await self._llm.reset_prefix_cache()
+        await llm.reset_prefix_cache()
         self._version = version
-        await self._llm.update_weight_version(str(version))
+        await llm.update_weight_version(str(version))
         return {"copy_s": copy_s, "load_s": loaded - started, "reset_s": time.perf_counter() - loaded,
                 "buckets": float(len(buckets)), "shm_bytes": float(self._weights.file_bytes)}
 
@@ -350,17 +384,17 @@ class RayEngine:
     marked the engine dead, or None while it serves.
     """
 
-    def __init__(self, actor: Any, name: str, config: VLLMEngineConfig) -> None:
+    def __init__(self, actor: ActorHandle[VLLMEngineActor], name: str, config: VLLMEngineConfig) -> None:
         self.actor = actor
         self.name = name
         self.config = config
         self.death: EngineDiedError | None = None
         self.restarts = 0
         self.calls: dict[str, int] = {}  # control calls made to the actor so far, by method (round trips)
-        self._waiting: set[asyncio.Future] = set()  # calls to fail at once if the engine dies
-        self._watchdog: asyncio.Task | None = None
+        self._waiting: set[asyncio.Future[Any]] = set()  # calls to fail at once if the engine dies (any reply)
+        self._watchdog: asyncio.Task[None] | None = None
 
-    async def restart(self, weights: object | None, version: int) -> None:
+    async def restart(self, weights: WeightsPayload | None, version: int) -> None:
         """Replace a dead engine by a fresh actor serving `weights` (None: the model's own) as `version`."""
         if self._watchdog is not None:
             self._watchdog.cancel()
@@ -398,7 +432,7 @@ class RayEngine:
                 elif health.seconds_without_progress > cfg.stall_timeout_s:
                     self.mark_dead(
                         f"{health.in_flight} in-flight request(s) made no progress for "
-                        f"{health.seconds_without_progress:.0f} s (engines.stall_timeout_s={cfg.stall_timeout_s:g})",
+                        f"{health.seconds_without_progress:.0f} s (engine.stall_timeout_s={cfg.stall_timeout_s:g})",
                         health.last_request_id,
                     )
 
@@ -413,7 +447,7 @@ class RayEngine:
                 waiter.set_exception(self.death)
         self._waiting.clear()
 
-    async def _watched(self, awaitable: Any, what: str, timeout_s: float, even_if_dead: bool = False) -> Any:
+    async def _watched(self, awaitable: Awaitable[T], what: str, timeout_s: float, even_if_dead: bool = False) -> T:
         """Await a reply of the actor, but give up at once if the engine is declared dead meanwhile.
 
         A call abandoned (timeout, or the caller cancelled) is cancelled in the actor too, which
@@ -422,7 +456,7 @@ class RayEngine:
         if self.death is not None and not even_if_dead:
             raise self.death
         reply = asyncio.ensure_future(awaitable)
-        waiter = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         reply.add_done_callback(lambda done: _transfer(done, waiter))
         if not even_if_dead:
             self._waiting.add(waiter)
@@ -445,7 +479,9 @@ class RayEngine:
                 if isinstance(awaitable, ray.ObjectRef) and self.death is None:
                     ray.cancel(awaitable)
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = None, even_if_dead: bool = False) -> Any:
+    async def _call(self, method: str, *args: object, timeout_s: float | None = None,
+                    even_if_dead: bool = False) -> Any:
+        """Call the actor's `method`; its reply (Any: Ray's actor methods are untyped, each caller states the type)."""
         timeout = self.config.call_timeout_s if timeout_s is None else timeout_s
         self.calls[method] = self.calls.get(method, 0) + 1
         return await self._watched(getattr(self.actor, method).remote(*args), method, timeout, even_if_dead)
@@ -457,7 +493,7 @@ class RayEngine:
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
         """Deltas through a Ray streaming generator; each item is awaited with the generate timeout."""
-        stream = self.actor.generate_stream.options(num_returns="streaming").remote(request)
+        stream: ray.ObjectRefGenerator = self.actor.generate_stream.options(num_returns="streaming").remote(request)
         timeout = self.config.generate_timeout_s
         while True:
             try:
@@ -478,11 +514,12 @@ class RayEngine:
     async def wait_resumed(self, timeout_s: float) -> bool:
         return await self._call("wait_resumed", timeout_s, timeout_s=timeout_s + self.config.call_timeout_s)
 
-    async def update_weights(self, named_tensors: object, version: int) -> None:
-        await self._call("update_weights", named_tensors, version)
+    async def update_weights(self, weights: WeightsPayload, version: int) -> None:
+        await self._call("update_weights", weights, version)
 
-    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
-        return await self._call("install", named_tensors, version, PauseMode(mode))
+    async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
+        """A Ray object reference travels as a reference: the actor reads the tensors from the object store."""
+        return await self._call("install", weights, version, PauseMode(mode))
 
     async def version(self) -> int:
         return await self._call("version")
@@ -505,7 +542,7 @@ class RayEngine:
             ray.kill(self.actor)
 
 
-def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
+def _transfer(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
     """Hand an actor's reply to the waiting caller (reading it even when nobody waits any more)."""
     if source.cancelled():
         if not target.done():
@@ -520,14 +557,16 @@ def _transfer(source: asyncio.Future, target: asyncio.Future) -> None:
         target.set_result(source.result())
 
 
-def _spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> Any:
-    return ray.remote(VLLMEngineActor).options(
+def _spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> ActorHandle[VLLMEngineActor]:
+    actor = ray.remote(VLLMEngineActor).options(
         name=actor_name, num_cpus=0, max_concurrency=4096, resources=dict(config.ray_resources),
         runtime_env={"env_vars": engine_env_vars()},
     ).remote(config, name)
+    return cast("ActorHandle[VLLMEngineActor]", actor)  # Ray types `.remote()` as a handle or the class
 
 
-async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1, initial_version: int = 0) -> list[RayEngine]:
+async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1,
+                              initial_version: int = 0) -> list[RayEngine]:
     """Start `num_engines` engine actors in the running Ray cluster, wait until all serve, watch them."""
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")

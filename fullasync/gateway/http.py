@@ -11,7 +11,7 @@ import asyncio
 import socket
 from typing import Any
 
-START_TIMEOUT_S = 5.0
+START_TIMEOUT_S = 60.0  # a bound on a hang: start() returns as soon as uvicorn serves
 STOP_TIMEOUT_S = 30.0
 
 
@@ -53,7 +53,7 @@ class ServedApp:
         raise TimeoutError(f"{self.name} on {self.url} did not start within {START_TIMEOUT_S:.0f} s")
 
     async def stop(self) -> None:
-        if self._server is not None:
+        if self._server is not None and self._task is not None:
             self._server.should_exit = True
             await asyncio.wait_for(self._task, STOP_TIMEOUT_S)
             self._server = None

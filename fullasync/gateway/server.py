@@ -20,6 +20,7 @@ from fullasync.client import RolloutClient, RolloutService
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
 from fullasync.gateway.http import ServedApp
 
+
 @dataclass(frozen=True)
 class GatewayEpisode:
     """What a harness needs to talk to one episode over HTTP."""

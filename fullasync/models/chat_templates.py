@@ -35,7 +35,7 @@ OVERLAY_FORMAT = 1  # bump whenever the overlay's layout changes; part of its ca
 _REPLACED = {TOKENIZER_CONFIG, "chat_template.jinja", "chat_template.json", BUILD_MARKER}
 
 # The conversation every template is checked with at start-up.
-PROBE_TOOL = {"type": "function", "function": {
+PROBE_TOOL: dict[str, Any] = {"type": "function", "function": {
     "name": "probe_lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}
 PROBE_ARGUMENTS = {"word": "ünïcode \"quoted\""}

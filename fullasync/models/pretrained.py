@@ -102,6 +102,9 @@ def _locate_package(spec: PretrainedModelSpec) -> tuple[Path, str]:
             f"model {spec.name!r} is converted from a GGUF file and needs {' and '.join(missing)}; "
             + _install_hint(spec)
         )
+    if found is None or not found.submodule_search_locations:
+        raise MissingModelPackageError(f"{spec.module} is not a package directory; reinstall {spec.requirement} ("
+                                       + _install_hint(spec) + ")")
     package_dir = Path(next(iter(found.submodule_search_locations)))
     if not (package_dir / spec.gguf_file).is_file():
         raise MissingModelPackageError(

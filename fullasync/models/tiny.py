@@ -164,8 +164,17 @@ def _build_tokenizer(spec: TinyModelSpec) -> PreTrainedTokenizerBase:
     Byte-level, so every string encodes without unknown tokens and
     `decode(encode(s)) == unicodedata.normalize("NFC", s)`; exactly `s` for NFC text.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-    from tokenizers import pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -206,8 +215,7 @@ def _build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> Qwe
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    endoftext_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN)
-    im_end_id = tokenizer.convert_tokens_to_ids(IM_END_TOKEN)
+    endoftext_id, im_end_id = _token_id(tokenizer, ENDOFTEXT_TOKEN), _token_id(tokenizer, IM_END_TOKEN)
     config = Qwen2Config(
         vocab_size=-(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
         hidden_size=spec.hidden_size,
@@ -224,7 +232,8 @@ def _build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> Qwe
         pad_token_id=endoftext_id,
         dtype="float32",
     )
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    # transformers wraps `to` with functools.wraps, whose typeshed type does not bind `self` on a method
+    model = Qwen2ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]
     _init_weights(model, spec.seed, std=config.initializer_range)
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext_id,
@@ -232,6 +241,14 @@ def _build_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> Qwe
         pad_token_id=endoftext_id,
     )
     return model
+
+
+def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    """The id of one token of the vocabulary."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(token_id, int):
+        raise TypeError(f"the tokenizer gave {token_id!r} as the id of the single token {token!r}")
+    return token_id
 
 
 def _init_weights(model: Qwen2ForCausalLM, seed: int, std: float) -> None:

@@ -1,10 +1,12 @@
 """The harness contract beyond a plain function: `CustomGenerator`, for set-up/tear-down and out-of-process harnesses.
 
-Owns: the base class and the per-episode context it receives. A plain `async def rollout_fn(client,
-row)` needs none of this. A `CustomGenerator` gets, per episode, an `EpisodeContext` with the
-in-process `RolloutClient` and — when `uses_gateway` is True — the episode's OpenAI base URL and API
-key on the gateway, to hand to a subprocess, container or CLI. Every request through either path is
-recorded into the same episode; `generate` returns a reward (the recorded calls become the
+Owns: the base class, the per-episode context it receives, and `OpenEpisode`, the seam through which
+the run gives an episode that context. A plain `async def rollout_fn(client, row)` needs none of this.
+A `CustomGenerator` gets, per episode, an `EpisodeContext` with the in-process `RolloutClient` and —
+when `uses_gateway` is True — the episode's OpenAI base URL and API key on the run's HTTP gateway, to
+hand to a subprocess, container or CLI. (`fullasync.run` starts and stops that gateway and injects an
+`OpenEpisode` over it into the rollouter; nothing here knows the gateway.) Every request through either
+path is recorded into the same episode; `generate` returns a reward (the recorded calls become the
 trajectory) or a whole `Trajectory`.
 
     class MyCLIHarness(CustomGenerator):
@@ -27,7 +29,8 @@ import asyncio
 import os
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +49,14 @@ class EpisodeContext:
     api_key: str | None = None  # the key that goes with base_url
 
 
+OpenEpisode = Callable[[RolloutClient], AbstractContextManager[EpisodeContext]]
+"""`with open_episode(client) as episode:` the context of `client`'s episode, valid until the block ends."""
+
+
 class CustomGenerator:
     """Subclass and implement `generate`; `setup`/`teardown` run once around the whole run."""
 
-    uses_gateway: bool = False  # True: the rollouter starts the HTTP gateway and fills base_url/api_key
+    uses_gateway: bool = False  # True: the run starts the HTTP gateway, and each episode gets base_url/api_key
 
     async def setup(self) -> None:
         """Called once before the first episode (start a sandbox pool, load tools, ...)."""
@@ -92,7 +99,7 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
             stdin=given, stdout=out, stderr=err,
         )
         try:
-            await process.wait()
+            returncode = await process.wait()
         finally:
             if process.returncode is None:  # cancelled: the harness and all below it, own sessions included
                 kill_tree(process.pid)
@@ -101,5 +108,5 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
                 await process.wait()
         out.seek(0)
         err.seek(0)
-        return ProcessResult(process.pid, process.returncode, out.read().decode(errors="replace"),
+        return ProcessResult(process.pid, returncode, out.read().decode(errors="replace"),
                              err.read().decode(errors="replace"))

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-KILL_ROUNDS = 50  # a tree that keeps forking while being killed gets this many sweeps
+KILL_DEADLINE_S = 10.0  # a tree that keeps forking, or is slow to die on a loaded machine, is swept this long
+SWEEP_INTERVAL_S = 0.01  # between two sweeps: SIGKILL takes effect asynchronously
 
 
 def become_subreaper() -> None:
@@ -75,16 +77,16 @@ def kill_tree(root: int) -> None:
     """SIGKILL every descendant of `root`, then `root`.
 
     `root` is stopped first so it starts nothing new; while it lives (and is a subreaper), orphans of
-    killed processes reparent to it and are found by the next sweep. Raises if processes survive.
+    killed processes reparent to it and are found by the next sweep. Sweeps until no descendant is left;
+    raises if some survive `KILL_DEADLINE_S` of sweeps.
     """
     _signal(root, signal.SIGSTOP)
-    for _ in range(KILL_ROUNDS):
-        tree = descendants(root)
-        if not tree:
-            break
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    while (tree := descendants(root)) and time.monotonic() < deadline:
         for pid in tree:
             _signal(pid, signal.SIGKILL)
+        time.sleep(SWEEP_INTERVAL_S)
     _signal(root, signal.SIGKILL)
     left = [pid for pid in descendants(root) if alive(pid)]
     if left:
-        raise RuntimeError(f"processes {left} under {root} survived {KILL_ROUNDS} kill sweeps")
+        raise RuntimeError(f"processes {left} under {root} survived {KILL_DEADLINE_S:g} s of kill sweeps")

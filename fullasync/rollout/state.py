@@ -18,7 +18,8 @@ class RolloutState:
     outcomes: dict[str, str] = field(default_factory=dict)  # row ledger: row id -> RowOutcome value
     episode_failures: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)
-    in_flight: dict[str, dict[int, Trajectory | None]] = field(default_factory=dict)  # finished episodes of running rows
+    # finished episodes of running rows
+    in_flight: dict[str, dict[int, Trajectory | None]] = field(default_factory=dict)
     kept_tokens: int = 0  # output tokens of the finished episodes of running rows (kept by the checkpoint)
     discarded_tokens: int = 0  # output tokens of the unfinished episodes of running rows (generated again)
     staleness: dict[str, float] = field(default_factory=dict)  # the admission counters when captured (a record)

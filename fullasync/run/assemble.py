@@ -1,12 +1,14 @@
 """One run, wired in one place: `assemble(...)` builds its components, `Run.execute(rows)` runs them.
 
-Owns: the construction of the weight sync, the staleness manager (with this run's version as its
-source), the queue (sized here, and only here), the rollouter and the training loop; the start-up
-check of `rollout_fn`; the order of a run (held-out validation with nothing generating, then
-generation and training, then stopping generation) and the final account of every row; validation
-with training generation paused; capturing the whole run into a checkpoint (rollouter first, then the
-queue, then the trainer) and restoring one; a stop request (a signal) that checkpoints and returns. Does not own: starting engines or the trainer (the caller does, and
-keeps them), the metrics sink, or any step logic (`loop.py`).
+Owns: the construction of the weight sync, the staleness manager (with this run's version as its source), the
+queue (sized here, and only here), the rollouter and the training loop; the HTTP gateway when the harness uses
+one (started and stopped by `Run.execute`; the rollouter gets only `OpenEpisode`, each episode's URL on it);
+the start-up check of `rollout_fn`; supervising the training loop beside the rollouter (a rollouter crash ends
+the run at once, naming the row); the order of a run (held-out validation with nothing generating, then
+generation and training, then stopping generation) and the final account of every row; validation with
+training generation paused; capturing the whole run into a checkpoint (rollouter first, then the queue, then
+the trainer) and restoring one; a stop request (a signal) that checkpoints and returns. Does not own: starting
+engines or the trainer (the caller does, and keeps them), the metrics sink, or any step logic (`loop.py`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fullasync.client import RolloutService
-from fullasync.config import RunConfig
+from fullasync.client import RolloutClient, RolloutService
+from fullasync.config import EngineSection, RunConfig
+from fullasync.config_fields import shared_settings
 from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.gateway import Gateway
 from fullasync.metrics import MetricsSink
 from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
-from fullasync.rollout.generator import CustomGenerator
-from fullasync.rollout.rollouter import RolloutFn, Rollouter, RolloutSettings, RowOutcome
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
+from fullasync.rollout.rollouter import Rollouter, RolloutFn, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import RUNNING_COUNTS, StalenessManager
 from fullasync.run import checkpoint
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy, SavedCheckpoint
@@ -71,20 +75,22 @@ def settled_heap() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What the assembly needs to know of a run (from a `RunConfig`, or a simulation's spec)."""
+    """What the assembly needs to know of a run (from a `RunConfig`, or a simulation's spec). The settings a run
+    has take their defaults from `RunConfig`; `restart_engines` is off unless asked for (a run asks with
+    engine.restart_on_failure): an assembly on engines of its own (a simulation) supervises nothing."""
 
     max_staleness: int  # k of the admission bound and the queue's staleness check
     batch_size: int  # groups per train step
     total_steps: int  # 0 = until the rows run out
     rollout: RolloutSettings
     push_mode: PauseMode = PauseMode.ABORT
-    val_every: int = 0  # validate every this many steps (and always before and after)
-    val_samples_per_row: int = 16
+    val_every: int = RunConfig.val_every  # validate every this many steps (and always before and after)
+    val_samples_per_row: int = RunConfig.val_samples_per_row
     admission: str = "episodes"  # how a running row counts toward max_running_rows (see StalenessManager)
     hand_over: str = "oldest"  # queue hand-over order (see MessageQueue)
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
     restart_engines: bool = False  # restart engines declared dead, with the current weights
-    engine_probe_interval_s: float = 5.0  # how often dead engines are looked for (with restart_engines)
+    engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
 
     def __post_init__(self) -> None:
         if self.admission not in RUNNING_COUNTS:
@@ -94,12 +100,10 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RunSettings:
-        rollout = config.rollout
+        """The rollouter's settings are the `rollout` section's fields that `RolloutSettings` declares."""
         return cls(
-            max_staleness=config.staleness, batch_size=rollout.batch_size, total_steps=config.total_steps,
-            rollout=RolloutSettings(n=rollout.n, max_running_rows=rollout.max_running_rows,
-                                    episode_timeout_s=rollout.episode_timeout_s,
-                                    filter_zero_variance=rollout.filter_zero_variance),
+            max_staleness=config.staleness, batch_size=config.rollout.batch_size, total_steps=config.total_steps,
+            rollout=RolloutSettings(**shared_settings(config.rollout, RolloutSettings)),
             push_mode=config.push_mode, val_every=config.val_every, val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
         )
@@ -120,8 +124,8 @@ def check_rollout_fn(rollout_fn: Any) -> None:
             rollout_fn.__call__):
         return
     raise TypeError(
-        f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` and `await` "
-        "the client's calls (or pass a fullasync.CustomGenerator)"
+        f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` "
+        "and `await` the client's calls (or pass a fullasync.CustomGenerator)"
     )
 
 
@@ -130,8 +134,10 @@ class Run:
 
     def __init__(self, *, rollouter: Rollouter, queue: GroupQueue, weight_sync: WeightSync, service: RolloutService,
                  trainer: Trainer, settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None,
-                 checkpoints: CheckpointPolicy | None = None) -> None:
+                 checkpoints: CheckpointPolicy | None = None, gateway: Gateway | None = None) -> None:
+        """`gateway`: the HTTP gateway the rollouter's `episode_context` opens episodes on (started by `execute`)."""
         self.rollouter = rollouter
+        self.gateway = gateway
         self.queue = queue
         self.weight_sync = weight_sync
         self.service = service
@@ -207,13 +213,15 @@ class Run:
             supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
                                              name="engine-restarts")
         try:
+            if self.gateway is not None:
+                await self.gateway.start()
             await self.rollouter.open()
             if resume is not None:
                 await self.restore(resume)
             elif self.val_rows:
                 result.val_before = await self.validate_paused()
             self.rollouter.start(rows)
-            await self.loop.run()
+            await self._train()
             await self.rollouter.stop()
             report = self.rollouter.report()
             result.outcomes = dict(report.outcome_counts)
@@ -226,9 +234,28 @@ class Run:
             if supervisor is not None:
                 supervisor.cancel()
                 await asyncio.wait([supervisor])
-            await self.rollouter.close()
-            if isinstance(self.queue, RayGroupQueue):
-                self.queue.shutdown()
+            try:
+                await self.rollouter.close()
+            finally:
+                if self.gateway is not None:
+                    await self.gateway.stop()
+                if isinstance(self.queue, RayGroupQueue):
+                    self.queue.shutdown()
+
+    async def _train(self) -> None:
+        """The training loop with the rollouter's crash watched beside it: a crash ends the loop at once and is
+        raised (naming the row), instead of waiting for the loop to look."""
+        training = asyncio.create_task(self.loop.run(), name="training-loop")
+        crash = asyncio.create_task(self.rollouter.wait_crashed(), name="rollouter-crash")
+        try:
+            await asyncio.wait([training, crash], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (training, crash):
+                task.cancel()
+            await asyncio.wait([training, crash])
+        if crash.done() and not crash.cancelled():
+            raise crash.result()
+        training.result()
 
     async def validate_paused(self) -> float:
         """Held-out score with training generation paused: stop admitting, let running rows finish, resume."""
@@ -259,6 +286,22 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                                  count_running=settings.admission)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
-    rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout)
+    gateway = Gateway(service) if isinstance(rollout_fn, CustomGenerator) and rollout_fn.uses_gateway else None
+    rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout,
+                          episode_context=episodes_on(gateway) if gateway is not None else None)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
-               settings=settings, sink=sink, val_rows=val_rows, checkpoints=checkpoints)
+               settings=settings, sink=sink, val_rows=val_rows, checkpoints=checkpoints, gateway=gateway)
+
+
+def episodes_on(gateway: Gateway) -> OpenEpisode:
+    """Each episode reachable at a base URL of its own on `gateway` while it runs (closed when it ends)."""
+
+    @contextlib.contextmanager
+    def open_episode(client: RolloutClient) -> Iterator[EpisodeContext]:
+        episode = gateway.open_episode(client=client)
+        try:
+            yield EpisodeContext(episode.episode_id, client, episode.base_url, episode.api_key)
+        finally:
+            gateway.close_episode(episode)
+
+    return open_episode

@@ -2,18 +2,27 @@
 
 Owns: the `GroupQueue` and `Trainer` protocols, and `RayGroupQueue`, which hosts a `MessageQueue` in a
 Ray actor and hides `.remote` behind the protocol, with a bound on every wait. `MessageQueue` itself
-satisfies `GroupQueue` in process (the simulator uses it so, on its virtual clock).
+satisfies `GroupQueue` in process (the simulator uses it so, on its virtual clock). A `Trainer` is generic
+in its batch type: the loop hands `train_step` what the same trainer's `build_batch` made (verl's
+`TrainBatch` of tensors, the simulator's `SimulatedBatch` of token counts) and never looks inside.
 Does not own: the queue's logic (`fullasync.queue`) or training (`fullasync.trainer`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast, runtime_checkable
 
+from fullasync.engines.protocol import WeightsPayload
 from fullasync.queue import MessageQueue, QueueBatch, QueueStats
 from fullasync.types import TrajectoryGroup
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+BatchT = TypeVar("BatchT")  # a trainer's own batch type
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -30,18 +39,20 @@ class GroupQueue(Protocol):
 
 
 @runtime_checkable
-class Trainer(Protocol):
-    """What the loop and the assembly need of a trainer (`VerlTrainer`, `SimulatedTrainer`)."""
+class Trainer(Protocol[BatchT]):
+    """What the loop and the assembly need of a trainer (`VerlTrainer`, `SimulatedTrainer`).
 
-    config: Any  # the trainer's settings (`TrainerConfig` for verl)
+    Its settings are its own (`VerlTrainer.config` is a `TrainerConfig`): neither the loop nor the assembly
+    reads them.
+    """
 
     async def start(self) -> None: ...
 
-    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> Any: ...
+    def build_batch(self, groups: Sequence[TrajectoryGroup]) -> BatchT: ...
 
-    async def train_step(self, batch: Any, trainer_version: int | None = None) -> Mapping[str, float]: ...
+    async def train_step(self, batch: BatchT, trainer_version: int | None = None) -> Mapping[str, float]: ...
 
-    async def export_weights(self) -> object: ...
+    async def export_weights(self) -> WeightsPayload: ...  # the current policy, for `WeightSync.push`
 
     async def save_checkpoint(self, path: str | None = None) -> str: ...  # the policy, as a HF directory
 
@@ -59,12 +70,13 @@ class RayGroupQueue:
                  put_timeout_s: float = 3600.0) -> None:
         import ray
 
-        self.actor = ray.remote(MessageQueue).options(num_cpus=0).remote(max_size, hand_over)
+        actor = ray.remote(MessageQueue).options(num_cpus=0).remote(max_size, hand_over)
+        self.actor = cast("ActorHandle[MessageQueue]", actor)  # Ray types `.remote()` as a handle or the class
         self.max_size = max_size
         self.call_timeout_s = call_timeout_s
         self.put_timeout_s = put_timeout_s  # a full queue waits for the trainer; this long means it is stuck
 
-    async def _bounded(self, reply: Any, what: str, timeout_s: float) -> Any:
+    async def _bounded(self, reply: Awaitable[T], what: str, timeout_s: float) -> T:
         try:
             return await asyncio.wait_for(reply, timeout_s)
         except TimeoutError:

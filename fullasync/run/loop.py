@@ -19,13 +19,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Generic, Protocol
 
 from fullasync.metrics import MetricsSink, format_line, generation_stats, reward_stats, token_staleness
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
-from fullasync.run.contracts import GroupQueue, Trainer
-from fullasync.types import TrajectoryGroup
+from fullasync.run.contracts import BatchT, GroupQueue, Trainer
+from fullasync.types import JsonValue, TrajectoryGroup
 from fullasync.weight_sync import WeightSync
 
 QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crash elsewhere is noticed within seconds
@@ -79,7 +79,7 @@ class LoopResult:
     def samples_per_s(self) -> float:
         return self.trained_samples / self.train_wall_s if self.train_wall_s else 0.0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, JsonValue]:
         """The run in a few JSON-ready numbers (what examples write to their summary.json)."""
         return {
             "train_wall_s": self.train_wall_s, "steps": self.steps, "rows": self.outcomes,
@@ -90,11 +90,13 @@ class LoopResult:
         }
 
 
-class TrainingLoop:
-    def __init__(self, *, trainer: Trainer, rollouter: RolloutControl, queue: GroupQueue, weight_sync: WeightSync,
-                 max_staleness: int, batch_size: int, total_steps: int, val_every: int,
+class TrainingLoop(Generic[BatchT]):
+    """The steps of one run, for a trainer whose batches are `BatchT` (the loop only passes them on)."""
+
+    def __init__(self, *, trainer: Trainer[BatchT], rollouter: RolloutControl, queue: GroupQueue,
+                 weight_sync: WeightSync, max_staleness: int, batch_size: int, total_steps: int, val_every: int,
                  validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
-                 checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[None]] | None = None,
+                 checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object]] | None = None,
                  checkpoint_every: int = 0) -> None:
         """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained); it runs
         every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`."""
@@ -133,7 +135,8 @@ class TrainingLoop:
         r = self.result
         r.steps, r.trained_samples, r.train_wall_s = state.steps, state.trained_samples, state.train_wall_s
         r.max_token_staleness, r.val_before = state.max_token_staleness, state.val_before
-        r.val_failed_episodes, r.history, r.resumed_from_step = state.val_failed_episodes, list(state.history), state.steps
+        r.val_failed_episodes, r.history = state.val_failed_episodes, list(state.history)
+        r.resumed_from_step = state.steps
         self._tokens, self._idle_s, self._checkpointed_step = state.output_tokens, state.idle_s, state.steps
 
     async def run(self) -> LoopResult:

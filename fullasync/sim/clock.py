@@ -9,58 +9,92 @@ Why not Ray for the queue in a simulation: a virtual clock may only advance when
 event is a timer of this loop. An answer from another process arrives on a socket at a real time
 the loop cannot know, so the simulated components must all live on this loop. Everything that
 waits on the clock (`asyncio.sleep`, `wait_for`, `timeout`, `Condition` with a timeout) works
-unchanged; code that reads `time.monotonic()` instead of `loop.time()` sees real time.
+unchanged; code that reads `time.monotonic()` instead of `loop.time()` sees real time. Work handed to a
+thread (`asyncio.to_thread`, e.g. a checkpoint's file writes) holds the clock until it returns, as if it took no
+simulated time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from fullasync.sim.loop_lag import LoopWork
 
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
+
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
-class _VirtualSelector:
+class _VirtualSelector(selectors.BaseSelector):
     """Wraps the loop's selector: a wait for a timer becomes a jump of the virtual clock."""
 
     def __init__(self, selector: selectors.BaseSelector, loop: VirtualClockLoop) -> None:
         self._selector = selector
         self._loop = loop
 
-    def select(self, timeout: float | None = None) -> list:
+    def register(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._selector.register(fileobj, events, data)
+
+    def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
+        return self._selector.unregister(fileobj)
+
+    def modify(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._selector.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
+        return self._selector.get_key(fileobj)
+
+    def get_map(self) -> Mapping[FileDescriptorLike, selectors.SelectorKey]:
+        return self._selector.get_map()
+
+    def close(self) -> None:
+        self._selector.close()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         events = self._select(timeout)
         if self._loop.work is not None:
             self._loop.work.tick(self._loop.time())  # the iteration's callbacks run next, at this simulated time
         return events
 
-    def _select(self, timeout: float | None) -> list:
+    def _select(self, timeout: float | None) -> list[tuple[selectors.SelectorKey, int]]:
         events = self._selector.select(0)
         if events or timeout == 0:
             return events
-        if timeout is None:  # no timer pending: only real I/O can wake the loop
+        if timeout is None or self._loop.executor_jobs:
+            # no timer pending, or a worker thread runs (its result wakes the loop): only real I/O can wake it;
+            # jumping to the next timer now would pass simulated time the worker's work did not take
             return self._selector.select(None)
         self._loop.advance(timeout)
         return []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._selector, name)
 
 
 class VirtualClockLoop(asyncio.SelectorEventLoop):
     """An event loop on simulated time; use with `asyncio.Runner(loop_factory=VirtualClockLoop)`."""
 
     def __init__(self) -> None:
-        super().__init__()
         self._now = 0.0
         self.work: LoopWork | None = None  # each iteration's simulated time and CPU cost, once `record_work()`
-        self._selector = _VirtualSelector(self._selector, self)  # type: ignore[has-type]
+        self.executor_jobs = 0  # calls running in worker threads (`asyncio.to_thread`): the clock waits for them
+        super().__init__(_VirtualSelector(selectors.DefaultSelector(), self))
 
     def time(self) -> float:
         return self._now
+
+    def run_in_executor(self, executor: Executor | None, func: Callable[[*Ts], T],
+                        *args: *Ts) -> asyncio.Future[T]:
+        future = super().run_in_executor(executor, func, *args)
+        self.executor_jobs += 1
+        future.add_done_callback(self._executor_job_done)
+        return future
+
+    def _executor_job_done(self, _: asyncio.Future[Any]) -> None:
+        self.executor_jobs -= 1
 
     def advance(self, seconds: float) -> None:
         self._now += max(seconds, 0.0)

@@ -3,8 +3,9 @@
 Owns: the timing of generation on one device and the protocol semantics the control code relies
 on — pause with ABORT returns every in-flight request at once with finish reason `abort`, the
 tokens so far and their versions; KEEP freezes them (tokens after the push carry the new
-weights' version and, as their oldest version, the one their KV was computed with); WAIT lets running and queued requests finish and admits nothing new; `update_weights`
-needs a paused engine and takes `push_s`. Does not own: routing, resubmission after an abort (the
+weights' version and, as their oldest version, the one their KV was computed with); WAIT lets
+running and queued requests finish and admits nothing new; `update_weights` needs a paused engine
+and takes `push_s`. Does not own: routing, resubmission after an abort (the
 real `RolloutClient` does that), or what the tokens mean (their ids are a constant).
 
 Cost model (all on the event loop's clock, virtual or real):
@@ -28,9 +29,19 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, InstallTiming, PauseMode, wait_until_set
+from fullasync.engines.protocol import (
+    GenerateRequest,
+    GenerateResult,
+    InstallTiming,
+    PauseMode,
+    TokenDelta,
+    WeightsPayload,
+    wait_until_set,
+)
+from fullasync.errors import EngineDiedError
 from fullasync.types import FinishReason
 
 TOKEN_ID = 7  # every simulated output token has this id
@@ -76,7 +87,7 @@ class EngineTime:
 @dataclass
 class _Sequence:
     request: GenerateRequest
-    future: asyncio.Future
+    future: asyncio.Future[GenerateResult]
     target: int  # tokens to produce
     start_step: float = 0.0  # the engine's step counter when the sequence started decoding
     spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first token index) boundaries
@@ -91,7 +102,7 @@ class SimulatedEngine:
 
     def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:
         self.name = name
-        self.death = None  # a simulated engine never dies
+        self.death: EngineDiedError | None = None  # a simulated engine never dies
         self.cost = cost
         self.time = EngineTime()
         self._version = version
@@ -117,7 +128,7 @@ class SimulatedEngine:
         while self._pause is not None:  # a paused engine admits nothing new
             await self._resumed.wait()
         self._advance()
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Sequence(request, future, target=request.max_tokens))
         self._drained.clear()
         self._wake.set()
@@ -126,6 +137,14 @@ class SimulatedEngine:
         except asyncio.CancelledError:
             self._drop(request.request_id)
             raise
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
+        """The whole output as one delta when the request ends (the cost model has no per-token events), then
+        the result."""
+        result = await self.generate(request)
+        if result.output_ids:
+            yield TokenDelta(result.output_ids, result.output_logprobs, result.top_logprobs)
+        yield result
 
     async def abort(self, request_ids: list[str]) -> None:
         self._advance()
@@ -157,7 +176,7 @@ class SimulatedEngine:
     async def wait_resumed(self, timeout_s: float) -> bool:
         return await wait_until_set(self._resumed, timeout_s)
 
-    async def update_weights(self, named_tensors: object, version: int) -> None:
+    async def update_weights(self, weights: WeightsPayload, version: int) -> None:
         if self._pause is None:
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
         await asyncio.sleep(self.cost.push_s)
@@ -166,13 +185,13 @@ class SimulatedEngine:
             sequence.spans.append((version, sequence.produced(self._steps)))
         self._version = version
 
-    async def install(self, named_tensors: object, version: int, mode: PauseMode) -> InstallTiming:
+    async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
         clock = asyncio.get_running_loop().time
         start = clock()
         await self.pause(mode)
         paused = clock()
         try:
-            await self.update_weights(named_tensors, version)
+            await self.update_weights(weights, version)
             updated = clock()
         finally:
             resume_start = clock()
@@ -182,8 +201,19 @@ class SimulatedEngine:
     async def version(self) -> int:
         return self._version
 
+    async def restart(self, weights: WeightsPayload | None, version: int) -> None:
+        """A simulated engine never dies; a restart returns what is in flight as aborted and serves `version`."""
+        await self.abort([s.request.request_id for s in self._waiting] + list(self._running))
+        self._version = version
+        self.death = None
+
     async def num_in_flight(self) -> int:
         return len(self._running) + len(self._waiting)
+
+    async def in_flight_tokens(self) -> dict[str, int]:
+        self._advance()
+        produced = {request_id: s.produced(self._steps) for request_id, s in self._running.items()}
+        return {**{s.request.request_id: 0 for s in self._waiting}, **produced}
 
     async def shutdown(self) -> None:
         self._task.cancel()
@@ -295,8 +325,8 @@ class SimulatedEngine:
         weight_versions: list[int] = []
         versions: list[int] = []
         kv_version = sequence.spans[0][0] if sequence.spans else 0
-        bounds = sequence.spans + [(None, produced)]
-        for (version, start), (_, end) in zip(bounds, bounds[1:]):  # by span, not by token: no Python per token
+        ends = [start for _, start in sequence.spans[1:]] + [produced]
+        for (version, start), end in zip(sequence.spans, ends, strict=True):  # by span: no Python per token
             count = min(end, produced) - min(start, produced)
             weight_versions += [version] * count
             versions += [min(version, kv_version)] * count

@@ -22,17 +22,19 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
 from fullasync.engines.protocol import PauseMode
+from fullasync.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run import RunSettings, assemble
 from fullasync.run.assemble import settled_heap
 from fullasync.sim import peers
-from fullasync.sim.clock import run_virtual
+from fullasync.sim.clock import VirtualClockLoop, run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine
 from fullasync.sim.loop_lag import LoopWork, replayed_lag, tick_cost_s
 from fullasync.sim.peers import PeerPolicy
@@ -120,7 +122,8 @@ class SimResult:
     cpu_s: float  # real CPU seconds the run took (control code + simulation)
     bound_samples_per_s: float = 0.0  # X(G) of this split
     episodes: int = 0  # episodes finished inside the window
-    driver_cpu_s: float = 0.0  # real CPU seconds inside the window, less the simulated engines' own and the lag record's
+    # real CPU seconds inside the window, less the simulated engines' own and the lag record's
+    driver_cpu_s: float = 0.0
     engine_cpu_s: float = 0.0  # real CPU seconds of the simulated engines' event handling inside the window
     loop_lag_s: tuple[float, ...] = ()  # replayed loop lag inside the window, every spec.lag_sample_s (loop_lag.py)
     loop_iterations: int = 0  # event-loop iterations inside the window (when recorded)
@@ -183,7 +186,8 @@ def _rollout_fn(workload: Workload, counters: _Counters) -> Any:
                 await asyncio.sleep(workload.tool_latency(episode, turn))
                 prompt = [*client.episode.calls[-1].all_ids, *[1] * workload.observation_tokens]
             counters.fresh_prefill_tokens += len(prompt)
-            await client.completions.create(model="policy", prompt=prompt, max_tokens=workload.turn_length(episode, turn),
+            await client.completions.create(model="policy", prompt=prompt,
+                                            max_tokens=workload.turn_length(episode, turn),
                                             extra_body={"ignore_eos": True})
         counters.episodes_finished += 1
         return float(random.Random(episode).random() < row["difficulty"])
@@ -191,19 +195,18 @@ def _rollout_fn(workload: Workload, counters: _Counters) -> Any:
     return rollout_fn
 
 
-class _RecordingSink:
-    """A metrics sink that also snapshots engine and trainer counters at each step (for the window)."""
+class _RecordingSink(MetricsSink):
+    """A metrics sink that keeps each step's metrics in memory and snapshots engine and trainer counters at each
+    step (for the window); it writes no file."""
 
-    def __init__(self, on_step: Any) -> None:
+    def __init__(self, on_step: Callable[[int], None]) -> None:
+        super().__init__(path=None)
         self.history: list[dict[str, float]] = []
         self._on_step = on_step
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         self.history.append(dict(metrics))
         self._on_step(step)
-
-    def close(self) -> None:
-        return None
 
 
 def _snapshot(engines: list[SimulatedEngine]) -> EngineTime:
@@ -236,7 +239,12 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
         model_name="policy", max_model_len=workload.max_context + 1, resume_timeout_s=1e6))
     counters = _Counters()
     rows = ((f"row-{i}", {"difficulty": random.Random(i).random()}) for i in itertools.count())
-    work = loop.record_work() if spec.lag_sample_s > 0 else None
+    work = None
+    if spec.lag_sample_s > 0:
+        if not isinstance(loop, VirtualClockLoop):
+            raise TypeError("SimSpec.lag_sample_s > 0 replays the loop's lag, which needs a VirtualClockLoop "
+                            "(run the simulation with run_virtual), or set lag_sample_s = 0")
+        work = loop.record_work()
     marks: dict[int, _Mark] = {}
 
     def on_step(step: int) -> None:

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fullasync.engines.protocol import PauseMode
+from fullasync.engines.protocol import PauseMode, WeightsPayload
 from fullasync.queue import MessageQueue, QueueBatch
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.types import TrajectoryGroup
@@ -112,7 +112,8 @@ class VerlAdmission(StalenessManager):
             self.staleness_samples = int(self.counts.running) + self._queued()
         if self._queued() >= self.max_required:
             return 0
-        return max(0, min(self.max_required - self.staleness_samples, math.floor(self.max_running - self.counts.running)))
+        room = math.floor(self.max_running - self.counts.running)
+        return max(0, min(self.max_required - self.staleness_samples, room))
 
     def _admit(self) -> None:
         super()._admit()
@@ -157,13 +158,13 @@ class SyncEvery:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.weight_sync, name)
 
-    async def push(self, named_tensors: object) -> WeightPushTiming:
+    async def push(self, weights: WeightsPayload) -> WeightPushTiming:
         self.steps += 1
         if self.steps % self.every:
             self.weight_sync.version += 1  # trained, not pushed: the engines keep the weights they have
             return WeightPushTiming(self.weight_sync.version, 0.0, 0.0, 0.0)
         self.syncs += 1
-        return await self.weight_sync.push(named_tensors)
+        return await self.weight_sync.push(weights)
 
 
 # -- the policies --------------------------------------------------------------------------------------

@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fullasync.engines.protocol import NamedTensors
 from fullasync.types import Trajectory, TrajectoryGroup
 
 
 def sequence_tokens(trajectory: Trajectory) -> int:
     """Tokens of `trajectory.to_sequences()`, counted without building them."""
-    total, context = 0, ()
+    total = 0
+    context: tuple[int, ...] = ()
     for call in trajectory.calls:
         if not (len(call.prompt_ids) >= len(context) and call.prompt_ids[: len(context)] == context):
             context = ()  # a new sequence
@@ -92,8 +94,8 @@ class SimulatedTrainer:
         self.time.tokens += batch.tokens
         return {"train/tokens": float(batch.tokens), "train/step_s": seconds}
 
-    async def export_weights(self) -> dict[str, int]:
-        return {"version": self.step}
+    async def export_weights(self) -> NamedTensors:
+        return {}  # simulated engines hold no weights: a push only moves the version
 
     async def save_checkpoint(self, path: str | None = None) -> str:
         return path or ""

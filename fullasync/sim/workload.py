@@ -35,6 +35,7 @@ import functools
 import math
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fullasync.sim.engine import DecodeCost
 from fullasync.sim.trainer import TrainCost
@@ -147,7 +148,7 @@ class Workload:
         below = m * math.exp(s * s / 2) * _normal_cdf((math.log(c / m) - s * s) / s)
         return below + c * (1.0 - _normal_cdf(math.log(c / m) / s))
 
-    def with_(self, **changes: object) -> Workload:
+    def with_(self, **changes: Any) -> Workload:
         return replace(self, **changes)
 
 

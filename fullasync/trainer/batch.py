@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +81,7 @@ class TrainBatch:
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompts, self.responses], dim=1)
 
-    def select(self, rows: torch.Tensor | Sequence[int]) -> TrainBatch:
+    def select(self, rows: torch.Tensor | np.ndarray | Sequence[int]) -> TrainBatch:
         """The batch restricted to `rows` (in that order)."""
         index = torch.as_tensor(rows, dtype=torch.long)
         return TrainBatch(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
@@ -136,8 +136,8 @@ def build_batch(
     )
     rows = [
         (sequence, advantage, ti)
-        for ti, (sequences, trajectory_advantage) in enumerate(zip(per_trajectory, advantages))
-        for sequence, advantage in zip(sequences, trajectory_advantage)
+        for ti, (sequences, trajectory_advantage) in enumerate(zip(per_trajectory, advantages, strict=True))
+        for sequence, advantage in zip(sequences, trajectory_advantage, strict=True)
         if sequence.num_trained_tokens > 0
     ]
     if not rows:
@@ -198,7 +198,7 @@ def trajectory_advantages(
     return result
 
 
-def _accepted_inputs(estimator: object, inputs: dict[str, object]) -> dict[str, object]:
+def _accepted_inputs(estimator: Callable[..., object], inputs: dict[str, object]) -> dict[str, object]:
     """The subset of `inputs` the estimator's signature takes (all of them if it has **kwargs)."""
     parameters = inspect.signature(estimator).parameters
     if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import enum
 import inspect
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
+from fullasync.config_fields import setting
 from fullasync.placement import check_ray_resources
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -70,40 +73,53 @@ def default_correction(correction: str, staleness: int | None, policy_loss: str 
 
 @dataclass
 class TrainerConfig:
-    """Knobs of `VerlTrainer`; each field's comment is its help text."""
+    """Knobs of `VerlTrainer`, each with its one-line help (`fullasync.config_fields.setting`)."""
 
-    lr: float = 1e-6  # AdamW learning rate (constant schedule)
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # clip the global gradient norm to this; an update with a non-finite norm is skipped
-    micro_batch_size: int = 4  # sequences per forward/backward pass on one worker (gradient accumulation unit)
-    ppo_epochs: int = 1  # passes over each batch per train_step; each pass makes `mini_batches` optimizer updates
-    mini_batches: int = 1  # optimizer updates per pass: the batch is split into this many mini-batches
-    advantage_estimator: str = "grpo"  # outcome estimator in verl's registry: grpo, rloo, reinforce_plus_plus, ...
-    norm_adv_by_std_in_grpo: bool = True  # grpo: divide by the group's reward std (False: Dr. GRPO)
-    gamma: float = 1.0  # discount of token-level estimators (reinforce_plus_plus)
-    policy_loss: str = "vanilla"  # loss in verl's policy-loss registry: vanilla (PPO clip), gspo, cispo, ...
-    clip_ratio_low: float = 0.2  # importance ratio is clipped below at 1 - clip_ratio_low
-    clip_ratio_high: float = 0.2  # importance ratio is clipped above at 1 + clip_ratio_high (0.28: DAPO clip-higher)
-    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (vanilla); must be > 1
-    loss_agg_mode: str = "token-mean"  # token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, ...
-    entropy_coeff: float = 0.0  # entropy bonus coefficient (the entropy is reported either way)
-    kl_coef: float = 0.0  # weight of the KL-to-reference loss; 0 = no reference model is loaded
-    kl_type: str = "low_var_kl"  # verl kl_penalty estimator for the KL loss: k1, k2, low_var_kl (k3), abs
-    temperature: float = 1.0  # sampling temperature of the rollout; the trainer divides logits by it
-    correction: str = "auto"  # auto: by staleness; else none, {token,seq}_{tis,mask}, decoupled, token_rs, gspo, cispo
-    proximal: str = "loglinear"  # proximal log-probs: loglinear (by version gap, no forward pass) | recompute
-    is_threshold: float = 2.0  # token_tis / seq_tis: importance weights are truncated at this value
-    mask_low: float = 0.5  # token_mask / seq_mask / token_rs: importance weights below this are zeroed (dropped)
-    mask_high: float = 5.0  # token_mask / seq_mask / decoupled / token_rs: weights above this are zeroed (dropped)
-    checkpoint_dir: str = ""  # save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; "" = no default
-    seed: int = 0  # seeds torch in the workers and verl's engine
-    model_dtype: str = "fp32"  # dtype of parameters, gradients and optimizer state (CPU supports fp32 only)
-    num_workers: int = 1  # FSDP2 data-parallel worker processes (one node)
-    worker_num_cpus: float = 1.0  # Ray CPUs reserved per worker
-    worker_threads: int = 0  # torch threads per worker; 0 = cpu_count // num_workers (at least 1)
-    ray_resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources per rank: pins the ranks' node
-    start_timeout_s: float = 600.0  # seconds allowed for the workers to start and load the model
-    call_timeout_s: float = 600.0  # seconds allowed for one remote call (train step, log-probs, export, save)
+    lr: float = setting(1e-6, "AdamW learning rate (constant schedule)")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this; an update with a non-finite norm is "
+                               "skipped")
+    micro_batch_size: int = setting(4, "sequences per forward/backward pass on one worker (gradient accumulation "
+                                    "unit)")
+    ppo_epochs: int = setting(1, "passes over each batch per train_step; each pass makes `mini_batches` optimizer "
+                              "updates")
+    mini_batches: int = setting(1, "optimizer updates per pass: the batch is split into this many mini-batches")
+    advantage_estimator: str = setting("grpo", "outcome estimator in verl's registry: grpo, rloo, reinforce_plus_plus, "
+                                       "...")
+    norm_adv_by_std_in_grpo: bool = setting(True, "grpo: divide by the group's reward std (False: Dr. GRPO)")
+    gamma: float = setting(1.0, "discount of token-level estimators (reinforce_plus_plus)")
+    policy_loss: str = setting("vanilla", "loss in verl's policy-loss registry: vanilla (PPO clip), gspo, cispo, ...")
+    clip_ratio_low: float = setting(0.2, "importance ratio is clipped below at 1 - clip_ratio_low")
+    clip_ratio_high: float = setting(0.2, "importance ratio is clipped above at 1 + clip_ratio_high (0.28: DAPO "
+                                     "clip-higher)")
+    clip_ratio_c: float = setting(3.0, "dual-clip bound for negative advantages (vanilla); must be > 1")
+    loss_agg_mode: str = setting("token-mean", "token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, ...")
+    entropy_coeff: float = setting(0.0, "entropy bonus coefficient (the entropy is reported either way)")
+    kl_coef: float = setting(0.0, "weight of the KL-to-reference loss; 0 = no reference model is loaded")
+    kl_type: str = setting("low_var_kl", "verl kl_penalty estimator for the KL loss: k1, k2, low_var_kl (k3), abs")
+    temperature: float = setting(1.0, "sampling temperature of the rollout; the trainer divides logits by it")
+    correction: str = setting("auto", "auto: by staleness; else none, {token,seq}_{tis,mask}, decoupled, token_rs, "
+                              "gspo, cispo")
+    proximal: str = setting("loglinear", "proximal log-probs: loglinear (by version gap, no forward pass) | recompute")
+    is_threshold: float = setting(2.0, "token_tis / seq_tis: importance weights are truncated at this value")
+    mask_low: float = setting(0.5, "token_mask / seq_mask / token_rs: importance weights below this are zeroed "
+                              "(dropped)")
+    mask_high: float = setting(5.0, "token_mask / seq_mask / decoupled / token_rs: weights above this are zeroed "
+                               "(dropped)")
+    checkpoint_dir: str = setting("", "save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; \"\" = no "
+                                  "default", resume_may_change=True)
+    seed: int = setting(0, "seeds torch in the workers and verl's engine")
+    model_dtype: str = setting("fp32", "dtype of parameters, gradients and optimizer state (CPU supports fp32 only)")
+    num_workers: int = setting(1, "FSDP2 data-parallel worker processes (one node)")
+    worker_num_cpus: float = setting(1.0, "Ray CPUs reserved per worker", resume_may_change=True)
+    worker_threads: int = setting(0, "torch threads per worker; 0 = cpu_count // num_workers (at least 1)",
+                                  resume_may_change=True)
+    ray_resources: dict[str, float] = setting({}, "custom Ray resources per rank: pins the ranks' node",
+                                              resume_may_change=True)
+    start_timeout_s: float = setting(600.0, "seconds allowed for the workers to start and load the model",
+                                     resume_may_change=True)
+    call_timeout_s: float = setting(600.0, "seconds allowed for one remote call (train step, log-probs, export, "
+                                    "save)", resume_may_change=True)
 
     def validate(self) -> None:
         """Check fields and resolve registry names against verl; the error names the field and the fix."""
@@ -205,7 +221,7 @@ def _check_advantage_estimator(name: str) -> None:
         )
 
 
-def estimator_missing_inputs(estimator: object) -> list[str]:
+def estimator_missing_inputs(estimator: Callable[..., Any]) -> list[str]:
     """Required parameters of a verl advantage estimator that `build_batch` cannot supply."""
     parameters = inspect.signature(estimator).parameters.values()
     return [

@@ -58,7 +58,8 @@ verl is imported on first use: the driver merges `CorrectionStats` without impor
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -79,9 +80,10 @@ LOG_RATIO_BOUND = 20.0  # verl rollout_corr_helper.SAFETY_BOUND: log-ratios are 
 class CorrectionStats:
     """Sums over sampled tokens, mergeable across micro-batches and ranks; `metrics()` makes means."""
 
-    tokens: Counter = field(default_factory=Counter)  # version gap → sampled tokens
-    k1: Counter = field(default_factory=Counter)  # version gap → Σ (b − θ)
-    k3: Counter = field(default_factory=Counter)  # version gap → Σ (e^{θ−b} − (θ − b) − 1)
+    tokens: Counter[int] = field(default_factory=Counter)  # version gap → sampled tokens
+    k1: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # version gap → Σ (b − θ)
+    # version gap → Σ (e^{θ−b} − (θ − b) − 1)
+    k3: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))
     weighted_tokens: int = 0  # sampled tokens that carried an importance weight
     weight_sum: float = 0.0
     weight_max: float = 0.0
@@ -90,8 +92,8 @@ class CorrectionStats:
 
     def merge(self, other: CorrectionStats) -> None:
         self.tokens.update(other.tokens)
-        self.k1.update(other.k1)
-        self.k3.update(other.k3)
+        _add(self.k1, other.k1)
+        _add(self.k3, other.k3)
         self.weighted_tokens += other.weighted_tokens
         self.weight_sum += other.weight_sum
         self.weight_max = max(self.weight_max, other.weight_max)
@@ -120,6 +122,11 @@ class CorrectionStats:
                 f"{prefix}masked_frac": self.masked / self.weighted_tokens,
             })
         return metrics
+
+
+def _add(sums: defaultdict[int, float], other: Mapping[int, float]) -> None:
+    for gap, value in other.items():
+        sums[gap] += value
 
 
 @dataclass(frozen=True)
@@ -240,8 +247,9 @@ def _mismatch_stats(
 ) -> CorrectionStats:
     from verl.trainer.ppo.core_algos import kl_penalty
 
-    k1 = kl_penalty(behaviour, current, "k1")  # b − θ
-    k3 = kl_penalty(behaviour, current, "k3")  # e^{θ−b} − (θ − b) − 1 (verl clamps to ±10)
+    # verl annotates kl_penalty's inputs as torch.FloatTensor, a legacy class no Tensor matches statically
+    k1 = kl_penalty(behaviour, current, "k1")  # type: ignore[arg-type]  # b − θ
+    k3 = kl_penalty(behaviour, current, "k3")  # type: ignore[arg-type]  # e^{θ−b} − (θ − b) − 1 (verl clamps to ±10)
     stats = CorrectionStats()
     sampled_gaps = gaps[mask]
     for gap in sampled_gaps.unique().tolist():

@@ -99,7 +99,7 @@ def policy_loss_fn(config: TrainerConfig) -> CorrectedPolicyLoss:
 
 def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: Any) -> TensorDict:
     """verl's no-padding TensorDict for `batch`; `extra` adds (N, R) per-token tensors, `meta` non-tensor keys."""
-    tensors = {
+    tensors: dict[str, torch.Tensor | list] = {  # the type verl's get_tensordict takes
         "prompts": batch.prompts,
         "responses": batch.responses,
         "input_ids": batch.input_ids,

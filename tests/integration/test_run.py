@@ -1,0 +1,169 @@
+"""The run as one assembled, supervised whole: contracts, start-up checks, crashes, validation, row accounting.
+
+The control code is real (Rollouter, StalenessManager, MessageQueue, WeightSync, TrainingLoop, Run);
+engines and trainer are the simulator's, on its virtual clock, so a run takes no real time. The one
+edge fake is a queue whose `put` fails for one row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from fullasync.api import AsyncAgentTrainer
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.config import DataSection, RunConfig
+from fullasync.metrics import MetricsSink
+from fullasync.queue import MessageQueue
+from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings
+from fullasync.rollout.staleness import StalenessManager
+from fullasync.run import GroupQueue, RayGroupQueue, Run, RunSettings, Trainer, assemble
+from fullasync.run.assemble import GC_THRESHOLDS, settled_heap
+from fullasync.run.loop import QUEUE_POLL_S
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.harness import SimTokenizer
+from fullasync.sim.trainer import SimulatedTrainer, TrainCost
+from fullasync.trainer import TrainerConfig, VerlTrainer
+from fullasync.weight_sync import WeightSync
+
+COST = DecodeCost(max_num_seqs=16, push_s=0.1)
+
+
+def simulated_parts() -> tuple[list[SimulatedEngine], SimulatedTrainer, RolloutService]:
+    engines = [SimulatedEngine("sim-0", COST)]
+    service = RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+    return engines, SimulatedTrainer(TrainCost(1e-3, 0.5), 1), service
+
+
+async def answer(client, row) -> float:
+    await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=row["length"],
+                                    extra_body={"ignore_eos": True})
+    return float(client.episode.id.endswith("/0"))
+
+
+def rows(count: int, length: int = 40):
+    return ((f"row-{i}", {"length": length}) for i in range(count))
+
+
+def settings(total_steps: int, **overrides) -> RunSettings:
+    fields = dict(max_staleness=1, batch_size=2, total_steps=total_steps, queue_in_process=True,
+                  rollout=RolloutSettings(n=2, max_running_rows=4, episode_timeout_s=1e6), val_samples_per_row=2)
+    fields.update(overrides)
+    return RunSettings(**fields)
+
+
+def test_components_satisfy_their_contracts(ray_cluster):
+    assert isinstance(VerlTrainer("/nonexistent", TrainerConfig()), Trainer)  # not started: the shape is checked
+    assert isinstance(SimulatedTrainer(TrainCost(1e-3, 0.1), 1), Trainer)
+    assert isinstance(MessageQueue(4), GroupQueue)
+    queue = RayGroupQueue(4)
+    try:
+        assert isinstance(queue, GroupQueue)
+    finally:
+        queue.shutdown()
+
+
+def test_a_sync_rollout_fn_is_refused_at_start_up():
+    def rollout_fn(client, row):  # forgot `async`
+        return 1.0
+
+    with pytest.raises(TypeError, match="not an async function: define it as `async def rollout_fn"):
+        AsyncAgentTrainer(RunConfig(data=DataSection(task="")), rollout_fn=rollout_fn, train_dataset=[{"q": 1}])
+
+
+class QueueThatFailsFor(MessageQueue):
+    """Edge fake: `put` fails for one row, as a queue actor that died would."""
+
+    def __init__(self, max_size: int, row_id: str) -> None:
+        super().__init__(max_size)
+        self.row_id = row_id
+        self.failed_at: float | None = None
+
+    async def put(self, group) -> None:
+        if group.row_id == self.row_id:
+            self.failed_at = asyncio.get_running_loop().time()
+            raise ConnectionError("the queue actor is gone")
+        await super().put(group)
+
+
+def test_a_row_task_that_raises_inside_queue_put_fails_the_run_naming_the_row(tmp_path):
+    async def main() -> tuple[float, RolloutCrashedError]:
+        engines, trainer, service = simulated_parts()
+        run_settings = settings(total_steps=50)
+        weight_sync = WeightSync(engines)
+        staleness = StalenessManager(1, 2, 4, version=lambda: weight_sync.version)
+        queue = QueueThatFailsFor(run_settings.queue_capacity, "row-3")
+        rollouter = Rollouter(answer, service, queue, staleness, run_settings.rollout)
+        run = Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
+                  settings=run_settings, sink=MetricsSink(tmp_path / "m.jsonl"), val_rows=None)
+        loop = asyncio.get_running_loop()
+        with pytest.raises(RolloutCrashedError) as raised:
+            await run.execute(rows(40))
+        return loop.time() - queue.failed_at, raised.value, weight_sync.version
+
+    delay, error, steps = run_virtual(main)
+    assert "row row-3" in str(error) and "the queue actor is gone" in str(error)
+    assert delay < QUEUE_POLL_S / 10  # noticed at once (the run watches the rollouter), not at the loop's next poll
+    assert steps < 50  # the run stopped at the crash: it did not go on to its 50 steps
+
+
+def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp_path):
+    async def main():
+        engines, trainer, service = simulated_parts()
+        loop = asyncio.get_running_loop()
+        spans: dict[str, list[tuple[float, float]]] = {"train": [], "val": []}
+
+        async def harness(client, row) -> float:
+            kind = "val" if client.episode.id.startswith("val-") else "train"
+            if kind == "val" and row["length"] == 13 and client.episode.id.endswith("-0"):
+                raise ValueError("the held-out tool is broken")
+            start = loop.time()
+            reward = await answer(client, row)
+            spans[kind].append((start, loop.time()))
+            return reward
+
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=harness,
+                             settings=settings(total_steps=3, val_every=2), sink=MetricsSink(tmp_path / "m.jsonl"),
+                             val_rows=[{"length": 20}, {"length": 13}])
+        result = await run.execute(rows(40))
+        return result, spans
+
+    result, spans = run_virtual(main)
+    assert result.steps == 3 and result.val_before is not None and result.val_after is not None
+    assert result.val_failed_episodes == 3  # once per validation: before, at step 2, after
+    assert "val/accuracy" in result.history[1]
+    first_val_end = min(end for _, end in spans["val"])
+    last_val_before = max(end for start, end in spans["val"] if start <= first_val_end)
+    assert min(start for start, _ in spans["train"]) >= last_val_before  # "before" ran with nothing generating
+
+
+def test_every_admitted_row_is_accounted_for_when_total_steps_ends_the_run(tmp_path):
+    async def main():
+        engines, trainer, service = simulated_parts()
+        started: list[str] = []
+
+        async def harness(client, row) -> float:
+            started.append(client.episode.id.split("/")[0])
+            return await answer(client, row)
+
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=harness,
+                             settings=settings(total_steps=2, max_staleness=2), sink=MetricsSink(tmp_path / "m.jsonl"))
+        return await run.execute(rows(100, length=400)), set(started)
+
+    result, started = run_virtual(main)
+    assert set(result.row_outcomes) == started  # every row that generated anything has an outcome
+    assert result.outcomes["trained"] == 4
+    assert result.outcomes.get("unfinished", 0) > 0  # generation cancelled when the run ended
+    assert set(result.outcomes) <= {"trained", "queued", "unfinished"}
+
+
+def test_a_run_tunes_the_garbage_collector_and_gives_it_back_even_when_it_fails():
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError, match="the run failed"):
+        with settled_heap():
+            assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+            raise RuntimeError("the run failed")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

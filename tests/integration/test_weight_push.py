@@ -1,0 +1,118 @@
+"""The bucketed shared-memory weight push: layout, hand-off, and a real engine serving what was sent."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from policy_weights import PolicyWeights
+
+from fullasync.engines.protocol import PauseMode
+from fullasync.engines.shm_weights import WeightReceiver, WeightSender, plan_buckets
+from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.weight_sync import WeightSync
+
+TOLERANCE = 1e-4
+
+
+def _layered_state(layers: int = 5, width: int = 32) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    state = {"model.embed_tokens.weight": torch.randn(100, width, generator=generator)}
+    for index in range(layers):
+        for part in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.up_proj.weight"):
+            state[f"model.layers.{index}.{part}"] = torch.randn(width, width, generator=generator)
+        state[f"model.layers.{index}.input_layernorm.weight"] = torch.randn(width, generator=generator)
+    state["model.norm.weight"] = torch.randn(width, generator=generator).to(torch.bfloat16)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]  # tied: the same tensor
+    return state
+
+
+def test_buckets_hold_whole_layers_and_tied_tensors_share_bytes():
+    state = _layered_state()
+    layer_bytes = 3 * 32 * 32 * 4 + 32 * 4
+    buckets, slot_bytes = plan_buckets(state, bucket_bytes=2 * layer_bytes)
+    assert sorted(entry.name for bucket in buckets for entry, _ in bucket) == sorted(state)
+    bucket_of_layer: dict[str, set[int]] = {}
+    for index, bucket in enumerate(buckets):
+        for entry, _ in bucket:
+            if ".layers." in entry.name:
+                bucket_of_layer.setdefault(entry.name.split(".")[2], set()).add(index)
+    assert all(len(indices) == 1 for indices in bucket_of_layer.values())  # no layer split across buckets
+    (tied,) = [b for b in buckets if any(e.name == "lm_head.weight" for e, _ in b)]
+    offsets = {e.name: e.offset for e, _ in tied}
+    assert offsets["lm_head.weight"] == offsets["model.embed_tokens.weight"]
+    assert slot_bytes <= max(2 * layer_bytes + 64 * 4, 100 * 32 * 4 + 64)
+
+
+def test_hand_off_through_two_slots_is_bitwise_and_in_order():
+    state = _layered_state(layers=9)
+    sender = WeightSender(bucket_bytes=1)  # every layer its own bucket: many more buckets than slots
+    try:
+        for _ in range(2):  # the file is reused by the next push
+            layout, buckets = sender.prepare(state, timeout_s=30)
+            assert len(buckets) > 4
+            done = threading.Event()
+            thread = threading.Thread(target=sender.send, args=(buckets, done, 30))
+            thread.start()
+            received = [(name, tensor.clone()) for name, tensor in WeightReceiver().tensors(layout)]
+            done.set()
+            thread.join()
+            assert sorted(name for name, _ in received) == sorted(state)
+            for name, tensor in received:
+                assert tensor.dtype == state[name].dtype and torch.equal(tensor, state[name]), name
+            assert sender.file_bytes == 4096 + 2 * layout.slot_bytes
+    finally:
+        sender.close()
+
+
+def test_receiver_gives_up_when_the_sender_abandons():
+    state = _layered_state()
+    sender = WeightSender(bucket_bytes=1)
+    try:
+        layout, _ = sender.prepare(state, timeout_s=30)
+        sender.abandon()
+        with pytest.raises(RuntimeError, match="gave up"):
+            list(WeightReceiver().tensors(layout))
+    finally:
+        sender.close()
+
+
+@pytest.fixture(scope="module")
+async def small_bucket_engine(ray_cluster, tiny_model_path):
+    """An engine whose weights arrive in many small buckets (a few layers each)."""
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=tiny_model_path, weight_bucket_bytes=16 * 2**10))
+    yield engine
+    await engine.shutdown()
+
+
+async def test_bucketed_push_serves_exactly_the_sent_weights_in_one_round_trip(small_bucket_engine, tiny_model_path,
+                                                                               tokenizer):
+    engine = small_bucket_engine
+    policy = PolicyWeights(tiny_model_path, WeightSync([engine], version=await engine.version()))
+    for seed in (5, 6):  # two pushes: the second reuses the hand-off file
+        calls = dict(engine.calls)
+        timing = await policy.push(policy.perturbed(seed=seed), PauseMode.ABORT)
+        assert {m: n - calls.get(m, 0) for m, n in engine.calls.items() if n != calls.get(m, 0)} == {"install": 1}
+        assert timing.phases["buckets"] > 2
+        assert timing.version == await engine.version()
+        await policy.assert_engine_serves_current(engine, tokenizer, "Buckets of weights: 7 * 6 =", timing.version,
+                                                  TOLERANCE)
+
+
+def test_hand_off_files_of_dead_actors_are_removed_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from fullasync.engines.shm_weights import remove_orphans
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a process that has exited: a killed actor's pid
+    gone.wait()
+    dead = tmp_path / f"fullasync-weights-{gone.pid}-0badc0de"
+    alive = tmp_path / f"fullasync-weights-{os.getpid()}-0badc0de"
+    other = tmp_path / "unrelated-file"
+    for path in (dead, alive, other):
+        path.write_bytes(b"x")
+    assert remove_orphans(str(tmp_path)) == [dead.name]
+    assert not dead.exists() and alive.exists() and other.exists()

@@ -1,0 +1,177 @@
+"""The config tree: help on every field, docs/config.md in sync, one default per setting, the resume rule as field
+metadata, the components made from their sections, and the cross-field checks naming the field and the fix."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples.deepresearch.config import DeepResearchConfig
+from examples.mini_swe.config import MiniSweTrainConfig
+from examples.terminus.config import TerminusTrainConfig
+from fullasync.client import ClientConfig
+from fullasync.config import EngineSection, ModelSection, RolloutSection, RunConfig
+from fullasync.config_doc import REGENERATE, config_with_file, exit_with_help_if_asked, render_help, render_markdown
+from fullasync.config_fields import config_fields, config_sections
+from fullasync.rollout.rollouter import RolloutSettings
+from fullasync.run.assemble import RunSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = {DeepResearchConfig: "deepresearch", MiniSweTrainConfig: "mini_swe", TerminusTrainConfig: "terminus"}
+CONFIGS = (RunConfig, *EXAMPLES)
+# What a resumed run may set differently from its checkpoint (fields, or whole sections ending in ".").
+RESUME_MAY_CHANGE = (
+    "total_steps", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint", "tensorboard",
+    "wandb_project", "worker_logs", "checkpoint.", "engine.", "rollout.episode_timeout_s", "rollout.resume_timeout_s",
+    "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads",
+    "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
+)
+
+
+@pytest.mark.parametrize("config_type", CONFIGS, ids=lambda c: c.__name__)
+def test_every_field_and_section_of_every_config_has_help(config_type):
+    config = config_type()
+    missing = [f.name for f in config_fields(config) if not f.help.strip()]
+    missing += [s.name for s in config_sections(config) if s.name and not s.help.strip()]
+    assert not missing, f"{config_type.__name__}: no help for {missing}; declare them with setting(default, help)"
+
+
+def test_docs_config_md_is_generated_from_the_declarations():
+    written = (ROOT / "docs" / "config.md").read_text()
+    assert written == render_markdown(RunConfig), f"docs/config.md is out of date: run `{REGENERATE}` (or make docs)"
+
+
+def test_help_names_every_field_with_its_type_default_and_help():
+    text = render_help(RunConfig, "usage: fullasync train")
+    assert text.startswith("usage: fullasync train")
+    for f in config_fields(RunConfig()):
+        assert f"  {f.name}: {f.type} = " in text and f.help in text, f.name
+    assert "  engine.max_model_len: int = 1024  [may change on resume]" in text
+    assert "  trainer.lr: float = 0.0005\n" in text  # the run's trainer, not TrainerConfig's own default
+
+
+def test_fullasync_train_help_prints_every_field_and_exits_0():
+    done = subprocess.run([sys.executable, "-m", "fullasync.cli", "train", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: fullasync {train}") and "fullasync train --cfg job" in done.stdout
+    assert all(f"  {f.name}: " in done.stdout for f in config_fields(RunConfig()))
+
+
+@pytest.mark.parametrize("config_type", EXAMPLES, ids=lambda c: c.__name__)
+def test_an_example_help_shows_its_own_fields_with_its_config_file_values(config_type, capsys):
+    config_file = ROOT / "examples" / EXAMPLES[config_type] / "config" / "train.yaml"
+    with pytest.raises(SystemExit) as exited:
+        exit_with_help_if_asked(["total_steps=3", "--help"], config_type, "usage: train.py", config_file)
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    assert all(f"  {f.name}: " in text for f in config_fields(config_type()))
+    used = config_with_file(config_type, config_file)
+    assert isinstance(used, config_type) and f"  total_steps: int = {used.total_steps}" in text
+    exit_with_help_if_asked(["total_steps=3"], config_type, "usage", config_file)  # no --help: returns
+
+
+def test_deepresearch_help_shows_the_context_its_config_file_sets():
+    used = config_with_file(DeepResearchConfig, ROOT / "examples" / "deepresearch" / "config" / "train.yaml")
+    assert used.engine.max_model_len == 2048 and "  engine.max_model_len: int = 2048" in render_help(used, "")
+
+
+def test_the_fingerprint_leaves_out_exactly_the_fields_declared_free_on_resume():
+    config = RunConfig()
+    names = [f.name for f in config_fields(config)]
+    expected = [n for n in names if not any(n == free or n.startswith(free) for free in RESUME_MAY_CHANGE)]
+    assert list(config.fingerprint()) == expected
+    assert [f.name for f in config_fields(config) if f.resume_may_change] == [n for n in names if n not in expected]
+
+
+def test_a_subclass_redeclaring_a_field_keeps_its_help_and_resume_rule():
+    fields = {f.name: f for f in config_fields(TerminusTrainConfig())}
+    assert fields["total_steps"].value == 20 and fields["total_steps"].resume_may_change
+    assert fields["engine.max_model_len"].value == 4096 and fields["engine.max_model_len"].resume_may_change
+    assert "val_samples_per_row" not in TerminusTrainConfig().fingerprint()
+
+
+SIMULATED = ROOT / "fullasync" / "sim"  # models of a device's costs (DecodeCost.max_num_seqs), not the stack's settings
+
+
+def _literal_defaults(name: str, roots: tuple[str, ...]) -> list[str]:
+    """Where a class declares field `name` with a literal default (`x: int = 1` or `x: int = setting(1, ...)`)."""
+    found = []
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            if SIMULATED in path.parents:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                for item in node.body:
+                    if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                            and item.target.id == name and item.value is not None):
+                        continue
+                    value = item.value
+                    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "setting" and value.args:
+                        value = value.args[0]
+                    if isinstance(value, ast.Constant):
+                        found.append(f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{name}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["max_model_len", "max_num_seqs", "max_logprobs", "max_top_logprobs",
+                                  "stall_timeout_s", "probe_interval_s", "resume_timeout_s", "served_model_name",
+                                  "served_name", "tool_parser", "max_running_rows", "filter_zero_variance",
+                                  "val_samples_per_row", "engine_probe_interval_s"])
+def test_each_setting_has_one_literal_default(name):
+    """(The examples size their runs by redeclaring a field in their RunConfig subclass: a default of theirs.)"""
+    found = _literal_defaults(name, ("fullasync", "agents"))
+    assert len(found) <= 1, f"{name} has a default in several places: {found}; refer to the run config's"
+
+
+def test_components_made_on_their_own_have_the_run_defaults():
+    engine, model, rollout = EngineSection(), ModelSection(), RolloutSection()
+    client = ClientConfig()
+    assert (client.model_name, client.max_model_len, client.max_top_logprobs, client.resume_timeout_s,
+            client.tool_parser) == (model.served_name, engine.max_model_len, engine.max_logprobs,
+                                    rollout.resume_timeout_s, model.tool_parser)
+    assert RunSettings.from_config(RunConfig()).rollout == RolloutSettings()
+
+
+def test_the_rollouter_settings_are_the_rollout_sections_shared_fields():
+    config = RunConfig()
+    config.rollout = RolloutSection(n=3, max_running_rows=5, episode_timeout_s=7.0, filter_zero_variance=True)
+    settings = RunSettings.from_config(config)
+    assert settings.rollout == RolloutSettings(n=3, max_running_rows=5, episode_timeout_s=7.0,
+                                               filter_zero_variance=True)
+    assert (settings.batch_size, settings.engine_probe_interval_s, settings.restart_engines) == (
+        config.rollout.batch_size, config.engine.probe_interval_s, config.engine.restart_on_failure)
+
+
+def test_hydra_builds_the_config_from_the_declarations():
+    from omegaconf import OmegaConf
+
+    built = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig),
+                                                OmegaConf.from_dotlist(["engine.max_model_len=2048"])))
+    assert isinstance(built, RunConfig) and built.engine.max_model_len == 2048
+    assert built.engine.ray_resources == {} and built.engine.ray_resources is not RunConfig().engine.ray_resources
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"max_logprobs": -1}, r"engine.max_logprobs=-1 must be >= 0"),
+    ({"max_model_len": 0}, r"engine.max_model_len=0 must be >= 1"),
+    ({"num_engines": 0}, r"engine.num_engines=0 must be >= 1"),
+    ({"start_timeout_s": 0.0}, r"engine.start_timeout_s=0.0 must be > 0"),
+    ({"probe_interval_s": 200.0}, r"engine.probe_interval_s=200.0 must be > 0 and below engine.stall_timeout_s"),
+])
+def test_engine_settings_are_checked_naming_the_field(override, message):
+    config = RunConfig(engine=dataclasses.replace(EngineSection(), **override))
+    with pytest.raises(ValueError, match=message):
+        config.validate()
+
+
+def test_a_rollout_timeout_must_be_positive():
+    with pytest.raises(ValueError, match=r"rollout.resume_timeout_s=0.0 must be > 0"):
+        RunConfig(rollout=RolloutSection(resume_timeout_s=0.0)).validate()

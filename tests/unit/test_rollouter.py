@@ -1,0 +1,201 @@
+"""The rollouter's wiring: its row ledger, its supervision of row tasks, and the episode context the run injects.
+
+The control code is real (Rollouter, RowLedger, StalenessManager, MessageQueue, WeightSync, Run, the HTTP
+gateway); engines and trainer are the simulator's. The edges faked: a queue whose `put` fails for one row,
+and an episode context that records what it was asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.metrics import MetricsSink
+from fullasync.queue import MessageQueue
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings, RowOutcome
+from fullasync.rollout.staleness import StalenessManager
+from fullasync.run import RunSettings, assemble
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.harness import SimTokenizer
+from fullasync.sim.trainer import SimulatedTrainer, TrainCost
+
+COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
+SETTINGS = RolloutSettings(n=2, max_running_rows=4, episode_timeout_s=1e6)
+
+
+def service_on(engines: list[SimulatedEngine]) -> RolloutService:
+    return RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+
+
+async def answer(client, row) -> float:
+    await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=row["length"],
+                                    extra_body={"ignore_eos": True})
+    return float(client.episode.id.endswith("/0"))
+
+
+def rows(count: int, length: int = 8):
+    return ((f"row-{i}", {"length": length}) for i in range(count))
+
+
+class QueueThatFailsFor(MessageQueue):
+    """Edge fake: `put` fails for one row, as a queue actor that died would."""
+
+    def __init__(self, max_size: int, row_id: str) -> None:
+        super().__init__(max_size)
+        self.row_id = row_id
+
+    async def put(self, group) -> None:
+        if group.row_id == self.row_id:
+            raise ConnectionError("the queue actor is gone")
+        await super().put(group)
+
+
+def test_a_row_crash_ends_every_row_at_once_and_is_handed_to_the_supervisor():
+    async def main() -> tuple[RolloutCrashedError, Rollouter]:
+        engines = [SimulatedEngine("sim-0", COST)]
+        staleness = StalenessManager(100, 2, 4, version=lambda: 0)
+        rollouter = Rollouter(answer, service_on(engines), QueueThatFailsFor(1000, "row-3"), staleness, SETTINGS)
+        rollouter.start(rows(40))
+        crash = await asyncio.wait_for(rollouter.wait_crashed(), 60)
+        await rollouter.stop()
+        return crash, rollouter
+
+    crash, rollouter = run_virtual(main)
+    assert "row row-3" in str(crash) and "the queue actor is gone" in str(crash)
+    assert isinstance(crash.__cause__, ConnectionError)
+    assert rollouter.exhausted and not rollouter.ledger.running  # the other rows ended with it
+    assert "row-3" not in rollouter.outcomes  # the crashed row has no outcome: the run fails
+    assert set(rollouter.outcomes.values()) <= {RowOutcome.QUEUED, RowOutcome.UNFINISHED}
+    assert rollouter.staleness.counts.running == 0
+    try:
+        rollouter.check()
+    except RolloutCrashedError as raised:
+        assert raised is crash
+    else:
+        raise AssertionError("check() must raise the crash")
+
+
+def test_a_duplicate_row_id_crashes_the_dispatcher_naming_the_id():
+    async def main() -> RolloutCrashedError:
+        staleness = StalenessManager(100, 2, 4, version=lambda: 0)
+        rollouter = Rollouter(answer, service_on([SimulatedEngine("sim-0", COST)]), MessageQueue(100), staleness,
+                              SETTINGS)
+        rollouter.start([("a", {"length": 4}), ("a", {"length": 4})])
+        return await asyncio.wait_for(rollouter.wait_crashed(), 60)
+
+    assert "row id 'a' appears twice" in str(run_virtual(main))
+
+
+def test_the_ledger_keeps_one_record_per_running_row_and_a_snapshot_reads_it():
+    async def main() -> None:
+        staleness = StalenessManager(100, 2, 4, version=lambda: 0)
+        queue = MessageQueue(100)
+        rollouter = Rollouter(answer, service_on([SimulatedEngine("sim-0", COST)]), queue, staleness, SETTINGS)
+        rollouter.start(rows(10, length=200))
+        while not rollouter.ledger.running:
+            await asyncio.sleep(1e-3)
+        await asyncio.sleep(0.01)  # some tokens generated, no episode finished
+        state = rollouter.snapshot()
+        assert set(state.in_flight) == set(rollouter.ledger.running)
+        assert state.admitted == len(rollouter.ledger.running) + len(rollouter.outcomes)
+        for record in rollouter.ledger.running.values():
+            assert record.task is not None and not record.task.done()
+            assert set(record.running) == set(range(SETTINGS.n)) and not record.finished
+        while not rollouter.exhausted:
+            await asyncio.sleep(0.1)
+        rollouter.check()
+        assert not rollouter.ledger.running and rollouter.outcomes == {f"row-{i}": RowOutcome.QUEUED for i in range(10)}
+        assert rollouter.report().outcome_counts == {"queued": 10}
+        assert staleness.counts.running == 0 and staleness.counts.started == 10
+
+    run_virtual(main)
+
+
+class RecordingGenerator(CustomGenerator):
+    """A generator that answers in process and records the context each episode got."""
+
+    def __init__(self) -> None:
+        self.contexts: list[EpisodeContext] = []
+
+    async def generate(self, episode: EpisodeContext, row) -> float:
+        self.contexts.append(episode)
+        return await answer(episode.client, row)
+
+
+def test_an_injected_episode_context_is_opened_and_closed_around_every_episode():
+    opened: list[str] = []
+    closed: list[str] = []
+
+    @contextlib.contextmanager
+    def episode_context(client):
+        opened.append(client.episode.id)
+        try:
+            yield EpisodeContext(client.episode.id, client, f"http://example/{client.episode.id}", "key")
+        finally:
+            closed.append(client.episode.id)
+
+    async def main(generator: RecordingGenerator, with_context: bool) -> None:
+        staleness = StalenessManager(100, 2, 4, version=lambda: 0)
+        rollouter = Rollouter(generator, service_on([SimulatedEngine("sim-0", COST)]), MessageQueue(100), staleness,
+                              SETTINGS, episode_context=episode_context if with_context else None)
+        rollouter.start(rows(3))
+        while not rollouter.exhausted:
+            await asyncio.sleep(0.1)
+        rollouter.check()
+
+    injected = RecordingGenerator()
+    run_virtual(lambda: main(injected, True))
+    assert sorted(opened) == sorted(closed) == sorted(f"row-{r}/{e}" for r in range(3) for e in range(2))
+    assert {c.base_url for c in injected.contexts} == {f"http://example/{episode}" for episode in opened}
+    in_process = RecordingGenerator()
+    run_virtual(lambda: main(in_process, False))
+    assert len(in_process.contexts) == 6 and all(c.base_url is None for c in in_process.contexts)
+
+
+class OverHTTP(CustomGenerator):
+    """A harness that reaches its episode only through the base URL it is given."""
+
+    uses_gateway = True
+
+    def __init__(self) -> None:
+        self.base_urls: list[str] = []
+
+    async def generate(self, episode: EpisodeContext, row) -> float:
+        assert episode.base_url is not None and episode.api_key is not None
+        self.base_urls.append(episode.base_url)
+        async with httpx.AsyncClient(base_url=episode.base_url, timeout=30) as http:
+            reply = await http.post("/completions", json={"model": "policy", "prompt": [1, 2, 3], "max_tokens": 4,
+                                                          "ignore_eos": True})
+        reply.raise_for_status()
+        return float(len(reply.json()["choices"][0]["text"]) >= 0)
+
+
+def test_the_run_owns_the_gateway_of_a_harness_that_uses_one(tmp_path):
+    async def main(rollout_fn) -> tuple:
+        engines = [SimulatedEngine("sim-0", COST)]
+        settings = RunSettings(max_staleness=1, batch_size=2, total_steps=2, queue_in_process=True, rollout=SETTINGS)
+        run = await assemble(engines=engines, trainer=SimulatedTrainer(TrainCost(1e-4, 1e-3), 1),
+                             service=service_on(engines), rollout_fn=rollout_fn, settings=settings,
+                             sink=MetricsSink(tmp_path / "m.jsonl"))
+        try:
+            result = await run.execute(rows(8))
+        finally:
+            await asyncio.gather(*(e.shutdown() for e in engines))
+        return run, result
+
+    harness = OverHTTP()
+    run, result = asyncio.run(main(harness))
+    assert result.steps == 2 and result.episode_failures == 0
+    gateway = run.gateway
+    assert gateway is not None and set(gateway.answered) == {200}
+    assert gateway.answered[200] >= 2 * 2 * SETTINGS.n  # every episode of the trained rows, at least
+    assert len(set(harness.base_urls)) == len(harness.base_urls)  # one base URL per episode
+    assert all(url.startswith(gateway.url) for url in harness.base_urls)
+    assert gateway._http is None  # stopped when the run ended
+    plain, _ = asyncio.run(main(answer))
+    assert plain.gateway is None  # a plain function needs no gateway

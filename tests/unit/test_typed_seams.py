@@ -1,0 +1,106 @@
+"""The typed seams: the `Engine` protocol is complete and the simulator's engine satisfies it, `WeightSync` pushes
+through its `WeightTransport` as a start → update → finish transaction, the simulated trainer is a `Trainer`.
+(`RayEngine` is checked against the same protocol in `integration/test_engine_protocol.py`: it imports Ray.)"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from fullasync.engines.protocol import Engine, GenerateRequest, InstallTiming, PauseMode, WeightsPayload
+from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
+from fullasync.run.contracts import Trainer
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.trainer import SimulatedTrainer, TrainCost
+from fullasync.weight_sync import WeightSync
+
+STREAMING = {"generate_stream"}  # async generators; every other method of the protocol is a coroutine
+PROPERTIES = {"name", "death"}
+
+
+def protocol_methods(protocol: type) -> set[str]:
+    return {name for name, value in vars(protocol).items() if not name.startswith("_") and callable(value)}
+
+
+def assert_implements_engine(implementation: type) -> None:
+    """Every protocol method exists with the same parameters and the same kind (coroutine or async generator)."""
+    for name in protocol_methods(Engine):
+        expected, actual = getattr(Engine, name), getattr(implementation, name, None)
+        assert actual is not None, f"{implementation.__name__} lacks Engine.{name}"
+        assert list(inspect.signature(actual).parameters) == list(inspect.signature(expected).parameters), name
+        if name in STREAMING:
+            assert inspect.isasyncgenfunction(actual), f"{implementation.__name__}.{name} must be an async generator"
+        else:
+            assert inspect.iscoroutinefunction(actual), f"{implementation.__name__}.{name} must be async"
+
+
+def test_the_engine_protocol_holds_everything_callers_use():
+    used = {"generate", "generate_stream", "abort", "pause", "resume", "wait_resumed", "update_weights", "install",
+            "restart", "version", "num_in_flight", "in_flight_tokens", "shutdown"}
+    assert protocol_methods(Engine) == used
+    assert PROPERTIES <= set(vars(Engine))
+
+
+async def test_the_simulated_engine_satisfies_the_engine_protocol():
+    engine = SimulatedEngine("sim-0", DecodeCost(step_base_s=0.001, push_s=0.0))
+    try:
+        assert isinstance(engine, Engine)
+        assert_implements_engine(SimulatedEngine)
+        items = [item async for item in engine.generate_stream(GenerateRequest("r", (1, 2), 3))]
+        assert [len(getattr(item, "output_ids", ())) for item in items] == [3, 3]  # one delta, then the result
+        assert await engine.in_flight_tokens() == {}
+        await engine.restart(None, 5)
+        assert await engine.version() == 5 and engine.death is None
+    finally:
+        await engine.shutdown()
+
+
+class RecordingTransport:
+    """A `WeightTransport` that records the order of its calls around the real object-store one."""
+
+    def __init__(self) -> None:
+        self.inner = ObjectStoreTransport()
+        self.calls: list[tuple[str, int]] = []
+
+    async def start_weight_update(self, weights: WeightsPayload, version: int) -> None:
+        self.calls.append(("start", version))
+        await self.inner.start_weight_update(weights, version)
+
+    async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
+        self.calls.append((f"update {engine.name}", version))
+        return await self.inner.update_weights(engine, version, mode)
+
+    async def finish_weight_update(self, version: int) -> None:
+        self.calls.append(("finish", version))
+        await self.inner.finish_weight_update(version)
+
+
+async def test_a_push_is_one_transaction_of_the_weight_transport():
+    engines = [SimulatedEngine(f"sim-{i}", DecodeCost(push_s=0.0)) for i in range(2)]
+    transport = RecordingTransport()
+    assert isinstance(transport, WeightTransport) and isinstance(ObjectStoreTransport(), WeightTransport)
+    sync = WeightSync(engines, transport=transport)
+    try:
+        timing = await sync.push({})
+        assert timing.version == 1 and [await e.version() for e in engines] == [1, 1]
+        assert transport.calls == [("start", 1), ("update sim-0", 1), ("update sim-1", 1), ("finish", 1)]
+        assert isinstance(WeightSync(engines).transport, ObjectStoreTransport)  # the default
+    finally:
+        for engine in engines:
+            await engine.shutdown()
+
+
+async def test_the_object_store_transport_refuses_an_update_outside_its_push():
+    engine = SimulatedEngine("sim-0", DecodeCost(push_s=0.0))
+    transport = ObjectStoreTransport()
+    try:
+        await transport.start_weight_update({}, 3)
+        with pytest.raises(RuntimeError, match=r"version=4.*start_weight_update"):
+            await transport.update_weights(engine, 4, PauseMode.ABORT)
+    finally:
+        await engine.shutdown()
+
+
+def test_the_simulated_trainer_is_a_trainer():
+    assert isinstance(SimulatedTrainer(TrainCost(1e-3, 0.1), 1), Trainer)
