@@ -19,6 +19,7 @@ from typing import Any
 from fullasync.config_fields import config_fields, section, setting
 from fullasync.engines.protocol import PauseMode
 from fullasync.placement import check_ray_resources
+from fullasync.rollout.staleness import GENERATE_AHEAD
 from fullasync.trainer.config import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
@@ -111,6 +112,8 @@ class RunConfig:
                                  "(sync 0, one_step_off 1, fully_async 2)")
     partial_rollout: bool = setting(True, "fully_async: interrupt generations at a push and resume them under "
                                     "new weights")
+    generate_ahead: str = setting("adaptive", "how far generation runs ahead of training: adaptive = as far as "
+                                  "keeps the trainer fed, max_staleness the ceiling | bound = up to max_staleness")
     total_steps: int = setting(60, "train steps to run; 0 = until the rows of all epochs are consumed",
                                resume_may_change=True)
     val_every: int = setting(0, "validate every this many steps (0 = only before and after training)",
@@ -220,6 +223,9 @@ class RunConfig:
                              "drop max_staleness or use mode=fully_async")
         if self.max_staleness < -1:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (or -1 for the mode default)")
+        if self.generate_ahead not in GENERATE_AHEAD:
+            raise ValueError(f"generate_ahead={self.generate_ahead!r} is not a choice; use adaptive (generate as far "
+                             "ahead as keeps the trainer fed) or bound (up to max_staleness)")
 
     def _check_engine(self) -> None:
         """The engines' settings; the client takes its context length and its `top_logprobs` limit from the same

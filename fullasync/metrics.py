@@ -68,7 +68,8 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
 
     return (
         f"step {step:>4} | reward {get('reward/mean')} ± {get('reward/std')} | staleness mean "
-        f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} | "
+        f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} "
+        f"ahead {get('rollout/lead_batches', '.2f')} | "
         f"samples/s {get('perf/samples_per_s', '.1f')} | tok/s {get('perf/tokens_per_s', '.0f')} | "
         f"idle trainer {get('perf/trainer_idle_frac', '.2f')} rollout {get('perf/rollout_idle_frac', '.2f')} | "
         f"sync {get('weight_sync/total_s', '.3f')}s"

@@ -32,6 +32,7 @@ class QueueBatch:
 
     groups: list[TrajectoryGroup]
     dropped_row_ids: list[str] = field(default_factory=list)
+    ready: int = 0  # fresh-enough groups waiting when the get began (admission's pacing reads it)
 
 
 @dataclass
@@ -100,6 +101,8 @@ class MessageQueue:
             return len(self._groups) >= count
 
         async with self._changed:
+            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            batch.ready = len(self._groups)
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
             except TimeoutError:

@@ -71,6 +71,7 @@ class RolloutReport:
     failure_reasons: dict[str, int]
     recent_failures: list[EpisodeFailure] = field(default_factory=list)
     idle_fraction: float = 0.0  # share of wall time with no row generating
+    lead_rows: int = 0  # rows admission may run ahead of the finished steps now (StalenessManager.lead_rows)
 
 
 class RolloutCrashedError(RuntimeError):
@@ -192,6 +193,11 @@ class Rollouter:
         for group in groups:
             self.ledger.mark(group.row_id, RowOutcome.TRAINED)
 
+    def on_batch_request(self, ready: int) -> None:
+        """The trainer asked for a batch and found `ready` groups waiting: admission adapts its lead."""
+        self.staleness.on_batch_request(ready)
+        self._wake.set()
+
     def on_dropped(self, row_ids: Sequence[str]) -> None:
         """The queue dropped these rows' groups as too stale: they will never train, their slots are free."""
         for row_id in row_ids:
@@ -209,6 +215,7 @@ class Rollouter:
             failure_reasons=dict(ledger.failures.reasons),
             recent_failures=list(ledger.failures.recent),
             idle_fraction=ledger.idle_fraction(),
+            lead_rows=self.staleness.lead_rows,
         )
 
     # -- checkpoint and resume ---------------------------------------------------------------

@@ -31,7 +31,7 @@ from fullasync.metrics import MetricsSink
 from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
 from fullasync.rollout.rollouter import Rollouter, RolloutFn, RolloutSettings, RowOutcome
-from fullasync.rollout.staleness import RUNNING_COUNTS, StalenessManager
+from fullasync.rollout.staleness import GENERATE_AHEAD, RUNNING_COUNTS, StalenessManager
 from fullasync.run import checkpoint
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy, SavedCheckpoint
 from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
@@ -88,6 +88,7 @@ class RunSettings:
     val_samples_per_row: int = RunConfig.val_samples_per_row
     admission: str = "episodes"  # how a running row counts toward max_running_rows (see StalenessManager)
     hand_over: str = "oldest"  # queue hand-over order (see MessageQueue)
+    generate_ahead: str = RunConfig.generate_ahead  # adaptive lead or the bound's (see StalenessManager)
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
     restart_engines: bool = False  # restart engines declared dead, with the current weights
     engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
@@ -97,6 +98,8 @@ class RunSettings:
             raise ValueError(f"admission={self.admission!r}; choose one of {RUNNING_COUNTS}")
         if self.hand_over not in HAND_OVER_ORDERS:
             raise ValueError(f"hand_over={self.hand_over!r}; choose one of {HAND_OVER_ORDERS}")
+        if self.generate_ahead not in GENERATE_AHEAD:
+            raise ValueError(f"generate_ahead={self.generate_ahead!r}; choose one of {GENERATE_AHEAD}")
 
     @classmethod
     def from_config(cls, config: RunConfig) -> RunSettings:
@@ -104,7 +107,8 @@ class RunSettings:
         return cls(
             max_staleness=config.staleness, batch_size=config.rollout.batch_size, total_steps=config.total_steps,
             rollout=RolloutSettings(**shared_settings(config.rollout, RolloutSettings)),
-            push_mode=config.push_mode, val_every=config.val_every, val_samples_per_row=config.val_samples_per_row,
+            push_mode=config.push_mode, generate_ahead=config.generate_ahead, val_every=config.val_every,
+            val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
         )
 
@@ -283,7 +287,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
     # admission counts the versions of this run only (a resumed run: from its first run's start)
     staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
                                  version=lambda: weight_sync.version - weight_sync.start_version,
-                                 count_running=settings.admission)
+                                 count_running=settings.admission, generate_ahead=settings.generate_ahead)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
     gateway = Gateway(service) if isinstance(rollout_fn, CustomGenerator) and rollout_fn.uses_gateway else None

@@ -52,6 +52,8 @@ class RolloutControl(Protocol):
 
     def on_version(self) -> None: ...  # admission may open
 
+    def on_batch_request(self, ready: int) -> None: ...  # the trainer asked for a batch; `ready` groups waited
+
     def report(self) -> RolloutReport: ...
 
 
@@ -182,12 +184,16 @@ class TrainingLoop(Generic[BatchT]):
         groups: list[TrajectoryGroup] = []
         version = self.weight_sync.version
         waited = _now()
+        asked = True
         while len(groups) < self.batch_size and not self.stop_requested:
             self.rollouter.check()
             self.weight_sync.check_engines()  # a dead engine ends the run now, with its name
             exhausted = self.rollouter.exhausted  # read before the get: then nothing arrives after it
             got = await self.queue.get(self.batch_size - len(groups), version, self.max_staleness,
                                        0.0 if exhausted else QUEUE_POLL_S)
+            if asked:
+                self.rollouter.on_batch_request(got.ready)  # what the first get found, not the later polls
+                asked = False
             if got.dropped_row_ids:
                 self.rollouter.on_dropped(got.dropped_row_ids)
             groups += got.groups
@@ -220,6 +226,7 @@ class TrainingLoop(Generic[BatchT]):
             "rollout/episode_failures": float(report.episode_failures),
             "perf/trainer_idle_frac": self._idle_s / max(elapsed, 1e-9),
             "perf/rollout_idle_frac": report.idle_fraction,
+            "rollout/lead_batches": report.lead_rows / self.batch_size,
             "perf/samples_per_s": result.trained_samples / elapsed,
             "perf/tokens_per_s": (self._tokens + metrics["rollout/output_tokens"]) / elapsed,
             "weight_sync/total_s": timing.total_s,

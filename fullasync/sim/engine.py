@@ -325,7 +325,7 @@ class SimulatedEngine:
         weight_versions: list[int] = []
         versions: list[int] = []
         kv_version = sequence.spans[0][0] if sequence.spans else 0
-        ends = [start for _, start in sequence.spans[1:]] + [produced]
+        ends = [start for _, start in sequence.spans[1:]] + [produced] * bool(sequence.spans)  # none: never ran
         for (version, start), end in zip(sequence.spans, ends, strict=True):  # by span: no Python per token
             count = min(end, produced) - min(start, produced)
             weight_versions += [version] * count

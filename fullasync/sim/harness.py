@@ -72,6 +72,7 @@ class SimSpec:
     running_rows_per_capacity: float = 1.5  # max_running_rows = this × engine slots / n
     admission: str = "episodes"  # how running rows count toward max_running_rows (StalenessManager)
     hand_over: str = "oldest"  # the queue's hand-over order (MessageQueue)
+    generate_ahead: str = RunConfig.generate_ahead  # adaptive lead, or the bound's (StalenessManager)
     pause_mode: str = ""  # abort | keep | wait: how a push meets generations ("" = the mode's own)
     peer: PeerPolicy | None = None  # another framework's admission/queue/push rules instead of ours (sim.peers)
     lag_sample_s: float = 0.0  # > 0: record the loop's work; sample its replayed lag every this many simulated s
@@ -128,6 +129,8 @@ class SimResult:
     loop_lag_s: tuple[float, ...] = ()  # replayed loop lag inside the window, every spec.lag_sample_s (loop_lag.py)
     loop_iterations: int = 0  # event-loop iterations inside the window (when recorded)
     stopped_stale_rows: int = 0  # whole run: rows stopped while generating because their group could only be dropped
+    staleness_histogram: Mapping[int, float] = dataclasses.field(default_factory=dict)  # gap -> share of trained tokens
+    final_lead_batches: float = 0.0  # how far admission ran ahead of training at the last step, in batches
 
     @property
     def samples_per_s(self) -> float:
@@ -262,7 +265,7 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
         PauseMode(spec.pause_mode) if spec.pause_mode else config.push_mode,
         rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9,
                                 stop_stale_rows=spec.stop_stale_rows),
-        admission=spec.admission, hand_over=spec.hand_over, queue_in_process=True)
+        admission=spec.admission, hand_over=spec.hand_over, generate_ahead=spec.generate_ahead, queue_in_process=True)
     run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=_rollout_fn(workload, counters),
                          settings=settings, sink=sink)
     if peer is not None:
@@ -296,6 +299,8 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
         tokens=int(sum(m["train/tokens"] for m in window)),
         wall_s=wall_s, total_samples=loop_result.trained_samples,
         mean_staleness=sum(m["staleness/mean"] for m in window) / len(window),
+        staleness_histogram=_staleness_histogram(window),
+        final_lead_batches=window[-1]["rollout/lead_batches"],
         max_staleness=loop_result.max_token_staleness,
         dropped_rows=len(dropped),
         wasted_tokens=sum(workload.output_tokens(f"{row_id}/{i}") for row_id in dropped
@@ -315,6 +320,19 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
                          if work is not None else ()),
         loop_iterations=last.loop_iterations - first.loop_iterations,
     )
+
+
+def _staleness_histogram(window: list[dict[str, float]]) -> dict[int, float]:
+    """Share of the window's generated tokens trained at each staleness gap (steps weighted by their tokens)."""
+    prefix = "staleness/frac_gap_"
+    tokens: dict[int, float] = {}
+    for metrics in window:
+        for key, share in metrics.items():
+            if key.startswith(prefix):
+                gap = int(key[len(prefix):])
+                tokens[gap] = tokens.get(gap, 0.0) + share * metrics["rollout/output_tokens"]
+    total = sum(tokens.values())
+    return {gap: count / total for gap, count in sorted(tokens.items())} if total else {}
 
 
 def simulate(workload: Workload, spec: SimSpec) -> SimResult:

@@ -243,3 +243,23 @@ def test_rows_whose_group_could_only_be_dropped_stop_generating_and_free_their_s
     assert stopping.max_staleness <= 1 and finishing.max_staleness <= 1
     # the slots of rows that could only be dropped go to fresh rows (simulated time: deterministic)
     assert stopping.samples_per_s > finishing.samples_per_s
+
+
+def test_when_training_is_the_bottleneck_generation_runs_only_as_far_ahead_as_keeps_it_fed():
+    # 3 of 4 devices generate for one slow trainer; the bound (k = 4) would keep 5 batches ahead of it
+    slow_training = TINY.with_(train=TrainCost(4e-3, 0.1))
+    spec = SimSpec("fully_async", True, 4, gen_devices=3, steps=16, warmup_steps=4)
+    paced = simulate(slow_training, spec)
+    filled = simulate(slow_training, dataclasses.replace(spec, generate_ahead="bound"))
+    assert filled.trainer_idle_fraction < 0.1  # training-bound indeed
+    assert filled.mean_staleness > 3.5 and paced.mean_staleness < 2.5  # fresher data ...
+    assert paced.samples_per_s >= 0.97 * filled.samples_per_s  # ... at the same throughput
+    assert paced.max_staleness <= 4 and paced.total_samples == filled.total_samples
+
+
+def test_when_generation_is_the_bottleneck_pacing_changes_nothing():
+    spec = SimSpec("fully_async", True, 4, gen_devices=1, steps=10, warmup_steps=2)  # one device generates
+    paced, filled = simulate(TINY, spec), simulate(TINY, dataclasses.replace(spec, generate_ahead="bound"))
+    assert paced.trainer_idle_fraction > 0.5  # generation-bound indeed
+    assert paced.samples_per_s == pytest.approx(filled.samples_per_s, rel=0.02)
+    assert paced.mean_staleness == pytest.approx(filled.mean_staleness, abs=0.1)

@@ -69,3 +69,33 @@ async def test_queue_back_pressure_and_partial_get_on_timeout():
     assert [g.row_id for g in first.groups] == ["a"]
     partial = await queue.get(count=3, trainer_version=0, max_staleness=0, timeout_s=0.05)
     assert [g.row_id for g in partial.groups] == ["b"]
+
+
+def test_adaptive_lead_moves_between_two_batches_and_the_bound():
+    manager = StalenessManager(max_staleness=4, batch_size=4, max_running=100, version=lambda: 0,
+                               generate_ahead="adaptive")
+    assert manager.lead_rows == 20  # it starts at the bound, (k + 1)·B
+    assert sum(manager.try_start() for _ in range(10)) == 10
+    manager.on_batch_request(ready=17)  # 12 more than B + B/4 = 5: shrinks by a quarter of that
+    assert manager.lead_rows == 17
+    for _ in range(10):
+        manager.on_batch_request(ready=40)
+    assert manager.lead_rows == 8  # never below two batches: the one in training and the next
+    assert not manager.try_start()  # 10 started, lead 8 (version 0): held back by the lead, not by the bound
+    manager.on_batch_request(ready=1)  # held back and short of 5 groups: grows by the shortfall
+    assert manager.lead_rows == 12
+    manager.on_batch_request(ready=0)  # short, but not held back since the last request: unchanged
+    assert manager.lead_rows == 12
+    for _ in range(3):
+        while manager.try_start():
+            pass
+        manager.on_batch_request(ready=0)
+    assert manager.lead_rows == 20 and manager.counts.started == 20  # never beyond the bound
+
+
+def test_bound_lead_is_the_staleness_formula_and_ignores_requests():
+    manager = StalenessManager(max_staleness=2, batch_size=4, max_running=100, version=lambda: 0)
+    manager.on_batch_request(ready=100)
+    assert manager.lead_rows == 12 and sum(manager.try_start() for _ in range(20)) == 12
+    with pytest.raises(ValueError, match="generate_ahead"):
+        StalenessManager(2, 4, 100, version=lambda: 0, generate_ahead="fast")

@@ -1,0 +1,180 @@
+"""Learning parity on the deepresearch example: does fully async learn as well as sync, at which staleness?
+
+Runs `python -m examples.deepresearch.train` (the real stack: vLLM engine, verl trainer, Ray; the
+example's defaults otherwise) once per (cell, seed), with `seed=S trainer.seed=S` and the same number
+of trained samples in every run (the example's `total_steps` × 64), and reads each run's
+`summary.json` and `metrics.jsonl`. Cells (CELLS; `--cells` picks some):
+
+    sync                  mode=sync (on-policy baseline)
+    one_step_off          mode=one_step_off
+    k1, k2, k4, k8        fully_async with partial rollouts at max_staleness k, the default correction and
+                          the default admission (`generate_ahead=adaptive`: staleness is a ceiling); k4 is
+                          the example's default
+    k4_bound, k8_bound    the same, admission filling up to the bound (`generate_ahead=bound`, the earlier
+                          default: every trained token at k when training is the bottleneck)
+    k8_none               k = 8 with `trainer.correction=none` (what the correction buys)
+
+`--busy` runs two busy loops (one per core, at the driver's niceness) beside every run, which changes
+the generation/training speed ratio as a loaded machine does; its runs are separate cells ("+busy").
+
+Resumable per (cell, seed): a run whose summary.json exists is not run again (outputs/learning_parity/
+<cell>/seed<S>/). After every run the table (held-out F1 before/after, gain mean ± SE over seeds with
+each seed's gain ± its SE over questions, trained-token staleness, training wall time, trained
+samples/s, and a verdict against sync) is rewritten into docs/learning_parity.md between its markers.
+A benchmark, not a test: nothing is asserted. Each run takes 4–6 min on this machine (the first also
+builds the cached starting policy, ~4 min); the whole study is hours — run it in the background.
+
+    .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2            # the default, 3 seeds
+    .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2 --busy     # the same, both cores busy
+    .venv/bin/python bench/learning_parity.py --report-only                       # table from what ran
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "outputs" / "learning_parity"
+DOC = ROOT / "docs" / "learning_parity.md"
+BEGIN, END = "<!-- learning-parity:begin -->", "<!-- learning-parity:end -->"
+
+CELLS: dict[str, list[str]] = {
+    "sync": ["mode=sync", "max_staleness=-1"],
+    "one_step_off": ["mode=one_step_off", "max_staleness=-1"],
+    "k1": ["max_staleness=1"],
+    "k2": ["max_staleness=2"],
+    "k4": ["max_staleness=4"],
+    "k8": ["max_staleness=8"],
+    "k4_bound": ["max_staleness=4", "generate_ahead=bound"],
+    "k8_bound": ["max_staleness=8", "generate_ahead=bound"],
+    "k8_none": ["max_staleness=8", "trainer.correction=none"],
+}
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def run_one(cell: str, seed: int, busy: bool) -> Path:
+    """One training run of the example (skipped when its summary exists); returns its output directory."""
+    label = cell + ("+busy" if busy else "")
+    out = OUT / label / f"seed{seed}"
+    if (out / "summary.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "examples.deepresearch.train", *CELLS[cell], f"seed={seed}",
+               f"trainer.seed={seed}", f"output_dir={out}"]
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(2 if busy else 0)]
+    for spinner in spinners:
+        spinner.start()
+    started = time.monotonic()
+    print(f"[learning_parity] {label} seed {seed}: {' '.join(command[2:])}", flush=True)
+    try:
+        with open(out / "train.log", "w") as log:
+            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+    print(f"[learning_parity] {label} seed {seed}: exit {done.returncode} after {time.monotonic() - started:.0f} s"
+          f" (log {out / 'train.log'})", flush=True)
+    return out
+
+
+def read_run(out: Path) -> dict[str, Any] | None:
+    """What one finished run measured (None: not finished)."""
+    path = out / "summary.json"
+    if not path.exists():
+        return None
+    summary = json.loads(path.read_text())
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    samples = sum(step.get("rollout/samples", 0.0) for step in steps)
+    return {
+        "before": summary["heldout_before"]["f1"], "after": summary["heldout_after"]["f1"],
+        "gain": summary["f1_gain"], "gain_se": summary["f1_gain_stderr"],
+        "staleness": statistics.fmean(step["staleness/mean"] for step in steps) if steps else float("nan"),
+        "train_s": summary["train_wall_s"], "samples_per_s": samples / max(summary["train_wall_s"], 1e-9),
+        "steps": summary["steps"],
+    }
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return (values[0] if values else float("nan")), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
+def verdict(gains: list[float], reference: list[float]) -> str:
+    """Against sync's gains: within noise when the difference of means is within 2 combined SEs."""
+    if len(gains) < 2 or len(reference) < 2:
+        return "—"
+    (m, s), (r, t) = mean_se(gains), mean_se(reference)
+    gap, se = m - r, math.hypot(s, t)
+    return "within noise of sync" if abs(gap) <= 2 * se else f"{gap:+.3f} ± {se:.3f} vs sync"
+
+
+def render() -> str:
+    rows = ["| cell | seeds | held-out F1 before → after | gain, mean ± SE over seeds | each seed's gain ± SE "
+            "| runs with gain ≥ 3 SE | trained staleness (mean) | training s | trained samples/s | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    labels = sorted((p.name for p in OUT.iterdir() if p.is_dir()), key=lambda name: (
+        list(CELLS).index(name.split("+")[0]) if name.split("+")[0] in CELLS else 99, name)) if OUT.exists() else []
+    results = {label: [r for r in (read_run(p) for p in sorted((OUT / label).glob("seed*"))) if r] for label in labels}
+    reference = [r["gain"] for r in results.get("sync", [])]
+    for label, runs in results.items():
+        if not runs:
+            continue
+        gains = [r["gain"] for r in runs]
+        gain, gain_se = mean_se(gains)
+        rows.append(
+            f"| {label} | {len(runs)} | {statistics.fmean(r['before'] for r in runs):.3f} → "
+            f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f} ± {gain_se:.3f} | "
+            + ", ".join(f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" for r in runs)
+            + f" | {sum(r['gain'] >= 3 * r['gain_se'] for r in runs)} of {len(runs)} "
+            f"| {statistics.fmean(r['staleness'] for r in runs):.2f} | {statistics.fmean(r['train_s'] for r in runs):.0f} "
+            f"| {statistics.fmean(r['samples_per_s'] for r in runs):.2f} | "
+            f"{'(reference)' if label == 'sync' else verdict(gains, reference)} |")
+    return "\n".join(rows)
+
+
+def write_doc(table: str) -> None:
+    text = DOC.read_text() if DOC.exists() else "# Learning parity (deepresearch)\n\n" + BEGIN + "\n" + END + "\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {list(CELLS)}")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--busy", action="store_true", help="two busy loops beside every run")
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    cells = args.cells.split(",")
+    unknown = [cell for cell in cells if cell not in CELLS]
+    if unknown:
+        parser.error(f"unknown cell(s) {unknown}; choose from {list(CELLS)}")
+    if not args.report_only:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for cell in cells:
+                run_one(cell, seed, args.busy)
+                write_doc(render())
+    table = render()
+    write_doc(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
