@@ -141,7 +141,8 @@ def render() -> str:
             f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f} ± {gain_se:.3f} | "
             + ", ".join(f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" for r in runs)
             + f" | {sum(r['gain'] >= 3 * r['gain_se'] for r in runs)} of {len(runs)} "
-            f"| {statistics.fmean(r['staleness'] for r in runs):.2f} | {statistics.fmean(r['train_s'] for r in runs):.0f} "
+            f"| {statistics.fmean(r['staleness'] for r in runs):.2f} "
+            f"| {statistics.fmean(r['train_s'] for r in runs):.0f} "
             f"| {statistics.fmean(r['samples_per_s'] for r in runs):.2f} | "
             f"{'(reference)' if label == 'sync' else verdict(gains, reference)} |")
     return "\n".join(rows)
