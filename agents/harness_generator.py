@@ -60,6 +60,13 @@ class HarnessGenerator(CustomGenerator):
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
+    @staticmethod
+    def log(episode: EpisodeContext, name: str, value: float) -> None:
+        """One observation of the adapter's metric `name` for the run's step metrics (`RolloutClient.log`);
+        nothing when the episode has no in-process client (an adapter driven without a run)."""
+        if episode.client is not None:
+            episode.client.log(name, value)
+
     def launcher_for(self, episode: EpisodeContext, adapter: str) -> ZygoteLauncher:
         """The running launcher; the adapter's HarnessError if `setup()` has not run or there is no gateway URL."""
         self.gateway(episode)

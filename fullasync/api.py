@@ -34,6 +34,7 @@ from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import check_rollout_fn, settled_heap
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.runtime import init_ray
+from fullasync.samples import RolloutSamples
 
 if TYPE_CHECKING:
     from fullasync.engines.protocol import Engine
@@ -225,9 +226,11 @@ class AsyncAgentTrainer:
     async def _run(self, engines: list, trainer: Any, model_path: str, resume: Checkpoint | None) -> LoopResult:
         cfg = self.config
         output_dir = Path(cfg.output_dir)
+        tokenizer = load_tokenizer(model_path)
         sink = MetricsSink(output_dir / "metrics.jsonl", output_dir / "tensorboard" if cfg.tensorboard else None,
-                           cfg.wandb_project or None)
-        service = RolloutService(engines, load_tokenizer(model_path), client_config(cfg))
+                           cfg.wandb_project or None,
+                           RolloutSamples(output_dir / "rollouts", tokenizer, cfg.logging.samples_every))
+        service = RolloutService(engines, tokenizer, client_config(cfg))
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
                                       self.fingerprint())

@@ -1,10 +1,13 @@
-"""`fullasync train`: the command line, a Hydra app over `RunConfig`.
+"""`fullasync train`: the command line, a Hydra app over `RunConfig`; and `fullasync doctor`, `fullasync --version`.
 
     fullasync train                                   # built-in task, fully async, defaults
     fullasync train mode=sync trainer.lr=1e-5         # overrides
     fullasync train --cfg job                         # print the merged config and exit
     fullasync train --help                            # every field with its type, default and help
     fullasync train --hydra-help                      # Hydra's own options
+    fullasync doctor                                  # can this environment run fullasync? (how to fix what fails)
+    fullasync report outputs/run                      # the run's curves: outputs/run/report/index.html and PNGs
+    fullasync --version
 
 A run checkpoints into output_dir/checkpoints (checkpoint.every) and the same command continues it
 (resume=auto). SIGTERM or Ctrl-C: the step under way finishes, a checkpoint is saved and the command
@@ -22,7 +25,7 @@ from omegaconf import DictConfig
 from fullasync.config import RunConfig
 from fullasync.config_doc import HELP_FLAGS, exit_with_help_if_asked
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "doctor", "report")
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped by a signal after saving a checkpoint
 
 
@@ -63,14 +66,49 @@ def _train(cfg: DictConfig) -> None:
                  result.val_after - result.val_before, failed)
 
 
+def _report(argv: list[str]) -> int:
+    import argparse
+    from pathlib import Path
+
+    from fullasync.report import ReportError, write_report
+
+    parser = argparse.ArgumentParser(prog="fullasync report", description="a run's curves as PNG files and an "
+                                     "HTML page, from its metrics.jsonl (and result.json)")
+    parser.add_argument("output_dir", type=Path, help="the run's output_dir")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default OUTPUT_DIR/report)")
+    args = parser.parse_args(argv)
+    try:
+        page = write_report(args.output_dir, args.out)
+    except ReportError as error:
+        print(f"fullasync report: {error}", file=sys.stderr)
+        return 2
+    print(f"fullasync report: {page}")
+    return 0
+
+
 def main() -> None:
     import hydra
 
-    usage = f"usage: fullasync {{{','.join(COMMANDS)}}} [key=value ...] [--cfg job] [--help] [--hydra-help]"
+    usage = ("usage: fullasync train [key=value ...] [--cfg job] [--help] [--hydra-help] | fullasync doctor | "
+             "fullasync report OUTPUT_DIR [--out DIR] | fullasync --version")
     examples = (__doc__ or "").split("\n", 2)[2]  # the lines after the docstring's title
     if len(sys.argv) == 2 and sys.argv[1] in HELP_FLAGS:
         print(f"{usage}\n\n{examples}", end="")
         raise SystemExit(0)
+    if len(sys.argv) == 2 and sys.argv[1] in ("--version", "-V"):
+        from importlib.metadata import version
+
+        print(f"fullasync {version('fullasync')}")
+        raise SystemExit(0)
+    if sys.argv[1:2] == ["doctor"]:
+        if len(sys.argv) > 2:
+            print(f"fullasync doctor takes no arguments (got {' '.join(sys.argv[2:])})\n{usage}", file=sys.stderr)
+            raise SystemExit(2)
+        from fullasync import doctor
+
+        raise SystemExit(doctor.run())
+    if sys.argv[1:2] == ["report"]:
+        raise SystemExit(_report(sys.argv[2:]))
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         print(usage, file=sys.stderr)
         raise SystemExit(2)

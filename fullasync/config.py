@@ -99,6 +99,12 @@ class CheckpointSection:
     keep: int = setting(2, "newest complete checkpoints kept under output_dir/checkpoints (0 = all)")
 
 
+@dataclass
+class LoggingSection:
+    samples_every: int = setting(10, "write the episodes trained at every this many steps, decoded, to "
+                                 "output_dir/rollouts/step_N.jsonl (0 = never)")
+
+
 def _run_trainer() -> TrainerConfig:
     """The trainer sized for the built-in task. trainer.correction=auto applies the default off-policy correction
     (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy."""
@@ -139,6 +145,8 @@ class RunConfig:
     data: DataSection = section(DataSection, "the rows and the rollout function")
     checkpoint: CheckpointSection = section(CheckpointSection, "saving the whole run to continue it later",
                                             resume_may_change=True)
+    logging: LoggingSection = section(LoggingSection, "what the run writes for a person to read besides its metrics",
+                                      resume_may_change=True)
     trainer: TrainerConfig = section(_run_trainer, "the trainer (verl, FSDP2): optimiser, losses, corrections, "
                                      "workers")
 
@@ -202,6 +210,8 @@ class RunConfig:
         self._check_engine()
         if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
             raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
+        if self.logging.samples_every < 0:
+            raise ValueError(f"logging.samples_every={self.logging.samples_every} must be >= 0 (0 = never)")
         if self.checkpoint.every < 0 or self.checkpoint.keep < 0:
             raise ValueError(f"checkpoint.every={self.checkpoint.every} and checkpoint.keep={self.checkpoint.keep} "
                              "must be >= 0")

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fullasync.samples import RolloutSamples
 from fullasync.types import TrajectoryGroup
 
 
@@ -22,6 +23,28 @@ def reward_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     return {"reward/mean": mean, "reward/std": std}
+
+
+HARNESS_METRICS_KEY = "harness_metrics"  # Trajectory.metadata key of the observations `RolloutClient.log` made
+
+
+def harness_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """The harness's own metrics over a step's episodes: every `client.log(name, value)` observation and every
+    numeric (or bool) top-level field of `Trajectory.metadata`, as `harness/<name>/{mean,min,max,count}`."""
+    values: dict[str, list[float]] = {}
+    for group in groups:
+        for trajectory in group.trajectories:
+            for key, value in trajectory.metadata.items():
+                if key == HARNESS_METRICS_KEY:
+                    for name, observed in value:
+                        values.setdefault(name, []).append(float(observed))
+                elif isinstance(value, (int, float)) and math.isfinite(value):
+                    values.setdefault(key, []).append(float(value))
+    stats: dict[str, float] = {}
+    for name, observed in sorted(values.items()):
+        stats.update({f"harness/{name}/mean": sum(observed) / len(observed), f"harness/{name}/min": min(observed),
+                      f"harness/{name}/max": max(observed), f"harness/{name}/count": float(len(observed))})
+    return stats
 
 
 def _count_sorted(values: Sequence[int], counts: Counter) -> None:
@@ -66,22 +89,36 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
         value = metrics.get(key)
         return "-" if value is None else format(value, spec)
 
+    total = metrics.get("progress/total_steps")
+    eta = metrics.get("progress/eta_s")
+    of = f"/{total:.0f}" if total else ""
+    remaining = f" | eta {_duration(eta)}" if eta is not None else ""
     return (
-        f"step {step:>4} | reward {get('reward/mean')} ± {get('reward/std')} | staleness mean "
+        f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')} | staleness mean "
         f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} "
         f"ahead {get('rollout/lead_batches', '.2f')} | "
         f"samples/s {get('perf/samples_per_s', '.1f')} | tok/s {get('perf/tokens_per_s', '.0f')} | "
         f"idle trainer {get('perf/trainer_idle_frac', '.2f')} rollout {get('perf/rollout_idle_frac', '.2f')} | "
-        f"sync {get('weight_sync/total_s', '.3f')}s"
+        f"sync {get('weight_sync/total_s', '.3f')}s{remaining}"
     )
+
+
+def _duration(seconds: float) -> str:
+    """`1h02m`, `3m05s` or `42s`."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class MetricsSink:
     """Writes each step's metrics to a JSONL file and to the optional loggers that were asked for."""
 
     def __init__(self, path: Path | None, tensorboard_dir: Path | None = None,
-                 wandb_project: str | None = None) -> None:
+                 wandb_project: str | None = None, rollout_samples: RolloutSamples | None = None) -> None:
+        """`rollout_samples`: where decoded episodes of some steps go (`fullasync.samples`); None: nowhere."""
         self.path = path
+        self.rollout_samples = rollout_samples
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")  # one file per run
@@ -105,6 +142,11 @@ class MetricsSink:
                 self._tensorboard.add_scalar(key, value, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
+
+    def samples(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> None:
+        """The step's episodes, decoded, when this step is one whose samples are kept."""
+        if self.rollout_samples is not None and self.rollout_samples.due(step):
+            self.rollout_samples.write(step, groups, trainer_version)
 
     def rewrite(self, history: Sequence[Mapping[str, Any]]) -> None:
         """Start the JSONL file over with `history` (steps 1..N): a resumed run drops the steps after its checkpoint."""

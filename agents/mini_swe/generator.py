@@ -128,10 +128,12 @@ class MiniSweAgentGenerator(HarnessGenerator):
             outcome = await self.run_harness(self.episode_spec(episode, row, sandbox), MiniSweOutcome,
                                              self.config.episode_timeout_s)
             self.exit_statuses[outcome.exit_status] += 1
+            self.log(episode, f"exit/{outcome.exit_status}", 1)  # per step: how many episodes ended so
             if outcome.error and outcome.exit_status not in SCORED_ERRORS:
                 raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome.error}\n"
                                    f"{outcome.traceback[-2000:]}")
             self.model_calls.append(outcome.n_calls)
+            self.log(episode, "model_calls", outcome.n_calls)
             return await score(row, sandbox, self.config.score_timeout_s)
         finally:
             sandbox.remove()

@@ -105,11 +105,13 @@ class Terminus2Generator(HarnessGenerator):
                                          self.config.episode_timeout_s, files)
         status = outcome.exception_type or "Verified"
         self.exit_statuses[status] += 1
+        self.log(episode, f"exit/{status}", 1)  # per step: how many episodes ended so
         if status == "ContextLengthExceededError" and episode.client is not None and not episode.client.episode.calls:
             raise HarnessError(f"row {row.get('id')!r}: Terminus-2's first prompt does not fit the policy's context "
                                "(harbor's prompt alone is ~1,600 tokens of the tiny tokenizer): raise "
                                "engine.max_model_len and TerminusConfig.context_length")
         reward = outcome_reward(outcome, row.get("id"))
         self.turns.append(outcome.n_turns or 0)
+        self.log(episode, "turns", outcome.n_turns or 0)
         self.last_outcome = outcome
         return reward

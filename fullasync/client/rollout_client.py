@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class Episode:
         self.turns: list[TurnState] = []
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
+        self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order
 
     def note_versions(self, versions: tuple[int, ...]) -> None:
         """Versions of a segment's tokens as the engine returns them (the rollouter stops rows by the oldest)."""
@@ -139,6 +141,18 @@ class RolloutClient:
     def trajectory(self, reward: float, metadata: Mapping[str, Any] | None = None) -> Trajectory:
         """The episode's recorded calls as a `Trajectory` with `reward`."""
         return Trajectory(calls=tuple(self.episode.calls), reward=float(reward), metadata=dict(metadata or {}))
+
+    def log(self, name: str, value: float) -> None:
+        """Record one observation of the harness's own metric `name` (turns, tool errors, an exit status as 0/1, …).
+
+        The run aggregates every observation of a train step's episodes under `harness/<name>/{mean,min,max,count}`,
+        beside the numeric fields of each `Trajectory.metadata` (`fullasync.metrics.harness_stats`)."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"client.log: the metric name must be a non-empty string, got {name!r}")
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"client.log({name!r}, {value!r}): the value must be a finite number (a bool counts "
+                             "as 0 or 1)")
+        self.episode.logged.append((name.strip(), float(value)))
 
     def close(self) -> None:
         """Forget the episode's engine binding (its recorded calls stay readable)."""

@@ -19,6 +19,7 @@ rows in dataset order) and whose children are the row tasks; each row task runs 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
+from fullasync.metrics import HARNESS_METRICS_KEY
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_reason
 from fullasync.rollout.staleness import StalenessManager
@@ -76,6 +78,15 @@ class RolloutReport:
 
 class RolloutCrashedError(RuntimeError):
     """The rollouter itself failed (not a harness): the run cannot go on; the message names the row."""
+
+
+def with_logged(trajectory: Trajectory, logged: list[tuple[str, float]]) -> Trajectory:
+    """`trajectory` with the metrics its harness logged through the client (`RolloutClient.log`) in its metadata."""
+    if not logged:
+        return trajectory
+    earlier = tuple(trajectory.metadata.get(HARNESS_METRICS_KEY, ()))
+    metadata = {**trajectory.metadata, HARNESS_METRICS_KEY: earlier + tuple(logged)}
+    return dataclasses.replace(trajectory, metadata=metadata)
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:
@@ -339,10 +350,10 @@ class Rollouter:
         try:
             async with asyncio.timeout(self.settings.episode_timeout_s):  # in this task: no task of its own
                 result = await self.run_harness(client, row)
-            if isinstance(result, Trajectory):
-                return result
             if isinstance(result, (int, float)) and not isinstance(result, bool):
-                return client.trajectory(float(result))
+                result = client.trajectory(float(result))
+            if isinstance(result, Trajectory):
+                return with_logged(result, client.episode.logged)
             raise TypeError(f"rollout_fn must return a float reward or a Trajectory, got {type(result).__name__}")
         except asyncio.CancelledError:
             raise

@@ -21,7 +21,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
-from fullasync.metrics import MetricsSink, format_line, generation_stats, reward_stats, token_staleness
+from fullasync.metrics import (
+    MetricsSink,
+    format_line,
+    generation_stats,
+    harness_stats,
+    reward_stats,
+    token_staleness,
+)
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import BatchT, GroupQueue, Trainer
@@ -215,6 +222,7 @@ class TrainingLoop(Generic[BatchT]):
         metrics.update(reward_stats(groups))
         metrics.update(token_staleness(groups, version))
         metrics.update(generation_stats(groups))
+        metrics.update(harness_stats(groups))
         result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
         stats = await self.queue.stats()
         report = self.rollouter.report()
@@ -228,6 +236,9 @@ class TrainingLoop(Generic[BatchT]):
             "perf/rollout_idle_frac": report.idle_fraction,
             "rollout/lead_batches": report.lead_rows / self.batch_size,
             "perf/samples_per_s": result.trained_samples / elapsed,
+            "progress/total_steps": float(self.total_steps),
+            **({"progress/eta_s": elapsed / result.steps * (self.total_steps - result.steps)} if self.total_steps
+               else {}),
             "perf/tokens_per_s": (self._tokens + metrics["rollout/output_tokens"]) / elapsed,
             "weight_sync/total_s": timing.total_s,
             "weight_sync/pause_s": timing.pause_s,
@@ -238,4 +249,5 @@ class TrainingLoop(Generic[BatchT]):
         self._tokens += metrics["rollout/output_tokens"]
         result.history.append(metrics)
         self.sink.write(result.steps, metrics)
+        self.sink.samples(result.steps, groups, version)
         step_log.info(format_line(result.steps, metrics))

@@ -36,3 +36,6 @@ async def test_a_fully_async_run_trains_on_mini_swe_agent_episodes_with_pushes_m
     result = await train_fully_async(held, tiny_model_path, tmp_path, generator, train)
     assert_pushes_landed_mid_episode(result, generator, held)
     assert generator.exit_statuses["Submitted"] >= 4 and generator.exit_statuses["LimitsExceeded"] >= 1
+    for step in result.history:  # the adapter's own metrics: one exit status and one call count per trained episode
+        exits = sum(value for key, value in step.items() if key.startswith("harness/exit/") and key.endswith("/count"))
+        assert exits == step["harness/model_calls/count"] == step["rollout/samples"], step

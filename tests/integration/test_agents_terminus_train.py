@@ -38,3 +38,6 @@ async def test_a_fully_async_run_trains_on_terminus_episodes_with_pushes_mid_epi
     assert_pushes_landed_mid_episode(result, generator, held)
     statuses = generator.exit_statuses
     assert set(statuses) <= {"Verified", "ContextLengthExceededError"} and statuses["Verified"] >= 4, statuses
+    for step in result.history:  # the adapter's own metrics: one exit status and one turn count per trained episode
+        exits = sum(value for key, value in step.items() if key.startswith("harness/exit/") and key.endswith("/count"))
+        assert exits == step["harness/turns/count"] == step["rollout/samples"], step

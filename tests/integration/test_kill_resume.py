@@ -34,7 +34,7 @@ ARGS = ["total_steps=0", "data.epochs=1", "rollout.batch_size=4", "rollout.n=4",
         "checkpoint.keep=2", "val_samples_per_row=8", "seed=3"]
 FINAL = {"trained", "filtered", "failed", "too_stale"}
 RUN_TIMEOUT_S = 1800  # a bound on a hang: a run takes a few minutes
-STEP_LINE = re.compile(r"step +\d+ \| reward")  # a trained step's log line (not "resumed from ...: step N")
+STEP_LINE = re.compile(r"step +\d+(?:/\d+)? \| reward")  # a trained step's log line (not "resumed from ...: step N")
 
 # `fullasync train`, whose checkpoint saves hold while the file $HOLD_SAVE exists: the save has written the
 # trainer's part into its temporary directory and not yet the rest (the manifest last), and announces that it

@@ -8,8 +8,11 @@ timing; that partial rollouts resume is asserted in test_training_loop with answ
 
 from __future__ import annotations
 
+import json
+
 from fullasync.api import AsyncAgentTrainer
 from fullasync.config import RunConfig
+from fullasync.report import write_report
 
 MARGIN = 0.15
 
@@ -20,3 +23,13 @@ async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster,
     assert result.steps == config.total_steps == 60
     assert result.max_token_staleness <= 2
     assert result.val_after - result.val_before >= MARGIN, (result.val_before, result.val_after)
+    # what the run wrote for a person to read: decoded episodes every logging.samples_every (10) steps
+    written = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
+    assert written == [f"step_{step}.jsonl" for step in (10, 20, 30, 40, 50, 60)]
+    episodes = [json.loads(line) for line in (tmp_path / "rollouts" / "step_60.jsonl").read_text().splitlines()]
+    assert len(episodes) == config.rollout.batch_size * config.rollout.n
+    call = episodes[0]["calls"][0]
+    assert "+" in call["prompt"] and call["completion"] and call["completion_tokens"] > 0
+    assert 0 <= call["staleness"] <= 2 and episodes[0]["reward"] in (0.0, 1.0)
+    page = write_report(tmp_path)  # `fullasync report` on this run's output
+    assert {"reward.png", "staleness_histogram.png", "throughput.png"} <= {p.name for p in page.parent.iterdir()}

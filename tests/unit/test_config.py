@@ -27,7 +27,8 @@ CONFIGS = (RunConfig, *EXAMPLES)
 # What a resumed run may set differently from its checkpoint (fields, or whole sections ending in ".").
 RESUME_MAY_CHANGE = (
     "total_steps", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint", "tensorboard",
-    "wandb_project", "worker_logs", "checkpoint.", "engine.", "rollout.episode_timeout_s", "rollout.resume_timeout_s",
+    "wandb_project", "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
+    "rollout.resume_timeout_s",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads",
     "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
 )
@@ -59,7 +60,7 @@ def test_fullasync_train_help_prints_every_field_and_exits_0():
     done = subprocess.run([sys.executable, "-m", "fullasync.cli", "train", "--help"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: fullasync {train}") and "fullasync train --cfg job" in done.stdout
+    assert done.stdout.startswith("usage: fullasync train") and "fullasync train --cfg job" in done.stdout
     assert all(f"  {f.name}: " in done.stdout for f in config_fields(RunConfig()))
 
 

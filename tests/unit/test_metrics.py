@@ -28,3 +28,45 @@ def test_jsonl_and_tensorboard_sinks(tmp_path):
     assert lines == [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.75}]
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
     assert "reward 0.750" in format_line(2, {"reward/mean": 0.75, "reward/std": 0.1})
+
+
+def test_the_step_line_shows_progress_and_the_time_left():
+    line = format_line(3, {"progress/total_steps": 60.0, "progress/eta_s": 125.4, "rollout/lead_batches": 2.5})
+    assert line.startswith("step    3/60 |") and line.endswith("| eta 2m05s") and "ahead 2.50" in line
+    assert format_line(3, {}).startswith("step    3 |") and "eta" not in format_line(3, {})  # total_steps = 0
+
+
+def test_harness_metrics_aggregate_logged_values_and_numeric_metadata():
+    from fullasync.metrics import HARNESS_METRICS_KEY, harness_stats
+
+    call = ModelCall((1,), (5,), (-0.1,), (0,), FinishReason.STOP)
+    episodes = [Trajectory((call,), 1.0, {"turns": 3, "solved": True, "exit": "Submitted",
+                                          HARNESS_METRICS_KEY: (("tool_errors", 2.0), ("tool_errors", 0.0))}),
+                Trajectory((call,), 0.0, {"turns": 5, "solved": False, "nan": float("nan")})]
+    stats = harness_stats([TrajectoryGroup("r", tuple(episodes))])
+    assert stats["harness/turns/mean"] == 4 and stats["harness/turns/min"] == 3 and stats["harness/turns/max"] == 5
+    assert stats["harness/solved/mean"] == 0.5 and stats["harness/turns/count"] == 2
+    assert stats["harness/tool_errors/count"] == 2 and stats["harness/tool_errors/mean"] == 1.0
+    assert not any("exit" in key or "nan" in key for key in stats)  # text and non-finite values are not metrics
+
+
+def test_rollout_samples_are_decoded_per_call_every_nth_step(tmp_path):
+    from fullasync.samples import RolloutSamples
+
+    class Letters:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    sink = MetricsSink(None, rollout_samples=RolloutSamples(tmp_path / "rollouts", Letters(), every=2))
+    first = ModelCall((0, 1), (2, 3), (-0.1, -0.2), (4, 5), FinishReason.STOP, num_resumes=1)
+    second = ModelCall((0, 1, 2, 3, 7), (4,), (-0.3,), (6,), FinishReason.LENGTH)
+    groups = [TrajectoryGroup("row-9", (Trajectory((first, second), 0.5, {"turns": 2}),))]
+    sink.samples(1, groups, trainer_version=6)
+    sink.samples(2, groups, trainer_version=6)
+    assert [p.name for p in (tmp_path / "rollouts").iterdir()] == ["step_2.jsonl"]
+    (episode,) = [json.loads(line) for line in (tmp_path / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert episode["row_id"] == "row-9" and episode["reward"] == 0.5 and episode["metadata"] == {"turns": 2}
+    assert [(c["prompt"], c["completion"]) for c in episode["calls"]] == [("ab", "cd"), ("abcdh", "e")]
+    assert [(c["versions"], c["staleness"], c["resumed"]) for c in episode["calls"]] == [([4, 5], 2, 1),
+                                                                                         ([6, 6], 0, 0)]
+    assert episode["calls"][1]["finish_reason"] == "length" and episode["calls"][1]["prompt_tokens"] == 5

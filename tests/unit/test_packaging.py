@@ -39,3 +39,60 @@ def test_verls_external_module_hook_is_given_the_installed_name():
     from fullasync_patches import verl_cpu  # imports torch, not verl
 
     assert verl_cpu.MODULE_NAME == verl_cpu.__name__ == "fullasync_patches.verl_cpu"
+
+
+def test_a_wheel_builds_with_the_license_extras_and_every_package(tmp_path):
+    import email.parser
+    import zipfile
+
+    import fullasync
+
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = tmp_path.glob("fullasync-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
+    assert metadata["Version"] == fullasync.__version__
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert {"agents", "tracking", "gpu"} <= set(metadata.get_all("Provides-Extra"))
+    for module in ("fullasync/cli.py", "fullasync/doctor.py", "fullasync_agents/__init__.py",
+                   "fullasync_patches/verl_cpu.py", "fullasync/models/chat_template.jinja"):
+        assert module in names, f"{module} missing from the wheel"
+
+
+def test_version_flag_prints_the_package_version():
+    import fullasync
+
+    done = subprocess.run([sys.executable, "-m", "fullasync.cli", "--version"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == f"fullasync {fullasync.__version__}"
+
+
+def test_doctor_compares_installed_versions_with_the_lock(tmp_path):
+    from importlib.metadata import version
+
+    from fullasync import doctor
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"pytest=={version('pytest')}\n# a comment\n")
+    assert doctor.lock_check(lock).status == "ok"
+    lock.write_text(f"pytest=={version('pytest')}\nno-such-distribution==1.0\npluggy==0.0.1\n")
+    check = doctor.lock_check(lock)
+    assert check.status == "warn" and "1 missing, 1 at other versions" in check.detail
+    assert "pluggy" in check.detail and "make setup" in check.detail
+    assert doctor.lock_check(tmp_path / "absent.txt").status == "warn"
+
+
+def test_doctor_names_an_unwritable_cache_and_how_to_fix_it(tmp_path):
+    from fullasync import doctor
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    check = doctor.cache_check(blocker / "cache")
+    assert check.status == "FAIL" and "FULLASYNC_CACHE_DIR" in check.detail
+    assert doctor.cache_check(tmp_path / "cache").status in ("ok", "warn")
+    assert doctor.loopback_check().status == "ok"

@@ -199,3 +199,36 @@ def test_the_run_owns_the_gateway_of_a_harness_that_uses_one(tmp_path):
     assert gateway._http is None  # stopped when the run ended
     plain, _ = asyncio.run(main(answer))
     assert plain.gateway is None  # a plain function needs no gateway
+
+
+def test_what_a_harness_logs_reaches_the_step_metrics(tmp_path):
+    import pytest
+
+    async def logging_harness(client, row) -> float:
+        await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=row["length"],
+                                        extra_body={"ignore_eos": True})
+        client.log("tool_errors", 1)
+        client.log("tool_errors", 3.0)
+        client.log("submitted", True)
+        with pytest.raises(ValueError, match="finite number"):
+            client.log("broken", float("inf"))
+        with pytest.raises(ValueError, match="non-empty string"):
+            client.log(" ", 1.0)
+        return 1.0
+
+    async def main():
+        engines = [SimulatedEngine("sim-0", COST)]
+        settings = RunSettings(max_staleness=1, batch_size=2, total_steps=2, queue_in_process=True, rollout=SETTINGS)
+        sink = MetricsSink(tmp_path / "m.jsonl")
+        run = await assemble(engines=engines, trainer=SimulatedTrainer(TrainCost(1e-4, 1e-3), 1),
+                             service=service_on(engines), rollout_fn=logging_harness, settings=settings, sink=sink)
+        try:
+            return await run.execute(rows(8))
+        finally:
+            await asyncio.gather(*(e.shutdown() for e in engines))
+
+    result = run_virtual(main)
+    assert result.steps == 2 and result.episode_failures == 0
+    for step in result.history:  # 2 groups x 2 episodes per step, each logged twice / once
+        assert step["harness/tool_errors/count"] == 8 and step["harness/tool_errors/mean"] == 2.0
+        assert step["harness/submitted/mean"] == 1.0 and step["harness/submitted/count"] == 4

@@ -1,0 +1,52 @@
+"""`fullasync report`: a run's curves and page from its metrics.jsonl, and a clear error where there is no run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fullasync.report import ReportError, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_run(directory: Path, steps: int, finished: bool) -> None:
+    lines = []
+    for step in range(1, steps + 1):
+        metrics = {"step": step, "reward/mean": step / steps, "staleness/mean": 1.2, "staleness/max": 2.0,
+                   "staleness/frac_gap_1": 0.8, "staleness/frac_gap_2": 0.2, "perf/samples_per_s": 7.0,
+                   "queue/size": 3.0, "harness/turns/mean": 2.5}
+        if step == steps:
+            metrics["val/accuracy"] = 0.5
+        lines.append(json.dumps(metrics))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if finished:
+        (directory / "result.json").write_text(json.dumps({"steps": steps, "val_before": 0.1, "val_after": 0.5,
+                                                           "row_outcomes": {"row-0": "trained"}}))
+
+
+def test_the_report_draws_what_the_run_measured(tmp_path):
+    write_run(tmp_path, steps=6, finished=True)
+    page = write_report(tmp_path)
+    assert page == tmp_path / "report" / "index.html"
+    drawn = {p.name for p in page.parent.glob("*.png")}
+    assert drawn == {"reward.png", "staleness.png", "staleness_histogram.png", "throughput.png", "queue.png",
+                     "harness.png"}  # no idle or weight-push figure: the run did not record those
+    text = page.read_text()
+    assert all(f"<img src='{name}'" in text for name in drawn)
+    assert "val_after" in text and "row-0" not in text  # the summary, not the per-row account
+
+
+def test_a_run_still_going_is_reported_and_an_empty_directory_is_refused(tmp_path):
+    write_run(tmp_path / "run", steps=2, finished=False)
+    assert "has not finished" in write_report(tmp_path / "run").read_text()
+    with pytest.raises(ReportError, match="metrics.jsonl does not exist"):
+        write_report(tmp_path / "nothing")
+    done = subprocess.run([sys.executable, "-m", "fullasync.cli", "report", str(tmp_path / "nothing")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "pass the output_dir of a run" in done.stderr
