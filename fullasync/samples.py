@@ -19,7 +19,9 @@ from fullasync.types import ModelCall, Trajectory, TrajectoryGroup
 
 
 class Decoder(Protocol):
-    def decode(self, ids: Any, skip_special_tokens: bool = ...) -> str: ...
+    """A tokenizer's `decode` (a flat list of ids gives one string)."""
+
+    def decode(self, token_ids: list[int], /, skip_special_tokens: bool = ...) -> str | list[str]: ...
 
 
 class RolloutSamples:
@@ -56,8 +58,8 @@ class RolloutSamples:
     def _call(self, call: ModelCall, trainer_version: int) -> dict[str, Any]:
         versions = call.output_versions
         return {
-            "prompt": self.tokenizer.decode(list(call.prompt_ids), skip_special_tokens=False),
-            "completion": self.tokenizer.decode(list(call.output_ids), skip_special_tokens=False),
+            "prompt": str(self.tokenizer.decode(list(call.prompt_ids), skip_special_tokens=False)),
+            "completion": str(self.tokenizer.decode(list(call.output_ids), skip_special_tokens=False)),
             "prompt_tokens": len(call.prompt_ids), "completion_tokens": len(call.output_ids),
             "finish_reason": call.finish_reason.value,
             "versions": [min(versions), max(versions)] if versions else [],
