@@ -17,6 +17,11 @@ of trained samples in every run (the example's `total_steps` × 64), and reads e
 `--busy` runs two busy loops (one per core, at the driver's niceness) beside every run, which changes
 the generation/training speed ratio as a loaded machine does; its runs are separate cells ("+busy").
 
+Length bias: each run writes `rows.jsonl` (every row's outcome and what it generated); the second table
+pools a cell's seeds, sorts its rows by output tokens into deciles and gives each decile's share trained,
+dropped as too stale, and with a call resumed after a push — whether staleness control trains the short
+episodes and drops the long ones.
+
 Resumable per (cell, seed): a run whose summary.json exists is not run again (outputs/learning_parity/
 <cell>/seed<S>/). After every run the table (held-out F1 before/after, gain mean ± SE over seeds with
 each seed's gain ± its SE over questions, trained-token staleness, training wall time, trained
@@ -148,6 +153,37 @@ def render() -> str:
     return "\n".join(rows)
 
 
+def length_bias() -> str:
+    """Per cell (seeds pooled): rows that stopped running, in deciles of output tokens, and the share of each
+    decile trained, dropped as too stale, and with a call resumed after a push (from each run's rows.jsonl)."""
+    lines = ["| cell | rows | tokens per row: generated → trained (mean) | share trained per length decile "
+             "(shortest → longest) | share dropped as too stale per decile | share with a resumed call per decile |",
+             "|---|---|---|---|---|---|"]
+    for label in sorted(p.name for p in OUT.iterdir() if p.is_dir()) if OUT.exists() else []:
+        rows = [json.loads(line) for path in sorted((OUT / label).glob("seed*/rows.jsonl"))
+                for line in path.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r["outcome"] != "unfinished"]  # cut off by the end of the run, not by a policy
+        if len(rows) < 10:
+            continue
+        rows.sort(key=lambda r: r["output_tokens"])
+        deciles = [rows[len(rows) * d // 10:len(rows) * (d + 1) // 10] for d in range(10)]
+
+        def shares(test: Any, deciles: list[list[dict[str, Any]]] = deciles) -> str:
+            return " ".join(f"{sum(map(test, part)) / len(part):.2f}" for part in deciles)
+
+        trained = [r for r in rows if r["outcome"] == "trained"]
+        lines.append(
+            f"| {label} | {len(rows)} | {statistics.fmean(r['output_tokens'] for r in rows):.0f} → "
+            f"{statistics.fmean(r['output_tokens'] for r in trained) if trained else float('nan'):.0f} "
+            f"| {shares(lambda r: r['outcome'] == 'trained')} | {shares(lambda r: r['outcome'] == 'too_stale')} "
+            f"| {shares(lambda r: r['resumed_calls'] > 0)} |")
+    return "\n".join(lines)
+
+
+def page() -> str:
+    return render() + "\n\n### Length bias\n\n" + length_bias()
+
+
 def write_doc(table: str) -> None:
     text = DOC.read_text() if DOC.exists() else "# Learning parity (deepresearch)\n\n" + BEGIN + "\n" + END + "\n"
     head, rest = text.split(BEGIN, 1)
@@ -170,8 +206,8 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             for cell in cells:
                 run_one(cell, seed, args.busy)
-                write_doc(render())
-    table = render()
+                write_doc(page())
+    table = page()
     write_doc(table)
     print(table)
 

@@ -245,6 +245,7 @@ class AsyncAgentTrainer:
             if cfg.save_checkpoint and not result.interrupted:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))
             write_result(output_dir / "result.json", result)
+            write_rows(output_dir / "rows.jsonl", run.rollouter.ledger.row_records())
             return result
         finally:
             sink.close()
@@ -270,6 +271,12 @@ def _stop_on_signals(run: Run) -> Iterator[None]:
     finally:
         for signum in handled:
             loop.remove_signal_handler(signum)
+
+
+def write_rows(path: Path, records: list[dict[str, Any]]) -> None:
+    """Every row's outcome and what it generated (episodes, calls, output tokens, resumed calls), one per line:
+    what the length-bias account reads (which rows were generated, trained, dropped or resumed, by length)."""
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
 
 
 def write_result(path: Path, result: LoopResult) -> None:

@@ -232,3 +232,34 @@ def test_what_a_harness_logs_reaches_the_step_metrics(tmp_path):
     for step in result.history:  # 2 groups x 2 episodes per step, each logged twice / once
         assert step["harness/tool_errors/count"] == 8 and step["harness/tool_errors/mean"] == 2.0
         assert step["harness/submitted/mean"] == 1.0 and step["harness/submitted/count"] == 4
+
+
+def test_every_row_that_ran_is_accounted_with_what_it_generated():
+    async def varied(client, row) -> float:  # long and short episodes: some rows outlast the bound and are dropped
+        await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=row["length"],
+                                        extra_body={"ignore_eos": True})
+        return float(client.episode.id.endswith("/0"))
+
+    async def main():
+        engines = [SimulatedEngine("sim-0", DecodeCost(step_base_s=1e-3, step_per_seq_s=0.0, max_num_seqs=4,
+                                                       push_s=1e-3))]
+        settings = RunSettings(max_staleness=1, batch_size=2, total_steps=6, queue_in_process=True, rollout=SETTINGS)
+        run = await assemble(engines=engines, trainer=SimulatedTrainer(TrainCost(1e-4, 1e-3), 1),
+                             service=service_on(engines), rollout_fn=varied, settings=settings,
+                             sink=MetricsSink(None))
+        try:
+            result = await run.execute((f"row-{i}", {"length": 400 if i % 3 == 0 else 8}) for i in range(60))
+        finally:
+            await asyncio.gather(*(e.shutdown() for e in engines))
+        return run, result
+
+    run, result = run_virtual(main)
+    records = {r["row_id"]: r for r in run.rollouter.ledger.row_records()}
+    assert set(records) == set(result.row_outcomes)  # every row that ran, once
+    assert {r["outcome"] for r in records.values()} == set(result.row_outcomes.values())
+    trained = [r for r in records.values() if r["outcome"] == "trained"]
+    assert len(trained) == 6 * 2 and all(r["episodes"] == SETTINGS.n and r["calls"] == SETTINGS.n for r in trained)
+    assert sum(r["output_tokens"] for r in trained) == sum(step["rollout/output_tokens"] for step in result.history)
+    stale = [r for r in records.values() if r["outcome"] == "too_stale"]
+    # a group dropped at hand-over keeps what it generated; a row stopped mid-call counts its completed calls only
+    assert any(r["episodes"] == SETTINGS.n and r["output_tokens"] > 0 for r in stale)
