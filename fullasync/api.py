@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib
 import json
 import logging
 import signal
@@ -25,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig
 from fullasync.config_fields import shared_settings
+from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.logs import configure_logging
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
+from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import check_rollout_fn, settled_heap
@@ -41,17 +42,6 @@ if TYPE_CHECKING:
     from fullasync.trainer.verl_trainer import VerlTrainer
 
 log = logging.getLogger("fullasync")
-
-
-def resolve_dotted(path: str, what: str) -> Any:
-    """`package.module:name` → the object; the error says what was looked for."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{what}={path!r} must look like 'package.module:name'")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{what}={path!r} could not be resolved: {error}") from error
 
 
 # Fields of the `engine` section that are the run's, not an engine's (every other one is a VLLMEngineConfig field).
@@ -82,6 +72,34 @@ def client_config(config: RunConfig) -> ClientConfig:
     )
 
 
+def resolve_model_path(config: RunConfig) -> str:
+    """The directory engines and trainer load: `model.path` resolved (a named model is converted and cached
+    on first use) with `model.chat_template` applied; raises here if template and tool parser do not fit."""
+    from fullasync.client.tool_parsers import make_tool_parser
+    from fullasync.models import PRETRAINED_MODELS, build_pretrained_model, check_chat_setup, with_chat_template
+
+    model = config.model
+    model.validate()
+    if model.path == BUILTIN_MODEL:
+        from fullasync.tasks.warmup import build_warm_policy
+
+        base = build_warm_policy()
+    elif model.path in PRETRAINED_MODELS:
+        base = build_pretrained_model(model.path)
+    elif Path(model.path).is_dir():
+        base = Path(model.path)
+    elif looks_like_hub_id(model.path):
+        base = resolve_hub_model(model.path, model.revision)
+    else:
+        raise InvalidModelError(f"model.path={model.path!r} is not a local model directory, a hub ID (org/name), "
+                                f"{BUILTIN_MODEL} or a named model ({', '.join(sorted(PRETRAINED_MODELS))})")
+    path = with_chat_template(base, model.chat_template)
+    check_chat_setup(load_tokenizer(path), make_tool_parser(model.tool_parser),
+                     f"model.chat_template={model.chat_template}" if model.chat_template
+                     else f"the chat template of {model.path}")
+    return str(path)
+
+
 def _row_id(row: Any, index: int) -> str:
     if isinstance(row, dict) and "id" in row:
         return str(row["id"])
@@ -105,16 +123,17 @@ class AsyncAgentTrainer:
             raise ValueError("no rollout_fn: pass rollout_fn=..., or set data.rollout_fn=package.module:name, "
                              "or data.task=arithmetic")
         if train_dataset is None and task_train is None and not config.data.train_dataset:
-            raise ValueError("no training rows: pass train_dataset=..., or set data.train_dataset=package.module:name, "
+            raise ValueError("no training rows: pass train_dataset=..., or set data.train_dataset (a file, a dataset "
+                             "or package.module:name), "
                              "or data.task=arithmetic")
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
         check_rollout_fn(self.rollout_fn)
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
         if train is None:
-            train = resolve_dotted(config.data.train_dataset, "data.train_dataset")()
+            train = load_rows(config.data.train_dataset, "data.train_dataset")
         if val is None and config.data.val_dataset:
-            val = resolve_dotted(config.data.val_dataset, "data.val_dataset")()
+            val = load_rows(config.data.val_dataset, "data.val_dataset", default_split=None)
         self.train_rows = list(train)
         if config.data.max_train_rows:
             self.train_rows = self.train_rows[:config.data.max_train_rows]
@@ -134,29 +153,8 @@ class AsyncAgentTrainer:
         return None, None, None
 
     def model_path(self) -> str:
-        """The directory engines and trainer load: `model.path` resolved (a named model is converted and cached
-        on first use) with `model.chat_template` applied; raises here if template and tool parser do not fit."""
-        from fullasync.client.tool_parsers import make_tool_parser
-        from fullasync.models import PRETRAINED_MODELS, build_pretrained_model, check_chat_setup, with_chat_template
-
-        model = self.config.model
-        model.validate()
-        if model.path == BUILTIN_MODEL:
-            from fullasync.tasks.warmup import build_warm_policy
-
-            base = build_warm_policy()
-        elif model.path in PRETRAINED_MODELS:
-            base = build_pretrained_model(model.path)
-        elif Path(model.path).is_dir():
-            base = Path(model.path)
-        else:
-            raise FileNotFoundError(f"model.path={model.path!r} is not a local model directory, {BUILTIN_MODEL} "
-                                    f"or a named model ({', '.join(sorted(PRETRAINED_MODELS))})")
-        path = with_chat_template(base, model.chat_template)
-        check_chat_setup(load_tokenizer(path), make_tool_parser(model.tool_parser),
-                         f"model.chat_template={model.chat_template}" if model.chat_template
-                         else f"the chat template of {model.path}")
-        return str(path)
+        """The directory engines and trainer load (`resolve_model_path`)."""
+        return resolve_model_path(self.config)
 
     def train(self) -> LoopResult:
         configure_logging()

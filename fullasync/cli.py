@@ -5,6 +5,8 @@
     fullasync train --cfg job                         # print the merged config and exit
     fullasync train --help                            # every field with its type, default and help
     fullasync train --hydra-help                      # Hydra's own options
+    fullasync eval model.path=outputs/run/checkpoint  # held-out score ± SE of a model through the harness
+    fullasync export outputs/run/checkpoints/step_00000030 my-model   # a step checkpoint as a Hugging Face folder
     fullasync doctor                                  # can this environment run fullasync? (how to fix what fails)
     fullasync report outputs/run                      # the run's curves: outputs/run/report/index.html and PNGs
     fullasync --version
@@ -25,7 +27,7 @@ from omegaconf import DictConfig
 from fullasync.config import RunConfig
 from fullasync.config_doc import HELP_FLAGS, exit_with_help_if_asked
 
-COMMANDS = ("train", "doctor", "report")
+COMMANDS = ("train", "eval", "export", "doctor", "report")
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped by a signal after saving a checkpoint
 
 
@@ -37,6 +39,7 @@ def _train(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
 
     from fullasync.api import AsyncAgentTrainer
+    from fullasync.models.hub import InvalidModelError
     from fullasync.run.checkpoint import IncompatibleCheckpointError
 
     config = OmegaConf.to_object(cfg)
@@ -48,6 +51,9 @@ def _train(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     try:
         result = trainer.train()
+    except InvalidModelError as error:
+        print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     except IncompatibleCheckpointError as error:
         print(f"fullasync: {error}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -64,6 +70,53 @@ def _train(cfg: DictConfig) -> None:
         failed = f" ({result.val_failed_episodes} validation episodes failed)" if result.val_failed_episodes else ""
         log.info("held-out accuracy: before %.3f → after %.3f (%+.3f)%s", result.val_before, result.val_after,
                  result.val_after - result.val_before, failed)
+
+
+def _eval(cfg: DictConfig) -> None:
+    """`fullasync eval`: the config's model on its held-out rows (data.val_dataset or the task's) through its
+    harness, `val_samples_per_row` episodes per row; the report goes to output_dir/eval.json."""
+    import asyncio
+
+    from omegaconf import OmegaConf
+
+    from fullasync.evaluation import evaluate_model
+    from fullasync.logs import configure_logging
+
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, RunConfig)
+    configure_logging()
+    try:
+        report = asyncio.run(evaluate_model(config))
+    except (ValueError, TypeError, FileNotFoundError) as error:
+        print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.getLogger("fullasync").info("%s: %s → %s/eval.json", config.model.path, report.line(),
+                                        config.output_dir)
+
+
+def _export(argv: list[str]) -> int:
+    import argparse
+    import asyncio
+    from pathlib import Path
+
+    from fullasync.export import export_checkpoint
+    from fullasync.logs import configure_logging
+
+    parser = argparse.ArgumentParser(prog="fullasync export", description="a step checkpoint of a run "
+                                     "(output_dir/checkpoints/step_N) as a Hugging Face model folder")
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory: output_dir/checkpoints/step_NNNNNNNN")
+    parser.add_argument("target", type=Path, help="a new or empty directory for the model")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="settings the checkpoint does not fix, e.g. trainer.worker_num_cpus=1")
+    args = parser.parse_args(argv)
+    configure_logging()
+    try:
+        target = asyncio.run(export_checkpoint(args.checkpoint, args.target, args.overrides))
+    except (ValueError, FileNotFoundError) as error:
+        print(f"fullasync export: {error}", file=sys.stderr)
+        return 2
+    print(f"fullasync export: {target}")
+    return 0
 
 
 def _report(argv: list[str]) -> int:
@@ -89,8 +142,9 @@ def _report(argv: list[str]) -> int:
 def main() -> None:
     import hydra
 
-    usage = ("usage: fullasync train [key=value ...] [--cfg job] [--help] [--hydra-help] | fullasync doctor | "
-             "fullasync report OUTPUT_DIR [--out DIR] | fullasync --version")
+    usage = ("usage: fullasync {train,eval} [key=value ...] [--cfg job] [--help] [--hydra-help] | "
+             "fullasync export CHECKPOINT DIR [key=value ...] | fullasync doctor | fullasync report OUTPUT_DIR "
+             "[--out DIR] | fullasync --version")
     examples = (__doc__ or "").split("\n", 2)[2]  # the lines after the docstring's title
     if len(sys.argv) == 2 and sys.argv[1] in HELP_FLAGS:
         print(f"{usage}\n\n{examples}", end="")
@@ -109,13 +163,16 @@ def main() -> None:
         raise SystemExit(doctor.run())
     if sys.argv[1:2] == ["report"]:
         raise SystemExit(_report(sys.argv[2:]))
+    if sys.argv[1:2] == ["export"]:
+        raise SystemExit(_export(sys.argv[2:]))
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         print(usage, file=sys.stderr)
         raise SystemExit(2)
     exit_with_help_if_asked(sys.argv[2:], RunConfig, f"{usage}\n\n{examples}")
-    sys.argv = [f"fullasync {sys.argv[1]}", *sys.argv[2:]]
+    command = sys.argv[1]
+    sys.argv = [f"fullasync {command}", *sys.argv[2:]]
     _register()
-    app = hydra.main(version_base=None, config_name="fullasync_train")(_train)
+    app = hydra.main(version_base=None, config_name="fullasync_train")(_eval if command == "eval" else _train)
     app()
 
 

@@ -33,8 +33,9 @@ class Mode(str, enum.Enum):
 
 @dataclass
 class ModelSection:
-    path: str = setting(BUILTIN_MODEL, "local HF model dir, builtin:arithmetic, or a named model "
-                        "(smollm2-135m-instruct)")
+    path: str = setting(BUILTIN_MODEL, "local HF model dir, a hub ID org/name (resolved through the HF cache; "
+                        "HF_HUB_OFFLINE=1 = cache only), builtin:arithmetic, or a named model (smollm2-135m-instruct)")
+    revision: str = setting("", "a hub model's branch, tag or commit (\"\" = main)")
     served_name: str = setting("policy", "the `model` name harnesses pass to the client (and the engines serve)")
     chat_template: str = setting("", "override the model's chat template: a Jinja file or a built-in name "
                                  "(chatml-tools); \"\" = the model's own")
@@ -85,9 +86,10 @@ class RolloutSection:
 class DataSection:
     task: str = setting("arithmetic", "built-in task providing data and rollout_fn; \"\" when both are given below")
     rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
-    train_dataset: str = setting("", "dotted path to a function returning an iterable of rows "
-                                 "(or a datasets.Dataset)")
-    val_dataset: str = setting("", "same, for validation rows")
+    train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
+                                 "save_to_disk folder[@split], a hub dataset org/name[:config][@split], or "
+                                 "package.module:function (fullasync.data)")
+    val_dataset: str = setting("", "same, for validation rows (a source with several splits needs @split)")
     epochs: int = setting(20, "passes over the training rows; the run ends at total_steps or when they are consumed")
     max_train_rows: int = setting(0, "train on the first this many rows only (0 = all)")
 

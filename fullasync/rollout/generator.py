@@ -29,7 +29,7 @@ import asyncio
 import os
 import signal
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -110,3 +110,18 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
         err.seek(0)
         return ProcessResult(process.pid, returncode, out.read().decode(errors="replace"),
                              err.read().decode(errors="replace"))
+
+
+RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
+
+
+async def run_harness(rollout_fn: RolloutFn, episode_context: OpenEpisode | None, client: RolloutClient,
+                      row: Any) -> Any:
+    """One episode of the user's harness on `client` (a plain function, or a `CustomGenerator`, which gets the
+    episode's context: `episode_context(client)` when the run opens episodes on a gateway, else the client only)."""
+    if not isinstance(rollout_fn, CustomGenerator):
+        return await rollout_fn(client, row)
+    if episode_context is None:
+        return await rollout_fn.generate(EpisodeContext(client.episode.id, client), row)
+    with episode_context(client) as episode:
+        return await rollout_fn.generate(episode, row)

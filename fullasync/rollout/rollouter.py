@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
 from fullasync.metrics import HARNESS_METRICS_KEY
-from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
+from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
@@ -39,9 +39,6 @@ __all__ = ["EpisodeFailure", "RolloutCrashedError", "RolloutFn", "RolloutReport"
            "RowOutcome", "failure_reason"]
 
 log = logging.getLogger("fullasync")
-
-RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
-
 
 class GroupSink(Protocol):
     """Where finished groups go (`fullasync.run.contracts.GroupQueue`; only `put` is used here)."""
@@ -338,12 +335,7 @@ class Rollouter:
 
     async def run_harness(self, client: RolloutClient, row: Any) -> Any:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
-        if not isinstance(self.rollout_fn, CustomGenerator):
-            return await self.rollout_fn(client, row)
-        if self.episode_context is None:
-            return await self.rollout_fn.generate(EpisodeContext(client.episode.id, client), row)
-        with self.episode_context(client) as episode:
-            return await self.rollout_fn.generate(episode, row)
+        return await run_harness(self.rollout_fn, self.episode_context, client, row)
 
     async def _run_episode(self, row_id: str, index: int, client: RolloutClient, row: Any) -> Trajectory | None:
         """The harness's result as a trajectory; None when it raised or timed out (counted, not trained)."""

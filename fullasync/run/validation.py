@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,15 @@ class ValidationResult:
     episodes: int
     failed: int  # episodes that raised or timed out
     first_error: str | None  # "row <index>: <error>" of the first failure, for the report
+    row_rewards: tuple[tuple[float, ...], ...] = ()  # per row, its episodes' rewards (failed ones 0)
+
+    @property
+    def stderr(self) -> float:
+        """Standard error of the score over rows (each row's mean is one observation; nan for one row)."""
+        means = [sum(rewards) / len(rewards) for rewards in self.row_rewards if rewards]
+        if len(means) < 2:
+            return float("nan")
+        return statistics.stdev(means) / math.sqrt(len(means))
 
 
 async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[Any], samples_per_row: int,
@@ -56,8 +67,9 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[
     rewards = await asyncio.gather(
         *(one(i, row, s) for (i, row), s in itertools.product(enumerate(rows), range(samples_per_row)))
     )
+    per_row = tuple(tuple(rewards[i * samples_per_row:(i + 1) * samples_per_row]) for i in range(len(rows)))
     result = ValidationResult(sum(rewards) / len(rewards), len(rewards), len(failures),
-                              failures[0] if failures else None)
+                              failures[0] if failures else None, per_row)
     if failures:
         log.warning("validation: %d of %d episodes failed (scored 0); first: %s", result.failed, result.episodes,
                     result.first_error)

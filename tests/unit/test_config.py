@@ -60,7 +60,7 @@ def test_fullasync_train_help_prints_every_field_and_exits_0():
     done = subprocess.run([sys.executable, "-m", "fullasync.cli", "train", "--help"], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: fullasync train") and "fullasync train --cfg job" in done.stdout
+    assert done.stdout.startswith("usage: fullasync {train,eval}") and "fullasync train --cfg job" in done.stdout
     assert all(f"  {f.name}: " in done.stdout for f in config_fields(RunConfig()))
 
 

@@ -1,0 +1,61 @@
+"""`fullasync export CHECKPOINT DIR`: any step checkpoint of a run as a Hugging Face model folder.
+
+Owns: rebuilding the run's configuration from the checkpoint's fingerprint (the fields a resumed run must share:
+the model, its chat template, the trainer's shape), loading the checkpoint's trainer state into a trainer of
+that shape, and writing the policy as a Hugging Face directory (config, safetensors, tokenizer) that
+`transformers`, vLLM and `fullasync eval model.path=DIR` load — plus `fullasync_export.json` naming the
+checkpoint, its step and weight version. The trainer is the run's own (verl, FSDP2), so the export holds exactly
+the weights the run trained at that step. Does not own: the checkpoint's format (`fullasync.run.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from fullasync.config import RunConfig
+from fullasync.run import checkpoint
+
+FINGERPRINT_ONLY = ("data.num_rows", "data.rows_sha256")  # a run's fingerprint entries that are not config fields
+
+
+def config_from_fingerprint(fingerprint: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
+    """The run's `RunConfig` as far as the fingerprint records it (other fields at their defaults), then
+    `overrides` (`key=value`, e.g. trainer.worker_num_cpus=1)."""
+    config = OmegaConf.structured(RunConfig)
+    for key, value in fingerprint.items():
+        if key not in FINGERPRINT_ONLY:
+            OmegaConf.update(config, key, value, merge=False)
+    config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides)))
+    built = OmegaConf.to_object(config)
+    assert isinstance(built, RunConfig)
+    return built
+
+
+async def export_checkpoint(checkpoint_dir: Path, target: Path, overrides: Sequence[str] = ()) -> Path:
+    """Write the policy of the checkpoint at `checkpoint_dir` to `target` (which must not hold files yet)."""
+    from fullasync.api import resolve_model_path
+    from fullasync.runtime import init_ray
+    from fullasync.trainer.verl_trainer import VerlTrainer
+
+    saved = checkpoint.load(checkpoint_dir)
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"{target} already holds files: export into a new or empty directory")
+    config = config_from_fingerprint(saved.fingerprint, overrides)
+    model_path = resolve_model_path(config)
+    init_ray(log_to_driver=config.worker_logs)
+    trainer = VerlTrainer(model_path, config.resolved_trainer())
+    await trainer.start()
+    try:
+        await trainer.load_state(str(saved.trainer_dir))
+        await trainer.save_checkpoint(str(target))
+    finally:
+        await trainer.shutdown()
+    (target / "fullasync_export.json").write_text(json.dumps({
+        "checkpoint": str(checkpoint_dir.resolve()), "step": saved.loop.steps, "weight_version": saved.loop.version,
+        "base_model": config.model.path}, indent=1) + "\n")
+    return target
