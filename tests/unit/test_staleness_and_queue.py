@@ -74,23 +74,24 @@ async def test_queue_back_pressure_and_partial_get_on_timeout():
 def test_adaptive_lead_moves_between_two_batches_and_the_bound():
     manager = StalenessManager(max_staleness=4, batch_size=4, max_running=100, version=lambda: 0,
                                generate_ahead="adaptive")
-    assert manager.lead_rows == 20  # it starts at the bound, (k + 1)·B
-    assert sum(manager.try_start() for _ in range(10)) == 10
-    manager.on_batch_request(ready=17)  # 12 more than B + B/4 = 5: shrinks by a quarter of that
-    assert manager.lead_rows == 17
-    for _ in range(10):
-        manager.on_batch_request(ready=40)
-    assert manager.lead_rows == 8  # never below two batches: the one in training and the next
-    assert not manager.try_start()  # 10 started, lead 8 (version 0): held back by the lead, not by the bound
-    manager.on_batch_request(ready=1)  # held back and short of 5 groups: grows by the shortfall
-    assert manager.lead_rows == 12
+    assert manager.lead_rows == 8  # it starts at two batches: the one in training and the next
+    assert sum(manager.try_start() for _ in range(10)) == 8  # held back by the lead, not by the bound (20)
+    manager.on_batch_request(ready=1)  # held back and short of B + B/4 = 5 groups: grows by the shortfall
+    assert manager.lead_rows == 12 and sum(manager.try_start() for _ in range(10)) == 4
+    manager.on_batch_request(ready=2)
+    assert manager.lead_rows == 15
     manager.on_batch_request(ready=0)  # short, but not held back since the last request: unchanged
-    assert manager.lead_rows == 12
+    assert manager.lead_rows == 15
     for _ in range(3):
         while manager.try_start():
             pass
         manager.on_batch_request(ready=0)
-    assert manager.lead_rows == 20 and manager.counts.started == 20  # never beyond the bound
+    assert manager.lead_rows == 20 and manager.counts.started == 20  # never beyond the bound (k + 1)·B
+    manager.on_batch_request(ready=17)  # 12 more than needed: shrinks by a quarter of that
+    assert manager.lead_rows == 17
+    for _ in range(10):
+        manager.on_batch_request(ready=40)
+    assert manager.lead_rows == 8  # never below two batches
 
 
 def test_bound_lead_is_the_staleness_formula_and_ignores_requests():
