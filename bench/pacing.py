@@ -46,7 +46,7 @@ def render(cells: list[tuple[str, int, int]], results: dict[tuple[str, int, int,
     first = next(iter(results.values())).spec
     lines = [
         f"Steps {first.warmup_steps + 1}–{first.steps} measured (the first {first.warmup_steps} fill the pipeline "
-        f"and let the adaptive lead settle from the bound). Whole run {elapsed_s:.0f} s of wall time; load "
+        f"and let the adaptive lead grow from two batches). Whole run {elapsed_s:.0f} s of wall time; load "
         f"average at the start {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}.",
         "",
         "| workload | G (bottleneck) | k | samples/s bound → adaptive | adaptive ÷ bound | mean staleness "
