@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fullasync.errors import InfraError
 from fullasync.rollout.processes import kill_tree
 
 
@@ -40,19 +41,32 @@ class Sandbox:
 
 
 def create_sandbox(row: dict[str, Any], parent: str | None = None) -> Sandbox:
-    """A fresh copy of the row's repository (`files` dict or `repo_dir` path) in a new temporary directory."""
-    sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="fullasync-episode-", dir=parent)))
-    if "repo_dir" in row:
-        shutil.copytree(row["repo_dir"], sandbox.repo, symlinks=True)
-    elif "files" in row:
-        for name, content in row["files"].items():
-            path = sandbox.repo / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-        sandbox.repo.mkdir(exist_ok=True)
-    else:
-        sandbox.remove()
+    """A fresh copy of the row's repository (`files` dict or `repo_dir` path) in a new temporary directory.
+
+    A row that names no repository is the row's fault (`SandboxError`); a copy the machine cannot make (a full or
+    unwritable disk) is the infrastructure's (`InfraError`: the episode runs again)."""
+    if "repo_dir" not in row and "files" not in row:
         raise SandboxError(f"row {row.get('id')!r} has neither 'files' nor 'repo_dir': say what repository to copy")
+    if "repo_dir" in row and not Path(row["repo_dir"]).is_dir():
+        raise SandboxError(f"row {row.get('id')!r}: repo_dir {row['repo_dir']!r} is not a directory")
+    try:
+        sandbox = Sandbox(Path(tempfile.mkdtemp(prefix="fullasync-episode-", dir=parent)))
+    except OSError as error:
+        raise InfraError(f"row {row.get('id')!r}: no sandbox directory could be made under "
+                         f"{parent or tempfile.gettempdir()}: {error}") from error
+    try:
+        if "repo_dir" in row:
+            shutil.copytree(row["repo_dir"], sandbox.repo, symlinks=True)
+        else:
+            for name, content in row["files"].items():
+                path = sandbox.repo / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+            sandbox.repo.mkdir(exist_ok=True)
+    except OSError as error:
+        sandbox.remove()
+        raise InfraError(f"row {row.get('id')!r}: its repository could not be copied into a sandbox: "
+                         f"{error}") from error
     return sandbox
 
 

@@ -17,16 +17,17 @@ import hashlib
 import json
 import logging
 import signal
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig
-from fullasync.config_fields import shared_settings
+from fullasync.config_fields import config_fields, shared_settings
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.logs import configure_logging
+from fullasync.logs import configure_logging, progress, progress_display
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
 from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
@@ -34,8 +35,9 @@ from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import check_rollout_fn, settled_heap
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
-from fullasync.runtime import init_ray
+from fullasync.runtime import describe_cluster, init_ray
 from fullasync.samples import RolloutSamples
+from fullasync.tracking import TrackingSettings, check_loggers, open_loggers
 
 if TYPE_CHECKING:
     from fullasync.engines.protocol import Engine
@@ -157,14 +159,21 @@ class AsyncAgentTrainer:
         return resolve_model_path(self.config)
 
     def train(self) -> LoopResult:
+        """Run the training in a new event loop; on a terminal with live progress bars (`progress_display`)."""
         configure_logging()
-        return asyncio.run(self.train_async())
+        with progress_display():
+            return asyncio.run(self.train_async())
 
     def _rows(self) -> Iterable[tuple[str, Any]]:
         for epoch in range(self.config.data.epochs):
             for index, row in enumerate(self.train_rows):
                 row_id = _row_id(row, index)
                 yield (row_id if self.config.data.epochs == 1 else f"{row_id}@{epoch}"), row
+
+    def tracking_settings(self) -> TrackingSettings:
+        section = self.config.logging
+        return TrackingSettings(tuple(section.loggers), section.project, section.run_name, section.offline,
+                                Path(self.config.output_dir))
 
     @property
     def checkpoint_root(self) -> Path:
@@ -192,16 +201,23 @@ class AsyncAgentTrainer:
         from fullasync.trainer.verl_trainer import VerlTrainer
 
         cfg = self.config
+        check_loggers(self.tracking_settings())  # before starting anything: a missing logger fails in a second
         resume = self.resumable()  # before starting anything: an incompatible checkpoint fails fast
+        began = time.perf_counter()
         model_path = self.model_path()
+        log.info("model ready: %s%s (%.1f s)", cfg.model.path, "" if model_path == cfg.model.path
+                 else f" → {model_path}", time.perf_counter() - began, extra=progress("model", 1, 1))
+        began = time.perf_counter()
         init_ray(log_to_driver=cfg.worker_logs)
+        log.info("Ray ready: %s (%.1f s)", describe_cluster(), time.perf_counter() - began,
+                 extra=progress("ray", 1, 1))
         own_engines, own_trainer = engines is None, trainer is None
         if trainer is None:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         started = await asyncio.gather(
             launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if own_engines
             else _ready(engines),
-            trainer.start() if own_trainer else _ready(None),
+            _start_trainer(trainer) if own_trainer else _ready(None),
             return_exceptions=True,
         )
         engines = started[0] if not isinstance(started[0], BaseException) else []
@@ -225,13 +241,14 @@ class AsyncAgentTrainer:
         cfg = self.config
         output_dir = Path(cfg.output_dir)
         tokenizer = load_tokenizer(model_path)
-        sink = MetricsSink(output_dir / "metrics.jsonl", output_dir / "tensorboard" if cfg.tensorboard else None,
-                           cfg.wandb_project or None,
+        loggers = open_loggers(self.tracking_settings(), {f.name: f.value for f in config_fields(cfg)},
+                               resume=resume is not None)
+        sink = MetricsSink(output_dir / "metrics.jsonl", loggers,
                            RolloutSamples(output_dir / "rollouts", tokenizer, cfg.logging.samples_every))
         service = RolloutService(engines, tokenizer, client_config(cfg))
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
-                                      self.fingerprint())
+                                      self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
                                  checkpoints=policy)
@@ -251,6 +268,14 @@ class AsyncAgentTrainer:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+async def _start_trainer(trainer: VerlTrainer) -> None:
+    began = time.perf_counter()
+    await trainer.start()
+    workers = trainer.config.num_workers
+    log.info("trainer ready: %d worker%s (%.1f s)", workers, "s" * (workers != 1), time.perf_counter() - began,
+             extra=progress("trainer", 1, 1))
 
 
 @contextlib.contextmanager

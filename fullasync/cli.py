@@ -7,6 +7,7 @@
     fullasync train --hydra-help                      # Hydra's own options
     fullasync eval model.path=outputs/run/checkpoint  # held-out score ± SE of a model through the harness
     fullasync export outputs/run/checkpoints/step_00000030 my-model   # a step checkpoint as a Hugging Face folder
+    fullasync export outputs/run/checkpoints/step_00000030 my-model --push-to-hub me/my-model   # ... and upload it
     fullasync doctor                                  # can this environment run fullasync? (how to fix what fails)
     fullasync report outputs/run                      # the run's curves: outputs/run/report/index.html and PNGs
     fullasync --version
@@ -41,6 +42,7 @@ def _train(cfg: DictConfig) -> None:
     from fullasync.api import AsyncAgentTrainer
     from fullasync.models.hub import InvalidModelError
     from fullasync.run.checkpoint import IncompatibleCheckpointError
+    from fullasync.tracking import LoggerUnavailableError
 
     config = OmegaConf.to_object(cfg)
     assert isinstance(config, RunConfig)  # the structured schema registered by _register
@@ -51,7 +53,7 @@ def _train(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     try:
         result = trainer.train()
-    except InvalidModelError as error:
+    except (InvalidModelError, LoggerUnavailableError) as error:
         print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except IncompatibleCheckpointError as error:
@@ -99,7 +101,7 @@ def _export(argv: list[str]) -> int:
     import asyncio
     from pathlib import Path
 
-    from fullasync.export import export_checkpoint
+    from fullasync.export import HubUploadError, check_hub_upload, export_checkpoint, push_to_hub
     from fullasync.logs import configure_logging
 
     parser = argparse.ArgumentParser(prog="fullasync export", description="a step checkpoint of a run "
@@ -108,14 +110,22 @@ def _export(argv: list[str]) -> int:
     parser.add_argument("target", type=Path, help="a new or empty directory for the model")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="settings the checkpoint does not fix, e.g. trainer.worker_num_cpus=1")
+    parser.add_argument("--push-to-hub", metavar="REPO", default=None,
+                        help="then upload the folder to this Hugging Face Hub model repo (org/name; created if absent)")
+    parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     args = parser.parse_args(argv)
     configure_logging()
     try:
+        if args.push_to_hub:
+            check_hub_upload(args.push_to_hub)  # before the export's minutes of work
         target = asyncio.run(export_checkpoint(args.checkpoint, args.target, args.overrides))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, HubUploadError) as error:
         print(f"fullasync export: {error}", file=sys.stderr)
         return 2
     print(f"fullasync export: {target}")
+    if args.push_to_hub:
+        url = push_to_hub(target, args.push_to_hub, private=args.private)
+        print(f"fullasync export: uploaded to {url}")
     return 0
 
 
@@ -143,8 +153,8 @@ def main() -> None:
     import hydra
 
     usage = ("usage: fullasync {train,eval} [key=value ...] [--cfg job] [--help] [--hydra-help] | "
-             "fullasync export CHECKPOINT DIR [key=value ...] | fullasync doctor | fullasync report OUTPUT_DIR "
-             "[--out DIR] | fullasync --version")
+             "fullasync export CHECKPOINT DIR [key=value ...] [--push-to-hub REPO] | fullasync doctor | "
+             "fullasync report OUTPUT_DIR [--out DIR] | fullasync --version")
     examples = (__doc__ or "").split("\n", 2)[2]  # the lines after the docstring's title
     if len(sys.argv) == 2 and sys.argv[1] in HELP_FLAGS:
         print(f"{usage}\n\n{examples}", end="")

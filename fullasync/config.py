@@ -75,11 +75,21 @@ class RolloutSection:
     n: int = setting(8, "episodes per dataset row (group size)")
     batch_size: int = setting(8, "groups per train step")
     max_running_rows: int = setting(16, "rows generating at once (bounded further by the staleness rule)")
-    episode_timeout_s: float = setting(300.0, "an episode running longer is cancelled and counted as failed",
-                                       resume_may_change=True)
+    episode_timeout_s: float = setting(300.0, "an episode running longer is cancelled and counted as failed (time "
+                                       "waiting for an engine restart does not count)", resume_may_change=True)
+    infra_retries: int = setting(3, "an episode that failed because of the infrastructure (an engine died, the "
+                                 "harness raised InfraError) runs again this many times at most (counted)",
+                                 resume_may_change=True)
+    failure_reward: float = setting(0.0, "the reward of an episode the policy's own output broke (kind model: a "
+                                    "malformed turn echoed back; kind length: past the context): it is trained "
+                                    "with the calls it made")
     filter_zero_variance: bool = setting(False, "drop groups whose rewards are all equal (counted as filtered)")
     resume_timeout_s: float = setting(300.0, "how long an interrupted generation waits for the engines to resume",
                                       resume_may_change=True)
+    join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode still "
+                                            "running (a harness's retry) joins it instead of sampling again; "
+                                            "false for harnesses that sample in parallel with identical requests "
+                                            "(an Idempotency-Key header always joins)", resume_may_change=True)
 
 
 @dataclass
@@ -99,12 +109,28 @@ class CheckpointSection:
     every: int = setting(10, "save the whole run every this many steps, and after the last "
                          "(0 = only on SIGTERM/SIGINT)")
     keep: int = setting(2, "newest complete checkpoints kept under output_dir/checkpoints (0 = all)")
+    save_hf_every: int = setting(0, "also save the policy as a Hugging Face folder (transformers, vLLM, "
+                                 "`fullasync eval` load it) every this many steps, to output_dir/hf/step_N (0 = never)")
 
 
 @dataclass
 class LoggingSection:
     samples_every: int = setting(10, "write the episodes trained at every this many steps, decoded, to "
-                                 "output_dir/rollouts/step_N.jsonl (0 = never)")
+                                 "output_dir/rollouts/step_N.jsonl and the loggers' tables (0 = never)")
+    loggers: list[str] = setting([], "where metrics also go besides output_dir/metrics.jsonl and the console: any "
+                                 "of wandb, mlflow, swanlab, tensorboard (checked before the run starts)")
+    project: str = setting("fullasync", "the W&B / SwanLab project or MLflow experiment the run logs to")
+    run_name: str = setting("", "the run's name in the loggers (\"\" = output_dir's folder name); a resumed run "
+                            "continues the same logger runs (ids in output_dir/tracking.json)")
+    offline: bool = setting(False, "W&B and SwanLab write under output_dir (sync later); MLflow writes a file store "
+                            "at output_dir/mlruns even when MLFLOW_TRACKING_URI is set")
+
+    def validate(self) -> None:
+        from fullasync.tracking import validate_logger_names
+
+        if self.samples_every < 0:
+            raise ValueError(f"logging.samples_every={self.samples_every} must be >= 0 (0 = never)")
+        validate_logger_names(self.loggers)
 
 
 def _run_trainer() -> TrainerConfig:
@@ -134,9 +160,6 @@ class RunConfig:
                           "a checkpoint directory", resume_may_change=True)
     save_checkpoint: bool = setting(False, "save the final policy in HF format under output_dir/checkpoint",
                                     resume_may_change=True)
-    tensorboard: bool = setting(False, "also log to TensorBoard under output_dir/tensorboard",
-                                resume_may_change=True)
-    wandb_project: str = setting("", "also log to Weights & Biases (when installed)", resume_may_change=True)
     seed: int = setting(0, "seeds sampling in the engines (trainer.seed seeds the trainer)")
     worker_logs: bool = setting(False, "show the Ray workers' console output (vLLM, verl) here; else it stays in "
                                 "Ray's logs", resume_may_change=True)
@@ -147,7 +170,8 @@ class RunConfig:
     data: DataSection = section(DataSection, "the rows and the rollout function")
     checkpoint: CheckpointSection = section(CheckpointSection, "saving the whole run to continue it later",
                                             resume_may_change=True)
-    logging: LoggingSection = section(LoggingSection, "what the run writes for a person to read besides its metrics",
+    logging: LoggingSection = section(LoggingSection, "where the metrics go besides metrics.jsonl, and the "
+                                      "decoded samples written for a person to read",
                                       resume_may_change=True)
     trainer: TrainerConfig = section(_run_trainer, "the trainer (verl, FSDP2): optimiser, losses, corrections, "
                                      "workers")
@@ -203,6 +227,8 @@ class RunConfig:
         for name in ("n", "batch_size", "max_running_rows"):
             if getattr(self.rollout, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
+        if self.rollout.infra_retries < 0:
+            raise ValueError(f"rollout.infra_retries={self.rollout.infra_retries} must be >= 0")
         for name in ("episode_timeout_s", "resume_timeout_s"):
             if getattr(self.rollout, name) <= 0:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be > 0")
@@ -212,11 +238,10 @@ class RunConfig:
         self._check_engine()
         if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
             raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
-        if self.logging.samples_every < 0:
-            raise ValueError(f"logging.samples_every={self.logging.samples_every} must be >= 0 (0 = never)")
-        if self.checkpoint.every < 0 or self.checkpoint.keep < 0:
-            raise ValueError(f"checkpoint.every={self.checkpoint.every} and checkpoint.keep={self.checkpoint.keep} "
-                             "must be >= 0")
+        self.logging.validate()
+        if self.checkpoint.every < 0 or self.checkpoint.keep < 0 or self.checkpoint.save_hf_every < 0:
+            raise ValueError(f"checkpoint.every={self.checkpoint.every}, checkpoint.keep={self.checkpoint.keep} and "
+                             f"checkpoint.save_hf_every={self.checkpoint.save_hf_every} must be >= 0")
         self.trainer.validate()
         if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
             warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "

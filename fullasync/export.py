@@ -5,12 +5,13 @@ the model, its chat template, the trainer's shape), loading the checkpoint's tra
 that shape, and writing the policy as a Hugging Face directory (config, safetensors, tokenizer) that
 `transformers`, vLLM and `fullasync eval model.path=DIR` load — plus `fullasync_export.json` naming the
 checkpoint, its step and weight version. The trainer is the run's own (verl, FSDP2), so the export holds exactly
-the weights the run trained at that step. Does not own: the checkpoint's format (`fullasync.run.checkpoint`).
+the weights the run trained at that step; and uploading such a folder to the Hugging Face Hub (`--push-to-hub`),
+checked before the export starts (offline mode, no token and a malformed repo id each fail in a second). Does
+not own: the checkpoint's format (`fullasync.run.checkpoint`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,43 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fullasync.config import RunConfig
+from fullasync.export_note import write_export_note
 from fullasync.run import checkpoint
+
+
+class HubUploadError(RuntimeError):
+    """An upload to the Hub that cannot work from here (the message says why and what to do)."""
+
+
+def check_hub_upload(repo_id: str) -> None:
+    """Raise `HubUploadError` if an upload of `repo_id` cannot start: a malformed id, offline mode, no token."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise HubUploadError(f"--push-to-hub {repo_id!r} is not a repo id (org/name): {error}") from None
+    if "/" not in repo_id:
+        raise HubUploadError(f"--push-to-hub {repo_id!r}: name the owner too (org/name or user/name)")
+    if constants.HF_HUB_OFFLINE:
+        raise HubUploadError("--push-to-hub needs the Hub, but HF_HUB_OFFLINE is set: unset it, or export without "
+                             "--push-to-hub and upload the folder later (`hf upload REPO DIR`)")
+    if get_token() is None:
+        raise HubUploadError("--push-to-hub needs a Hugging Face token: run `hf auth login` or set HF_TOKEN")
+
+
+def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
+    """Upload `folder` (an export) to the model repo `repo_id`, creating it when absent; returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                               commit_message=f"fullasync export of {folder.name}")
+    return str(commit.commit_url)
+
 
 FINGERPRINT_ONLY = ("data.num_rows", "data.rows_sha256")  # a run's fingerprint entries that are not config fields
 
@@ -55,7 +92,6 @@ async def export_checkpoint(checkpoint_dir: Path, target: Path, overrides: Seque
         await trainer.save_checkpoint(str(target))
     finally:
         await trainer.shutdown()
-    (target / "fullasync_export.json").write_text(json.dumps({
-        "checkpoint": str(checkpoint_dir.resolve()), "step": saved.loop.steps, "weight_version": saved.loop.version,
-        "base_model": config.model.path}, indent=1) + "\n")
+    write_export_note(target, step=saved.loop.steps, weight_version=saved.loop.version,
+                      base_model=config.model.path, checkpoint=str(checkpoint_dir.resolve()))
     return target

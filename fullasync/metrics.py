@@ -1,7 +1,7 @@
 """Per-step metrics: computed from trained groups, printed as one line, appended to a JSONL file.
 
 Owns: the staleness statistics of trained tokens, the step line on the console, and the sinks
-(JSONL always; TensorBoard / Weights & Biases when installed and asked for).
+(JSONL always; the loggers of `fullasync.tracking` that the run asked for).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.samples import RolloutSamples
+from fullasync.tracking import Logger, close_loggers, sample_rows
 from fullasync.types import TrajectoryGroup
 
 
@@ -112,41 +113,34 @@ def _duration(seconds: float) -> str:
 
 
 class MetricsSink:
-    """Writes each step's metrics to a JSONL file and to the optional loggers that were asked for."""
+    """Writes each step's metrics to a JSONL file and to the loggers the run asked for (`fullasync.tracking`)."""
 
-    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None,
-                 wandb_project: str | None = None, rollout_samples: RolloutSamples | None = None) -> None:
-        """`rollout_samples`: where decoded episodes of some steps go (`fullasync.samples`); None: nowhere."""
+    def __init__(self, path: Path | None, loggers: Sequence[Logger] = (),
+                 rollout_samples: RolloutSamples | None = None) -> None:
+        """`loggers`: open logger runs (closed by `close`); `rollout_samples`: where decoded episodes of some steps
+        go (`fullasync.samples`), and from there to the loggers as tables; None: nowhere."""
         self.path = path
+        self.loggers = list(loggers)
         self.rollout_samples = rollout_samples
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")  # one file per run
-        self._tensorboard = None
-        self._wandb = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tensorboard = SummaryWriter(str(tensorboard_dir))
-        if wandb_project:
-            import wandb
-
-            self._wandb = wandb.init(project=wandb_project)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.path is not None:
             with self.path.open("a") as out:
                 out.write(json.dumps({"step": step, **metrics}) + "\n")
-        if self._tensorboard is not None:
-            for key, value in metrics.items():
-                self._tensorboard.add_scalar(key, value, step)
-        if self._wandb is not None:
-            self._wandb.log(dict(metrics), step=step)
+        for logger in self.loggers:
+            logger.log(metrics, step)
 
     def samples(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> None:
         """The step's episodes, decoded, when this step is one whose samples are kept."""
         if self.rollout_samples is not None and self.rollout_samples.due(step):
-            self.rollout_samples.write(step, groups, trainer_version)
+            records = self.rollout_samples.write(step, groups, trainer_version)
+            if self.loggers:
+                rows = sample_rows(records)
+                for logger in self.loggers:
+                    logger.log_samples(step, rows)
 
     def rewrite(self, history: Sequence[Mapping[str, Any]]) -> None:
         """Start the JSONL file over with `history` (steps 1..N): a resumed run drops the steps after its checkpoint."""
@@ -155,7 +149,4 @@ class MetricsSink:
                                          for step, metrics in enumerate(history, start=1)))
 
     def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        close_loggers(self.loggers)

@@ -86,7 +86,8 @@ def write_report(output_dir: Path, report_dir: Path | None = None) -> Path:
         images.append(f"{name}.png")
     result_path = output_dir / "result.json"
     summary = json.loads(result_path.read_text()) if result_path.exists() else {}
-    shown = {k: v for k, v in summary.items() if not isinstance(v, (dict, list)) or k in ("rows", "failure_reasons")}
+    shown = {k: v for k, v in summary.items()
+             if not isinstance(v, (dict, list)) or k in ("rows", "failure_reasons", "failure_kinds")}
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
                    for k, v in shown.items())
     last = steps[-1]

@@ -37,18 +37,20 @@ class RolloutSamples:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def write(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> Path:
-        """Write the step's episodes (the file appears whole: written aside, then renamed)."""
+    def path(self, step: int) -> Path:
+        return self.directory / f"step_{step}.jsonl"
+
+    def write(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> list[dict[str, Any]]:
+        """Write the step's episodes to `path(step)` (the file appears whole: written aside, then renamed);
+        returns the records written."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"step_{step}.jsonl"
-        staging = path.with_suffix(".jsonl.tmp")
+        records = [self.record(step, group.row_id, index, trajectory, trainer_version)
+                   for group in groups for index, trajectory in enumerate(group.trajectories)]
+        staging = self.path(step).with_suffix(".jsonl.tmp")
         with open(staging, "w") as out:
-            for group in groups:
-                for index, trajectory in enumerate(group.trajectories):
-                    out.write(json.dumps(self.record(step, group.row_id, index, trajectory, trainer_version),
-                                         default=repr) + "\n")
-        os.replace(staging, path)
-        return path
+            out.writelines(json.dumps(record, default=repr) + "\n" for record in records)
+        os.replace(staging, self.path(step))
+        return records
 
     def record(self, step: int, row_id: str, index: int, trajectory: Trajectory, trainer_version: int) -> dict:
         return {"step": step, "row_id": row_id, "episode": index, "reward": trajectory.reward,

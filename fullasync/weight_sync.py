@@ -3,12 +3,15 @@
 Owns: which engines get which version, and the push's timing. A push is one transaction of its
 `WeightTransport` (`start_weight_update` → `update_weights` per engine → `finish_weight_update`); with
 the default `ObjectStoreTransport` each engine runs pause → update → resume itself in one call
-(`Engine.install`, one round trip per engine per push; resume happens in its `finally`, so an engine
-is never left paused by a failed push); engines install concurrently and each resumes as soon as it
-holds the new weights. It also keeps every engine at the current version:
-with `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog
-declared dead and installs the current weights on it; an engine that dies during a push is skipped
-and gets the new weights at its restart. Push and restart never interleave (one lock).
+(`Engine.install`, one round trip per engine per push); engines install concurrently and each resumes as soon
+as it holds the new weights, checked by checksums of a sample of the pushed tensors against what it serves
+(`engines/weight_digests.py`). An engine never serves from a failed load: it stays paused until a retry
+succeeds or it restarts. The version is published only when every live engine holds it: an engine whose
+install fails twice is declared dead and restarts from scratch with the new version (or, without restarts, the
+push fails naming it) — never torn weights. It also keeps every engine at the current version: with
+`restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog declared dead and
+installs the current weights on it; an engine that dies during a push is skipped and gets the new weights at
+its restart. Push and restart never interleave (one lock).
 Does not own: how the trainer exports weights, how they travel (`engines/weight_transport.py`), or how
 an engine notices it died (its watchdog).
 """
@@ -22,9 +25,11 @@ from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import Engine, InstallTiming, PauseMode, WeightsPayload
 from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
-from fullasync.errors import EngineDiedError
+from fullasync.errors import EngineDiedError, WeightPushError
 
 log = logging.getLogger("fullasync")
+
+INSTALL_ATTEMPTS = 2  # a failed install is tried once more before its engine is replaced (or the push fails)
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class WeightSync:
         self.start_version = version  # the version this run started from (a resumed run keeps its first run's)
         self.restart_on_failure = restart_on_failure
         self.restarts = 0  # engines restarted so far
+        self.failed_installs = 0  # engines declared dead because they could not install a push
         self.transport: WeightTransport = transport if transport is not None else ObjectStoreTransport()
         self._latest: WeightsPayload | None = None  # the weights of `version` (None: the engines' own initial weights)
         self._lock = asyncio.Lock()
@@ -88,9 +94,9 @@ class WeightSync:
             live = [e for e in self.engines if e.death is None]
             start = clock()
             await self.transport.start_weight_update(weights, new_version)
-            timings = await self._on_each(live, lambda e: self.transport.update_weights(e, new_version, self.mode))
+            timings = await self._on_each(live, lambda e: self._install_on(e, new_version))
             await self.transport.finish_weight_update(new_version)
-            self.version, self._latest = new_version, weights
+            self.version, self._latest = new_version, weights  # published: every live engine holds it
             wall = clock() - start
         slowest = max(timings, key=lambda t: t.pause_s + t.update_s + t.resume_s,
                       default=InstallTiming(0.0, 0.0, 0.0))
@@ -98,20 +104,46 @@ class WeightSync:
                                 max((t.update_s for t in timings), default=0.0),
                                 max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases))
 
-    async def _on_each(self, engines: list[Engine],
-                       step: Callable[[Engine], Awaitable[InstallTiming]]) -> list[InstallTiming]:
-        """Run `step` on every engine at once; one that dies meanwhile is left to its restart (if on)."""
-        outcomes = await asyncio.gather(*(step(e) for e in engines), return_exceptions=True)
-        timings = []
-        for engine, outcome in zip(engines, outcomes, strict=True):
-            if isinstance(outcome, EngineDiedError) and self.restart_on_failure:
+    async def _install_on(self, engine: Engine, version: int) -> InstallTiming | None:
+        """Install the started push on `engine`. A failure other than its death (a transfer that broke off, tensors
+        served otherwise than pushed) is tried once more — the engine stays paused in between, serving nothing
+        loaded in part; failing again, the engine is declared dead so that it restarts from scratch with this
+        version (`restart_on_failure`), or the push fails naming it. None: the engine is left to its restart."""
+        for attempt in range(1, INSTALL_ATTEMPTS + 1):
+            try:
+                return await self.transport.update_weights(engine, version, self.mode)
+            except EngineDiedError:
+                if not self.restart_on_failure:
+                    raise
                 log.warning("engine %s died during a weight push; it gets version %d when restarted",
-                            engine.name, self.version + 1)
-            elif isinstance(outcome, BaseException):
+                            engine.name, version)
+                return None
+            except Exception as error:  # the install is retried, or the engine replaced, or the push fails here
+                if attempt < INSTALL_ATTEMPTS:
+                    log.warning("engine %s could not install weight version %d (%r): trying again", engine.name,
+                                version, error)
+                    continue
+                if not self.restart_on_failure:
+                    raise WeightPushError(f"engine {engine.name} could not install weight version {version} in "
+                                          f"{INSTALL_ATTEMPTS} attempts (last: {error!r}); it is left paused and the "
+                                          "run stops (engine.restart_on_failure=true restarts such an engine "
+                                          "instead)") from error
+                self.failed_installs += 1
+                engine.mark_dead(f"it could not install weight version {version} in {INSTALL_ATTEMPTS} attempts "
+                                 f"(last: {error!r})")
+                log.warning("engine %s could not install weight version %d: declared dead, it restarts serving "
+                            "that version", engine.name, version)
+                return None
+        raise AssertionError("unreachable: every attempt returns or raises")
+
+    async def _on_each(self, engines: list[Engine],
+                       step: Callable[[Engine], Awaitable[InstallTiming | None]]) -> list[InstallTiming]:
+        """Run `step` on every engine at once; the timings of those that installed."""
+        outcomes = await asyncio.gather(*(step(e) for e in engines), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
                 raise outcome
-            else:
-                timings.append(outcome)
-        return timings
+        return [outcome for outcome in outcomes if isinstance(outcome, InstallTiming)]
 
     async def restart_dead(self) -> list[str]:
         """Restart every engine declared dead, serving the current version; the names restarted."""

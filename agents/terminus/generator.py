@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fullasync.errors import InfraError
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
@@ -31,6 +32,9 @@ from fullasync_agents.terminus.messages import TerminusOutcome, TerminusSpec
 
 # Harness exits that are the policy's doing and score 0 without (complete) verification.
 SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
+# Trial failures of the sandbox, not of the harness or the policy: the episode is run again (fullasync's `infra`).
+INFRA_FAILURES = frozenset({"EnvironmentStartTimeoutError", "AgentSetupTimeoutError", "HealthcheckError",
+                            "SandboxBuildFailedError"})
 
 
 class HarnessError(harness_generator.HarnessError):
@@ -38,7 +42,8 @@ class HarnessError(harness_generator.HarnessError):
 
 
 def outcome_reward(outcome: TerminusOutcome, row_id: object) -> float:
-    """The episode's reward from harbor's trial result; HarnessError when the failure is not the policy's."""
+    """The episode's reward from harbor's trial result; InfraError when the sandbox failed (the episode runs
+    again), HarnessError when another failure is not the policy's."""
     failure = outcome.exception_type
     if outcome.reward is not None:
         return outcome.reward
@@ -47,6 +52,8 @@ def outcome_reward(outcome: TerminusOutcome, row_id: object) -> float:
     if failure is None:
         raise HarnessError(f"row {row_id!r}: the verifier gave no 'reward' (rewards {outcome.rewards}): "
                            "the task's tests/test.sh must write /logs/verifier/reward.txt")
+    if failure in INFRA_FAILURES:
+        raise InfraError(f"row {row_id!r}: harbor's sandbox failed ({failure}: {outcome.exception_message})")
     raise HarnessError(f"Terminus-2's trial failed on row {row_id!r}: {failure}: {outcome.exception_message}\n"
                        f"{(outcome.traceback or '')[-2000:]}")
 

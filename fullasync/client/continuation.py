@@ -10,7 +10,10 @@ of the lost segment's tokens were sent yet).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
@@ -44,6 +47,19 @@ def _request(request_id: str, prompt_ids: list[int], done: StitchedGeneration, m
         max_tokens=max_tokens - len(done.output_ids),
         sampling=sampling,
     )
+
+
+@dataclass(frozen=True)
+class InfraHooks:
+    """What a generation tells its episode about the infrastructure: `waiting()` wraps a wait for a dead engine
+    to be restarted (the episode's deadline stops meanwhile), `failed()` comes before an infrastructure error
+    (an engine gone for good, a push that never resumed) is raised to the harness."""
+
+    waiting: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+    failed: Callable[[], None] = lambda: None
+
+
+NO_HOOKS = InfraHooks()
 
 
 async def _absorb(router: EngineRouter, episode_id: str, request_id: str, done: StitchedGeneration,
@@ -82,27 +98,39 @@ async def generate_with_resume(
     resume_timeout_s: float,
     restart_wait_s: float = 0.0,
     on_versions: Callable[[tuple[int, ...]], None] | None = None,
+    infra: InfraHooks = NO_HOOKS,
 ) -> StitchedGeneration:
     """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts; `on_versions` gets the
     versions of every segment's tokens as it comes back (interrupted segments too)."""
     done = StitchedGeneration()
     while True:
+        request = _request(request_id, prompt_ids, done, max_tokens, sampling)
         try:
-            result = await router.generate(_request(request_id, prompt_ids, done, max_tokens, sampling), episode_id)
+            result = await router.generate(request, episode_id)
             if on_versions is not None:
                 on_versions(result.output_versions)
             finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
         except EngineDiedError as error:
-            await _after_engine_death(router, done, error, restart_wait_s)
+            await _after_engine_death(router, done, error, restart_wait_s, infra)
             continue
+        except EngineResumeTimeoutError:
+            infra.failed()
+            raise
+        except asyncio.CancelledError:  # the caller gave up (its harness went away): free the engine's slot now
+            await router.pick(episode_id).abort([request.request_id])
+            raise
         if finished:
             return done
 
 
 async def _after_engine_death(router: EngineRouter, done: StitchedGeneration, error: EngineDiedError,
-                              restart_wait_s: float) -> None:
-    """A segment died with its engine: count its resubmission, or re-raise when no engine serves (in time)."""
-    if not await router.wait_alive(restart_wait_s):
+                              restart_wait_s: float, infra: InfraHooks) -> None:
+    """A segment died with its engine: count its resubmission, or re-raise when no engine serves (in time). The
+    wait for a restart does not count against the episode's deadline (`infra.waiting`)."""
+    with infra.waiting():
+        alive = await router.wait_alive(restart_wait_s)
+    if not alive:
+        infra.failed()
         raise error
     done.num_resumes += 1
     done.resubmitted_tokens += len(done.output_ids)
@@ -118,6 +146,7 @@ async def stream_with_resume(
     resume_timeout_s: float,
     restart_wait_s: float = 0.0,
     on_versions: Callable[[tuple[int, ...]], None] | None = None,
+    infra: InfraHooks = NO_HOOKS,
 ) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
@@ -142,13 +171,17 @@ async def stream_with_resume(
                 finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
             except EngineDiedError as error:
                 if sent and result is None:  # the consumer saw tokens no record will hold: the stream cannot go on
+                    infra.failed()
                     raise
-                await _after_engine_death(router, done, error, restart_wait_s)
+                await _after_engine_death(router, done, error, restart_wait_s, infra)
                 request = None
                 continue
             if finished:
                 yield done
                 return
+    except EngineResumeTimeoutError:
+        infra.failed()
+        raise
     finally:
         if request is not None and result is None:  # abandoned mid-generation: free the engine's slot
             await router.pick(episode_id).abort([request.request_id])

@@ -7,7 +7,7 @@ template renders, and rejecting malformed input with a message that says what to
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fullasync.errors import InvalidRequestError
@@ -128,3 +128,27 @@ def same_assistant_turn(sent: dict[str, Any], recorded: dict[str, Any]) -> bool:
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in sent.get("tool_calls", [])]
     expected = [(c["function"]["name"], c["function"]["arguments"]) for c in recorded.get("tool_calls", [])]
     return calls == expected
+
+
+def echoes_turn(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> bool:
+    """Whether a raw (not yet validated) assistant message repeats a turn the client returned: the same text and
+    the same tool calls (names, and arguments as JSON values)."""
+    if (sent.get("content") or "") != (returned.get("content") or ""):
+        return False
+    calls = sent.get("tool_calls") or []
+    expected = returned.get("tool_calls") or []
+    if not isinstance(calls, Sequence) or len(calls) != len(expected):
+        return False
+    for call, recorded in zip(calls, expected, strict=True):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or function.get("name") != recorded["function"]["name"]:
+            return False
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except (json.JSONDecodeError, RecursionError):
+                return False
+        if arguments != recorded["function"]["arguments"]:
+            return False
+    return True

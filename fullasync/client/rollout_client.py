@@ -7,17 +7,23 @@ objects, and recording every call into the episode that made it.
 Does not own: engines, routing, or what the episode's trajectory is used for.
 
 `RolloutService` holds what all episodes share (tokenizer, router, settings); it hands out one
-`RolloutClient` per episode. A call that fails records nothing.
+`RolloutClient` per episode. A call that fails records nothing. A caller that learns only later whether the
+harness received a response (the gateway: a harness may disconnect) holds what a call records
+(`RolloutClient.hold()`) and commits it once it was delivered; an undelivered call never enters the trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import itertools
 import logging
 import math
+import re
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +32,15 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import responses
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
-from fullasync.client.continuation import StitchedGeneration, generate_with_resume, stream_with_resume
-from fullasync.client.messages import normalize_messages, normalize_tools, same_assistant_turn
+from fullasync.client.continuation import InfraHooks, StitchedGeneration, generate_with_resume, stream_with_resume
+from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
 from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.tool_parsers import make_tool_parser
 from fullasync.config import EngineSection, ModelSection, RolloutSection
 from fullasync.engines.protocol import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
-from fullasync.errors import InvalidRequestError
+from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
 from fullasync.models.tiny import model_vocab_size
 from fullasync.types import FinishReason, ModelCall, Trajectory
 
@@ -110,15 +116,54 @@ class Episode:
         self.id = episode_id
         self.calls: list[ModelCall] = []
         self.turns: list[TurnState] = []
+        self.returned: list[TurnState] = []  # every chat turn answered (to tell the policy's echoed turns)
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
         self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order
+        # why the last call failed, when the policy or the infrastructure caused it (None after a call succeeds):
+        # a harness that then raises anything (an SDK error over HTTP, say) failed for this reason
+        self.fault: FailureKind | None = None
+        # set by the rollouter: wraps a wait for a dead engine's restart, during which the episode's deadline stops
+        self.deadline_paused: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+
+    def infra_hooks(self) -> InfraHooks:
+        return InfraHooks(waiting=lambda: self.deadline_paused(), failed=self.infra_failed)
+
+    def infra_failed(self) -> None:
+        self.fault = FailureKind.INFRA
 
     def note_versions(self, versions: tuple[int, ...]) -> None:
         """Versions of a segment's tokens as the engine returns them (the rollouter stops rows by the oldest)."""
         if versions:
             oldest = min(versions)
             self.oldest_version = oldest if self.oldest_version is None else min(oldest, self.oldest_version)
+
+
+class HeldCalls:
+    """What the calls made in one `RolloutClient.hold()` recorded (calls, the turns and completion a later call
+    may extend), kept out of the episode until `commit()`: a response the harness never received is not part of
+    its trajectory, and the next request is not prefixed by it."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.episode = episode
+        self.calls: list[ModelCall] = []
+        self.turns: list[TurnState] | None = None
+        self.last_completion: tuple[str, tuple[int, ...]] | None = None
+        self.committed = False
+
+    def commit(self) -> None:
+        """The responses were delivered: the calls join the episode (once)."""
+        if self.committed:
+            return
+        self.committed = True
+        self.episode.calls += self.calls
+        if self.turns is not None:
+            self.episode.turns = self.turns
+        if self.last_completion is not None:
+            self.episode.last_completion = self.last_completion
+
+
+_HELD: contextvars.ContextVar[HeldCalls | None] = contextvars.ContextVar("fullasync_held_calls", default=None)
 
 
 class RolloutClient:
@@ -154,6 +199,60 @@ class RolloutClient:
                              "as 0 or 1)")
         self.episode.logged.append((name.strip(), float(value)))
 
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[HeldCalls]:
+        """Calls made inside (in this task and the tasks it starts) record into the `HeldCalls` yielded, not the
+        episode, until its `commit()`: for callers that learn only after the call whether the harness got it."""
+        held = HeldCalls(self.episode)
+        token = _HELD.set(held)
+        try:
+            yield held
+        finally:
+            _HELD.reset(token)
+
+    @contextlib.contextmanager
+    def noting_faults(self) -> Iterator[None]:
+        """A call that fails because of the policy (its own turn echoed back malformed, a conversation past the
+        context) marks the episode's `fault`, so the harness's failure that follows is the policy's."""
+        try:
+            yield
+        except PolicyOutputError:
+            self.episode.fault = FailureKind.MODEL
+            raise
+        except InvalidRequestError as error:
+            if error.code == CONTEXT_LENGTH_EXCEEDED:
+                self.episode.fault = FailureKind.LENGTH
+            raise
+
+    def blame(self, messages: Any, error: InvalidRequestError) -> InvalidRequestError:
+        """`error` as a `PolicyOutputError` when the malformed message is an assistant turn this episode's client
+        returned (the policy wrote it; the harness only sent it back), else `error` itself."""
+        where = re.match(r"messages\[(\d+)\]", str(error))
+        if where is None or not isinstance(messages, Sequence) or int(where.group(1)) >= len(messages):
+            return error
+        sent = messages[int(where.group(1))]
+        if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
+            return error
+        if not any(echoes_turn(sent, turn.messages[-1]) for turn in self.episode.returned):
+            return error
+        return PolicyOutputError(f"{error} (this assistant turn is the policy's own output, sent back by the "
+                                 "harness: trained as the policy's failure)", param=error.param, code=error.code)
+
+    def _held(self) -> HeldCalls | None:
+        held = _HELD.get()
+        return held if held is not None and held.episode is self.episode else None
+
+    def _remember(self, turns: list[TurnState] | None = None,
+                  last_completion: tuple[str, tuple[int, ...]] | None = None) -> None:
+        """What a later call may extend (the chat turns, the completion text); held while the call is."""
+        if turns is not None:
+            self.episode.returned += turns
+        target: HeldCalls | Episode = self._held() or self.episode
+        if turns is not None:
+            target.turns = turns
+        if last_completion is not None:
+            target.last_completion = last_completion
+
     def close(self) -> None:
         """Forget the episode's engine binding (its recorded calls stay readable)."""
         self.service.router.release(self.episode.id)
@@ -172,7 +271,7 @@ class RolloutClient:
             raise InvalidRequestError(
                 f"This model's maximum context length is {context} tokens. However, {asked}. Please reduce the "
                 f"length of the {prompt_field}{'' if max_tokens is None else ' or completion'}.",
-                param=prompt_field, code="context_length_exceeded",
+                param=prompt_field, code=CONTEXT_LENGTH_EXCEEDED,
             )
         if max(prompt_ids) >= self.service.vocab_size:
             raise InvalidRequestError(f"token id {max(prompt_ids)} is outside the vocabulary (ids must be in "
@@ -207,7 +306,7 @@ class RolloutClient:
             generate_with_resume(
                 service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
                 request.max_tokens, request.sampling, service.config.resume_timeout_s, service.config.restart_wait_s,
-                on_versions=self.episode.note_versions,
+                on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
             )
             for i in range(request.n)
         )
@@ -217,7 +316,9 @@ class RolloutClient:
 
     def _record(self, prompt_ids: list[int], generation: StitchedGeneration) -> None:
         versions, weight_versions = tuple(generation.output_versions), tuple(generation.output_weight_versions)
-        self.episode.calls.append(
+        held = self._held()
+        self.episode.fault = None
+        (held.calls if held is not None else self.episode.calls).append(
             ModelCall(
                 prompt_ids=tuple(prompt_ids),
                 output_ids=tuple(generation.output_ids),
@@ -246,13 +347,14 @@ class RolloutClient:
             self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}",
             request.prompt_ids, request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
             self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
+            infra=self.episode.infra_hooks(),
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                      model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[Any]:
         def on_done(generation: StitchedGeneration, content: str | None, calls: list) -> None:
             self._record(request.prompt_ids, generation)
-            self.episode.turns = [self._turn(messages, tools, request.prompt_ids, generation, content, calls)]
+            self._remember(turns=[self._turn(messages, tools, request.prompt_ids, generation, content, calls)])
 
         return chat_stream(
             self._stream(request), chat_tokens=self.service.chat_tokens,
@@ -282,10 +384,20 @@ class _ChatCompletions:
 
     async def create(self, **fields: Any) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         """`openai.AsyncOpenAI().chat.completions.create`: the fields and their allowed values are
-        `request_schema.ChatRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
+        `request_schema.ChatRequest`'s; vLLM extras may come at the top level or in `extra_body`.
+
+        A malformed assistant turn that this episode's policy wrote (echoed back by the harness) raises
+        `PolicyOutputError`: the policy's mistake, trained as such, not the harness's."""
+        with self._client.noting_faults():
+            return await self._create(fields)
+
+    async def _create(self, fields: dict[str, Any]) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         client, service = self._client, self._client.service
         asked = service.accept(parse_chat(fields))
-        normalized = normalize_messages(asked.messages)
+        try:
+            normalized = normalize_messages(asked.messages)
+        except InvalidRequestError as error:
+            raise client.blame(asked.messages, error) from None
         tool_list = normalize_tools(asked.tools) if asked.tool_choice != "none" else None
         logprobs, model = bool(asked.logprobs), asked.model
         request = client._prepare(
@@ -312,7 +424,7 @@ class _ChatCompletions:
         response = responses.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
         for generation in generations:
             client._record(request.prompt_ids, generation)
-        client.episode.turns = turns
+        client._remember(turns=turns)
         return response
 
 
@@ -338,6 +450,10 @@ class _Completions:
     async def create(self, **fields: Any) -> Completion | AsyncIterator[Completion]:
         """`openai.AsyncOpenAI().completions.create`: the fields and their allowed values are
         `request_schema.CompletionRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
+        with self._client.noting_faults():
+            return await self._create(fields)
+
+    async def _create(self, fields: dict[str, Any]) -> Completion | AsyncIterator[Completion]:
         client, service = self._client, self._client.service
         asked = service.accept(parse_completion(fields))
         prompt, model, logprobs = asked.prompt, asked.model, asked.logprobs
@@ -365,5 +481,5 @@ class _Completions:
         extendable = first.finish_reason is FinishReason.LENGTH and raw_text == response.choices[0].text
         if isinstance(prompt, str) and extendable:
             # only an output whose text is exactly its ids can be extended by text later
-            client.episode.last_completion = (prompt + raw_text, tuple(request.prompt_ids) + tuple(first.output_ids))
+            client._remember(last_completion=(prompt + raw_text, tuple(request.prompt_ids) + tuple(first.output_ids)))
         return response

@@ -160,8 +160,8 @@ class Engine(Protocol):
     """An inference engine as the router, the client, the weight sync and the run see it.
 
     Implementations: `RayEngine` (vLLM in a Ray actor) and `SimulatedEngine` (fullasync.sim). Every method
-    but `generate_stream` is a coroutine; `generate_stream` is an async generator whose last item is the
-    whole `GenerateResult`.
+    but `generate_stream` and `mark_dead` is a coroutine; `generate_stream` is an async generator whose last item
+    is the whole `GenerateResult`; `mark_dead` is a plain call.
     """
 
     @property
@@ -189,7 +189,13 @@ class Engine(Protocol):
         ...
 
     async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
-        """pause(mode) → update_weights → resume (resume even if the update fails), in one call."""
+        """pause(mode) → update_weights → resume, in one call; an update that fails leaves the engine paused (it
+        serves nothing loaded in part) until an install succeeds or it is restarted."""
+        ...
+
+    def mark_dead(self, reason: str, last_request_id: str | None = None) -> None:
+        """Declare the engine dead (`death`): its waiting and later calls fail naming it (and the last request it
+        accepted, when known); a restart replaces it."""
         ...
 
     async def restart(self, weights: WeightsPayload | None, version: int) -> None:

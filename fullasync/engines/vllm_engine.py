@@ -51,7 +51,9 @@ from fullasync.engines.protocol import (
     wait_until_set,
 )
 from fullasync.engines.shm_weights import WeightSender, receive_closure
-from fullasync.errors import EngineDiedError, InvalidRequestError
+from fullasync.engines.weight_digests import Served, mismatches, sampled_names, served_digests
+from fullasync.errors import EngineDiedError, InvalidRequestError, WeightInstallError
+from fullasync.logs import progress
 from fullasync.placement import check_ray_resources, require_cluster_offers
 from fullasync.types import FinishReason
 
@@ -195,6 +197,17 @@ class VLLMEngineActor:
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
         self._version = initial_version
         await llm.update_weight_version(str(initial_version))
+        await self._warm_up(llm)
+
+    @staticmethod
+    async def _warm_up(llm: AsyncLLM) -> None:
+        """One token of a one-token prompt: the first request pays for the engine's warm-up (seconds on CPU), and
+        that is the engine's start, not the time of the first episode to call it (nor of one after a restart)."""
+        from vllm import SamplingParams
+
+        async for _ in llm.generate({"prompt_token_ids": [0]}, SamplingParams(max_tokens=1),
+                                    f"warm-up-{uuid.uuid4().hex}"):
+            continue
 
     def _started(self) -> AsyncLLM:
         if self._llm is None:
@@ -308,20 +321,18 @@ class VLLMEngineActor:
         return not self._resumed.is_set()
 
     async def install(self, named_tensors: NamedTensors, version: int, mode: PauseMode) -> InstallTiming:
-        """pause → update_weights → resume in one call (resume in `finally`): one round trip per push.
+        """pause → update_weights → resume in one call: one round trip per push. An update that fails leaves the
+        engine paused — it serves nothing from weights loaded in part — until an install succeeds or it restarts.
 
         `named_tensors` is the mapping itself: Ray resolves the object reference `RayEngine.install` passes."""
         clock = time.perf_counter
         start = clock()
         await self.pause(mode)
         paused = clock()
-        try:
-            phases = await self.update_weights(named_tensors, version)
-            updated = clock()
-        finally:
-            resume_start = clock()
-            await self.resume()
-        return InstallTiming(paused - start, updated - paused, clock() - resume_start, phases)
+        phases = await self.update_weights(named_tensors, version)
+        updated = clock()
+        await self.resume()
+        return InstallTiming(paused - start, updated - paused, clock() - updated, phases)
 
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Reload weights in place and label what follows with `version`; the engine must be paused.
@@ -354,11 +365,41 @@ class VLLMEngineActor:
             raise
         await reload
         loaded = time.perf_counter()
+        checked = await self._check_served(tensors, version)
+        verified = time.perf_counter()
         await llm.reset_prefix_cache()
         self._version = version
         await llm.update_weight_version(str(version))
-        return {"copy_s": copy_s, "load_s": loaded - started, "reset_s": time.perf_counter() - loaded,
-                "buckets": float(len(buckets)), "shm_bytes": float(self._weights.file_bytes)}
+        return {"copy_s": copy_s, "load_s": loaded - started, "verify_s": verified - loaded,
+                "reset_s": time.perf_counter() - verified, "buckets": float(len(buckets)),
+                "shm_bytes": float(self._weights.file_bytes), "checked_tensors": float(checked)}
+
+    async def _check_served(self, tensors: NamedTensors, version: int) -> int:
+        """Digests of a sample of the pushed tensors against what every worker's model holds now; raises
+        `WeightInstallError` naming those that differ. Returns how many tensors were compared."""
+        served = await self.weight_digests(sampled_names(tensors, version))
+        checked = 0
+        for held in served:
+            compared, wrong = mismatches(tensors, held)
+            if wrong:
+                raise WeightInstallError(f"engine {self.name}: after loading weight version {version}, {len(wrong)} "
+                                         f"of {compared} checked tensors differ from those pushed (e.g. {wrong[:3]})")
+            checked += compared
+        return checked
+
+    async def weight_digests(self, names: list[str]) -> list[Served]:
+        """Shape, dtype and SHA-256 of each named tensor every worker's model holds (one dict per worker)."""
+        return await self._started().collective_rpc(served_digests(names))  # type: ignore[arg-type]
+
+    async def check_weights(self, named_tensors: NamedTensors) -> tuple[int, list[str]]:
+        """Every tensor of `named_tensors` that the engine holds by that name and shape, compared with what it
+        serves: (how many compared, those that differ)."""
+        tensors = dict(named_tensors)
+        compared, wrong = 0, set[str]()
+        for held in await self.weight_digests(sorted(tensors)):
+            count, differ = mismatches(tensors, held)
+            compared, wrong = max(compared, count), wrong | set(differ)
+        return compared, sorted(wrong)
 
     async def version(self) -> int:
         return self._version
@@ -436,7 +477,7 @@ class RayEngine:
                         health.last_request_id,
                     )
 
-    def mark_dead(self, reason: str, last_request_id: str | None) -> None:
+    def mark_dead(self, reason: str, last_request_id: str | None = None) -> None:
         """Declare the engine dead: waiting calls and every later call fail with an error naming it."""
         if self.death is not None:
             return
@@ -504,6 +545,11 @@ class RayEngine:
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._call("abort", request_ids)
+
+    async def check_weights(self, weights: WeightsPayload) -> tuple[int, list[str]]:
+        """Compare every tensor of `weights` the engine holds by name and shape with what it serves: (how many
+        compared, the names that differ)."""
+        return await self._call("check_weights", weights)
 
     async def pause(self, mode: PauseMode) -> None:
         await self._call("pause", PauseMode(mode))
@@ -577,9 +623,16 @@ async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1,
     for index in range(num_engines):
         name = f"engine-{index}-{uuid.uuid4().hex[:6]}"
         engines.append(RayEngine(_spawn_actor(config, name, name), name, config))
-    await asyncio.gather(
-        *(e._call("start", initial_version, timeout_s=config.start_timeout_s) for e in engines)
-    )
+    began = time.perf_counter()
+
+    async def start(engine: RayEngine) -> None:
+        await engine._call("start", initial_version, timeout_s=config.start_timeout_s)
+        ready.append(engine.name)
+        log.info("engine %d/%d ready: %s (%.1f s)", len(ready), num_engines, engine.name, time.perf_counter() - began,
+                 extra=progress("engines", len(ready), num_engines))
+
+    ready: list[str] = []
+    await asyncio.gather(*(start(e) for e in engines))
     for engine in engines:
         engine.watch()
     return engines

@@ -31,7 +31,8 @@ class WeightTransport(Protocol):
         ...
 
     async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
-        """Install the started push on `engine`: pause it (`mode`), load, resume it even if loading fails."""
+        """Install the started push on `engine`: pause it (`mode`), load, resume it once loaded (a failed load
+        leaves it paused: `Engine.install`)."""
         ...
 
     async def finish_weight_update(self, version: int) -> None:

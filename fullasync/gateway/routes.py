@@ -1,4 +1,5 @@
-"""HTTP routes of the gateway (Starlette): parse, call the episode's client, answer or stream.
+"""HTTP routes of the gateway (Starlette): parse, call the episode's client (through `delivery`: a call is
+recorded only when its answer reached the harness; identical retries join it), answer or stream.
 
 Every answer that is not a completion is an OpenAI-style JSON error body: unknown routes (404),
 wrong methods (405), malformed bodies (400), engine faults (503) and our own bugs (500, logged).
@@ -18,9 +19,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from fullasync.errors import InvalidRequestError
+from fullasync.gateway.delivery import Deliveries, Production
 from fullasync.gateway.server import Gateway, error_body, error_of, sse
 
 log = logging.getLogger("fullasync")
+
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away before the answer
 
 ROUTES_HELP = ("POST /sessions/{key}/v1/chat/completions, POST /sessions/{key}/v1/completions, "
                "GET /sessions/{key}/v1/models, GET /v1/models")
@@ -49,6 +53,12 @@ async def _read_json(gateway: Gateway, request: Request) -> Any:
 def _json(obj: Any) -> str:
     """An openai response object as JSON text, serialised by pydantic-core in one pass (no dict in between)."""
     return obj.model_dump_json(exclude_none=False)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        continue
 
 
 async def _stream(chunks: Any) -> Any:
@@ -93,24 +103,47 @@ def build_app(gateway: Gateway) -> Starlette:
         return response
 
     async def answer(request: Request, kind: str) -> Response:
+        key = request.path_params["key"]
         try:
-            episode = gateway.lookup(request.path_params["key"])
+            episode = gateway.lookup(key)
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found")
         try:
             body = await _read_json(gateway, request)
-            endpoint = episode.client.chat.completions if kind == "chat" else episode.client.completions
-            result = await endpoint.create(**body)
         except OverflowError as error:
             return _error(str(error), 413, code="request_too_large")
-        except Exception as error:
-            body, status = error_of(error)
-            if status >= 500:
-                log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
-            return JSONResponse(body, status_code=status)
-        if body.get("stream"):
-            return StreamingResponse(_stream(result), media_type="text/event-stream")
-        return Response(_json(result), media_type="application/json")
+        except InvalidRequestError as error:
+            error_json, status = error_of(error)
+            return JSONResponse(error_json, status_code=status)
+        endpoint = episode.client.chat.completions if kind == "chat" else episode.client.completions
+        stream = bool(body.get("stream"))
+
+        async def produce(production: Production) -> None:
+            try:
+                result = await endpoint.create(**body)
+            except Exception as error:
+                error_json, status = error_of(error)
+                if status >= 500:
+                    log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
+                production.add(json.dumps(error_json).encode(), status)
+                return
+            if stream:
+                async for piece in _stream(result):
+                    production.add(piece)
+            else:
+                production.add(_json(result).encode())
+
+        request_key = Deliveries.request_key(kind, body, request.headers.get("idempotency-key"))
+        production = gateway.deliveries.production(key, episode.client, request_key, produce)
+        if stream:
+            started = await production.started()
+            if started.status != 200:
+                return Response(started.chunks[0], status_code=started.status, media_type="application/json")
+            return StreamingResponse(production.stream(), media_type="text/event-stream")
+        answered = await production.json(lambda: _disconnected(request))
+        if answered is None:
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it; what it generated is not recorded
+        return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
 
     async def chat(request: Request) -> Response:
         return await handle(request, "chat")

@@ -5,7 +5,7 @@ Owns: the HTTP surface (`/sessions/{key}/v1/chat/completions`, `/sessions/{key}/
 from an episode's unguessable key to its `RolloutClient`. Binds loopback by default. Runs in the
 caller's event loop (uvicorn as a task), so requests share the loop with the rollouter.
 Does not own: generation, recording or continuation — the client does all of that, identically
-for in-process and HTTP harnesses.
+for in-process and HTTP harnesses — nor when a call counts as delivered (`delivery`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
+from fullasync.gateway.delivery import Deliveries
 from fullasync.gateway.http import ServedApp
 
 
@@ -41,12 +42,15 @@ class Gateway:
     """Start with `await start()`; `open_episode()` per episode; `close_episode()`; `await stop()`."""
 
     def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = 8 * 2**20) -> None:
+                 max_body_bytes: int = 8 * 2**20, join_identical: bool = True) -> None:
+        """`join_identical`: a request identical to one of the same episode still running (or abandoned moments
+        ago) joins it instead of sampling again (`fullasync.gateway.delivery`)."""
         self.service = service
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.answered: Counter[int] = Counter()  # completion requests answered, by HTTP status
+        self.deliveries = Deliveries(join_identical)
         self._episodes: dict[str, GatewayEpisode] = {}
         self._finished: set[str] = set()
         self._http: ServedApp | None = None
@@ -79,7 +83,13 @@ class Gateway:
         """Later requests for it get 404 'finished'; its recorded calls stay on `episode.client`."""
         if self._episodes.pop(episode.api_key, None) is not None:
             self._finished.add(episode.api_key)
+            self.deliveries.close_episode(episode.api_key)
             episode.client.close()
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counts for the step metrics: calls nobody received, requests that joined an identical one."""
+        return {"gateway/abandoned_calls": float(self.deliveries.abandoned_calls),
+                "gateway/joined_requests": float(self.deliveries.joined_requests)}
 
     def lookup(self, key: str) -> GatewayEpisode:
         episode = self._episodes.get(key)

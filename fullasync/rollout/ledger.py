@@ -22,7 +22,15 @@ from fractions import Fraction
 from typing import Any
 
 from fullasync.client import RolloutClient
-from fullasync.errors import InvalidRequestError
+from fullasync.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    EngineDiedError,
+    EngineResumeTimeoutError,
+    FailureKind,
+    InfraError,
+    InvalidRequestError,
+    PolicyOutputError,
+)
 from fullasync.rollout.state import RolloutState
 from fullasync.types import ModelCall, Trajectory
 
@@ -54,6 +62,22 @@ class EpisodeFailure:
     traceback: str
 
 
+def failure_kind(error: BaseException, fault: FailureKind | None) -> FailureKind:
+    """Why an episode failed: what the harness raised, or what its client saw go wrong last (`Episode.fault`: an
+    SDK error over the gateway hides the cause), or its own deadline; else the harness's own failure."""
+    if isinstance(error, InfraError | EngineDiedError | EngineResumeTimeoutError):
+        return FailureKind.INFRA
+    if isinstance(error, PolicyOutputError):
+        return FailureKind.MODEL
+    if isinstance(error, InvalidRequestError) and error.code == CONTEXT_LENGTH_EXCEEDED:
+        return FailureKind.LENGTH
+    if fault is not None:
+        return fault
+    if isinstance(error, TimeoutError):
+        return FailureKind.TIMEOUT
+    return FailureKind.HARNESS
+
+
 def failure_reason(error: BaseException) -> str:
     """A short, countable reason: the error class, and for a malformed request the field it named."""
     if isinstance(error, InvalidRequestError) and error.param:
@@ -67,11 +91,15 @@ class FailureLog:
 
     count: int = 0
     reasons: Counter[str] = field(default_factory=Counter)  # failure_reason(error) -> episodes
+    kinds: Counter[str] = field(default_factory=Counter)  # FailureKind value -> episodes
+    infra_retries: int = 0  # episodes run again after an infrastructure failure
     recent: deque[EpisodeFailure] = field(default_factory=deque)
 
-    def record(self, row_id: str, episode: int, error: BaseException) -> bool:
-        """Count `error` (call from its `except` block: the traceback is read there); True if its reason is new."""
+    def record(self, row_id: str, episode: int, error: BaseException, kind: FailureKind = FailureKind.HARNESS) -> bool:
+        """Count `error` of `kind` (call from its `except` block: the traceback is read there); True if its reason
+        is new."""
         self.count += 1
+        self.kinds[kind.value] += 1
         reason = failure_reason(error)
         new = reason not in self.reasons
         self.reasons[reason] += 1
@@ -235,6 +263,7 @@ class RowLedger:
             admitted=len(self.outcomes.keys() | self.running.keys() | self._resumed.keys()),
             outcomes={row_id: outcome.value for row_id, outcome in self.outcomes.items()},
             episode_failures=self.failures.count, failure_reasons=dict(self.failures.reasons),
+            failure_kinds=dict(self.failures.kinds), infra_retries=self.failures.infra_retries,
             in_flight=in_flight,
             kept_tokens=sum(t.num_output_tokens for eps in in_flight.values() for t in eps.values() if t is not None),
             discarded_tokens=sum(len(call.output_ids) for record in self.running.values()
@@ -247,5 +276,7 @@ class RowLedger:
         self.outcomes = {row_id: RowOutcome(outcome) for row_id, outcome in state.outcomes.items()}
         self.failures.count = state.episode_failures
         self.failures.reasons = Counter(state.failure_reasons)
+        self.failures.kinds = Counter(state.failure_kinds)
+        self.failures.infra_retries = state.infra_retries
         self._restored = set(self.outcomes)
         self._resumed = {row_id: dict(episodes) for row_id, episodes in state.in_flight.items()}

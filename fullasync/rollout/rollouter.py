@@ -28,9 +28,11 @@ from typing import Any, Protocol
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
+from fullasync.errors import FailureKind
 from fullasync.metrics import HARNESS_METRICS_KEY
+from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
-from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_reason
+from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
 from fullasync.types import Trajectory, TrajectoryGroup
@@ -55,6 +57,8 @@ class RolloutSettings:
     max_running_rows: int = RolloutSection.max_running_rows  # each row counted by its share of unfinished episodes
     episode_timeout_s: float = RolloutSection.episode_timeout_s
     filter_zero_variance: bool = RolloutSection.filter_zero_variance
+    infra_retries: int = RolloutSection.infra_retries
+    failure_reward: float = RolloutSection.failure_reward
     keep_tracebacks: int = 20  # most recent failure tracebacks kept for the report
     stop_stale_rows: bool = True  # stop a running row as soon as a token of it is too old for any later step
 
@@ -68,6 +72,8 @@ class RolloutReport:
     trained_twice: list[str]  # must stay empty: a row's group is trained at most once
     episode_failures: int
     failure_reasons: dict[str, int]
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # FailureKind value -> episodes
+    infra_retries: int = 0  # episodes run again after an infrastructure failure
     recent_failures: list[EpisodeFailure] = field(default_factory=list)
     idle_fraction: float = 0.0  # share of wall time with no row generating
     lead_rows: int = 0  # rows admission may run ahead of the finished steps now (StalenessManager.lead_rows)
@@ -220,7 +226,8 @@ class Rollouter:
             row_outcomes={row_id: outcome.value for row_id, outcome in ledger.outcomes.items()},
             trained_twice=list(ledger.trained_twice),
             episode_failures=ledger.failures.count,
-            failure_reasons=dict(ledger.failures.reasons),
+            failure_reasons=dict(ledger.failures.reasons), failure_kinds=dict(ledger.failures.kinds),
+            infra_retries=ledger.failures.infra_retries,
             recent_failures=list(ledger.failures.recent),
             idle_fraction=ledger.idle_fraction(),
             lead_rows=self.staleness.lead_rows,
@@ -322,13 +329,25 @@ class Rollouter:
         return RowOutcome.QUEUED
 
     async def _episode(self, record: RunningRow, index: int, share: Fraction) -> None:
-        """One episode of the row, recorded on the row's record (its trajectory, or None if it failed)."""
-        client = self.service.client(f"{record.row_id}/{index}")
-        record.episode_started(index, client)
+        """One episode of the row, recorded on the row's record (its trajectory, or None if it failed). An episode
+        that failed because of the infrastructure runs again, up to `infra_retries` times (counted)."""
         try:
-            record.finished[index] = await self._run_episode(record.row_id, index, client, record.row)
+            for attempt in range(self.settings.infra_retries + 1):
+                client = self.service.client(f"{record.row_id}/{index}" + (f"#{attempt}" if attempt else ""))
+                record.episode_started(index, client)
+                try:
+                    trajectory, kind = await self._run_episode(record.row_id, index, client, record.row)
+                    again = kind is FailureKind.INFRA and attempt < self.settings.infra_retries
+                    if not again:
+                        record.finished[index] = trajectory
+                finally:
+                    record.episode_ended(index)
+                if not again:
+                    return
+                self.ledger.failures.infra_retries += 1
+                log.warning("row %s episode %d failed for the infrastructure: running it again (%d of %d)",
+                            record.row_id, index, attempt + 1, self.settings.infra_retries)
         finally:
-            record.episode_ended(index)
             record.released += share
             self.staleness.episode_done(share)
             self._wake.set()  # engine slots freed: another row may fit
@@ -337,20 +356,30 @@ class Rollouter:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
         return await run_harness(self.rollout_fn, self.episode_context, client, row)
 
-    async def _run_episode(self, row_id: str, index: int, client: RolloutClient, row: Any) -> Trajectory | None:
-        """The harness's result as a trajectory; None when it raised or timed out (counted, not trained)."""
+    async def _run_episode(self, row_id: str, index: int, client: RolloutClient,
+                           row: Any) -> tuple[Trajectory | None, FailureKind | None]:
+        """The harness's result as a trajectory, and the kind of its failure if it failed (counted): a failure the
+        policy caused (`FailureKind.trained`) is the calls it made with `failure_reward`; any other is None."""
         try:
-            async with asyncio.timeout(self.settings.episode_timeout_s):  # in this task: no task of its own
+            async with asyncio.timeout(self.settings.episode_timeout_s) as timeout:  # in this task: no task of its own
+                client.episode.deadline_paused = EpisodeDeadline(timeout).suspended  # engine restarts do not count
                 result = await self.run_harness(client, row)
             if isinstance(result, (int, float)) and not isinstance(result, bool):
                 result = client.trajectory(float(result))
             if isinstance(result, Trajectory):
-                return with_logged(result, client.episode.logged)
+                return with_logged(result, client.episode.logged), None
             raise TypeError(f"rollout_fn must return a float reward or a Trajectory, got {type(result).__name__}")
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a harness failure is data, not a crash: record and go on
-            if self.ledger.failures.record(row_id, index, error):  # each kind once: the counts say how often
-                log.warning("row %s episode %d failed (%s, counted, not trained): %s", row_id, index,
-                            failure_reason(error), error)
-            return None
+            kind = failure_kind(error, client.episode.fault)
+            trained = kind.trained and bool(client.episode.calls)
+            if self.ledger.failures.record(row_id, index, error, kind):  # each reason once: the counts say how often
+                fate = (f"trained with reward {self.settings.failure_reward}" if trained
+                        else "run again" if kind is FailureKind.INFRA else "not trained")
+                log.warning("row %s episode %d failed (%s, %s, counted, %s): %s", row_id, index, kind.value,
+                            failure_reason(error), fate, error)
+            if not trained:
+                return None, kind
+            metadata = {"failure": kind.value, "error": f"{type(error).__name__}: {error}"}
+            return with_logged(client.trajectory(self.settings.failure_reward, metadata), client.episode.logged), kind

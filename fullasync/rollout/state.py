@@ -18,6 +18,8 @@ class RolloutState:
     outcomes: dict[str, str] = field(default_factory=dict)  # row ledger: row id -> RowOutcome value
     episode_failures: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # FailureKind value -> episodes
+    infra_retries: int = 0  # episodes run again after an infrastructure failure
     # finished episodes of running rows
     in_flight: dict[str, dict[int, Trajectory | None]] = field(default_factory=dict)
     kept_tokens: int = 0  # output tokens of the finished episodes of running rows (kept by the checkpoint)

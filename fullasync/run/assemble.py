@@ -18,14 +18,17 @@ import contextlib
 import gc
 import inspect
 import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
-from fullasync.config import EngineSection, RunConfig
+from fullasync.config import EngineSection, RolloutSection, RunConfig
 from fullasync.config_fields import shared_settings
 from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.export_note import write_export_note
 from fullasync.gateway import Gateway
 from fullasync.metrics import MetricsSink
 from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
@@ -92,6 +95,7 @@ class RunSettings:
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
     restart_engines: bool = False  # restart engines declared dead, with the current weights
     engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
+    join_identical_requests: bool = RolloutSection.join_identical_requests  # the gateway's (fullasync.gateway.delivery)
 
     def __post_init__(self) -> None:
         if self.admission not in RUNNING_COUNTS:
@@ -110,6 +114,7 @@ class RunSettings:
             push_mode=config.push_mode, generate_ahead=config.generate_ahead, val_every=config.val_every,
             val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
+            join_identical_requests=config.rollout.join_identical_requests,
         )
 
     @property
@@ -158,6 +163,9 @@ class Run:
             val_every=settings.val_every, validate=self.validate_paused if self.val_rows else None, sink=sink,
             checkpoint=self.checkpoint if checkpoints is not None else None,
             checkpoint_every=checkpoints.every if checkpoints is not None else 0,
+            save_model=self.save_model if checkpoints is not None and checkpoints.hf_every else None,
+            save_model_every=checkpoints.hf_every if checkpoints is not None else 0,
+            more_stats=gateway.stats if gateway is not None else None,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -169,6 +177,19 @@ class Run:
         saving = ", save a checkpoint" if self.checkpoints is not None else ""
         log.warning("%s: finishing the step under way%s and stopping (send it again to stop at once)", reason, saving)
         self.loop.request_stop()
+
+    async def save_model(self, step: int) -> Path:
+        """The policy after `step` as a Hugging Face folder (`CheckpointPolicy.hf_dir`), with the note that
+        `fullasync export` writes (step, weight version, base model)."""
+        assert self.checkpoints is not None  # save_model is handed to the loop only with a checkpoint policy
+        target = self.checkpoints.hf_dir(step)
+        began = time.perf_counter()
+        await self.trainer.save_checkpoint(str(target))
+        write_export_note(target, step=step, weight_version=self.weight_sync.version,
+                          base_model=str(self.checkpoints.fingerprint.get("model.path", "")))
+        log.info("policy at step %d saved as a Hugging Face folder: %s (%.1f s)", step, target,
+                 time.perf_counter() - began)
+        return target
 
     async def checkpoint(self, pending: Sequence[Any] = ()) -> SavedCheckpoint:
         """Save the whole run now (`pending`: groups taken from the queue and not trained)."""
@@ -233,6 +254,7 @@ class Run:
             result.trained_rows_seen_twice = list(report.trained_twice)
             result.episode_failures = report.episode_failures
             result.failure_reasons = dict(report.failure_reasons)
+            result.failure_kinds, result.infra_retries = dict(report.failure_kinds), report.infra_retries
             return result
         finally:
             if supervisor is not None:
@@ -290,7 +312,8 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                                  count_running=settings.admission, generate_ahead=settings.generate_ahead)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
-    gateway = Gateway(service) if isinstance(rollout_fn, CustomGenerator) and rollout_fn.uses_gateway else None
+    gateway = (Gateway(service, join_identical=settings.join_identical_requests)
+               if isinstance(rollout_fn, CustomGenerator) and rollout_fn.uses_gateway else None)
     rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout,
                           episode_context=episodes_on(gateway) if gateway is not None else None)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,

@@ -74,6 +74,11 @@ class CheckpointPolicy:
     every: int = 0  # steps between checkpoints; 0 = only when stopped by a signal
     keep: int = 2  # newest complete checkpoints kept (0 = all)
     fingerprint: Mapping[str, Any] = field(default_factory=dict)  # what a resuming run must match
+    hf_every: int = 0  # steps between Hugging Face copies of the policy (root/../hf/step_N); 0 = none
+
+    def hf_dir(self, step: int) -> Path:
+        """Where the policy after `step` goes as a Hugging Face folder: <output_dir>/hf/step_N."""
+        return self.root.parent / "hf" / f"step_{step:08d}"
 
 
 @dataclass

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
+from fullasync.logs import progress
 from fullasync.metrics import (
     MetricsSink,
     format_line,
@@ -80,6 +81,8 @@ class LoopResult:
     train_wall_s: float = 0.0
     episode_failures: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)  # e.g. {"InvalidRequestError(seed)": 12}
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # e.g. {"infra": 3, "model": 1} (FailureKind)
+    infra_retries: int = 0  # episodes run again after an infrastructure failure
     history: list[dict[str, float]] = field(default_factory=list)
     interrupted: bool = False  # stopped by a signal (after saving a checkpoint, when checkpoints are on)
     resumed_from_step: int | None = None  # the checkpoint's step when the run was resumed
@@ -93,6 +96,7 @@ class LoopResult:
         return {
             "train_wall_s": self.train_wall_s, "steps": self.steps, "rows": self.outcomes,
             "episode_failures": self.episode_failures, "failure_reasons": self.failure_reasons,
+            "failure_kinds": self.failure_kinds, "infra_retries": self.infra_retries,
             "max_token_staleness": self.max_token_staleness,
             "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in self.history),
             "interrupted": self.interrupted, "resumed_from_step": self.resumed_from_step,
@@ -106,9 +110,12 @@ class TrainingLoop(Generic[BatchT]):
                  weight_sync: WeightSync, max_staleness: int, batch_size: int, total_steps: int, val_every: int,
                  validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
                  checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object]] | None = None,
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, save_model: Callable[[int], Awaitable[object]] | None = None,
+                 save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None) -> None:
         """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained); it runs
-        every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`."""
+        every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`.
+        `save_model(step)` writes the policy for use elsewhere (a Hugging Face folder) every `save_model_every`
+        steps. `more_stats()`: counts of other components for each step's metrics (the gateway's)."""
         self.trainer = trainer
         self.rollouter = rollouter
         self.queue = queue
@@ -121,6 +128,9 @@ class TrainingLoop(Generic[BatchT]):
         self.sink = sink
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.save_model = save_model
+        self.save_model_every = save_model_every
+        self.more_stats = more_stats
         self.result = LoopResult()
         self.stop_requested = False
         self._idle_s = 0.0
@@ -163,6 +173,8 @@ class TrainingLoop(Generic[BatchT]):
             await self._step(groups, started)
             if self.checkpoint_every and result.steps % self.checkpoint_every == 0:
                 await self._checkpoint([], started)
+            if self.save_model is not None and self.save_model_every and result.steps % self.save_model_every == 0:
+                await self.save_model(result.steps)
             if self.validate is not None and self.val_every and result.steps % self.val_every == 0:
                 accuracy = await self.validate()
                 if result.history:
@@ -246,8 +258,13 @@ class TrainingLoop(Generic[BatchT]):
             "engines/restarts": float(self.weight_sync.restarts),
         })
         metrics.update({f"rows/{k}": float(v) for k, v in report.outcome_counts.items()})
+        metrics.update({f"rollout/failures/{kind}": float(count) for kind, count in report.failure_kinds.items()})
+        metrics["rollout/infra_retries"] = float(report.infra_retries)
+        if self.more_stats is not None:
+            metrics.update(self.more_stats())
         self._tokens += metrics["rollout/output_tokens"]
         result.history.append(metrics)
         self.sink.write(result.steps, metrics)
         self.sink.samples(result.steps, groups, version)
-        step_log.info(format_line(result.steps, metrics))
+        step_log.info(format_line(result.steps, metrics),
+                      extra=progress("steps", result.steps, self.total_steps) if self.total_steps else None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
+from fullasync.logs import progress
 from fullasync.types import Trajectory
 
 log = logging.getLogger("fullasync")
@@ -47,8 +48,11 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[
     """Mean reward of `samples_per_row` episodes per row (failures count 0 and are reported)."""
     limit = asyncio.Semaphore(concurrency)
     failures: list[str] = []
+    total = len(rows) * samples_per_row
+    finished = 0
 
     async def one(index: int, row: Any, sample: int) -> float:
+        nonlocal finished
         async with limit:
             client = service.client(f"val-{index}-{sample}")
             try:
@@ -63,6 +67,9 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[
                 return 0.0
             finally:
                 client.close()
+                finished += 1
+                log.info("validation %d/%d episodes", finished, total,
+                         extra=progress("validation", finished, total, transient=True))
 
     rewards = await asyncio.gather(
         *(one(i, row, s) for (i, row), s in itertools.product(enumerate(rows), range(samples_per_row)))

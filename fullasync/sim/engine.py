@@ -190,13 +190,15 @@ class SimulatedEngine:
         start = clock()
         await self.pause(mode)
         paused = clock()
-        try:
-            await self.update_weights(weights, version)
-            updated = clock()
-        finally:
-            resume_start = clock()
-            await self.resume()
-        return InstallTiming(paused - start, updated - paused, clock() - resume_start)
+        await self.update_weights(weights, version)  # a failed update leaves the engine paused (Engine.install)
+        updated = clock()
+        await self.resume()
+        return InstallTiming(paused - start, updated - paused, clock() - updated)
+
+    def mark_dead(self, reason: str, last_request_id: str | None = None) -> None:
+        if self.death is None:
+            last = f"; the last request it accepted was {last_request_id}" if last_request_id else ""
+            self.death = EngineDiedError(f"engine {self.name} is dead: {reason}{last}")
 
     async def version(self) -> int:
         return self._version

@@ -39,3 +39,4 @@ async def test_a_fully_async_run_trains_on_mini_swe_agent_episodes_with_pushes_m
     for step in result.history:  # the adapter's own metrics: one exit status and one call count per trained episode
         exits = sum(value for key, value in step.items() if key.startswith("harness/exit/") and key.endswith("/count"))
         assert exits == step["harness/model_calls/count"] == step["rollout/samples"], step
+        assert step["gateway/abandoned_calls"] == 0, step  # the harness received every completion it asked for

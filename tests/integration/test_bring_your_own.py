@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,12 +23,36 @@ async def rollout_fn(client, row):
 '''
 
 
-def fullasync(work: Path, home: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+def fullasync(work: Path, home: Path, *args: str, timeout: int = 900, terminal: bool = False,
+              environment: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`fullasync train ARGS` in `work`; `terminal`: with stdout and stderr on a pseudo-terminal (read back as
+    `stdout`), as a person at a terminal runs it."""
     script = Path(sys.executable).parent / "fullasync"  # the console script: sys.path[0] is not the current folder
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "COLUMNS": "160", "TERM": "xterm"}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([str(script), "train", *args], capture_output=True, text=True, timeout=timeout, cwd=work,
-                          env=env)
+    env.pop("FULLASYNC_PLAIN", None)
+    env.update(environment or {})
+    command = [str(script), "train", *args]
+    if not terminal:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=work, env=env)
+    controller, device = pty.openpty()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=device, stderr=device, cwd=work, env=env)
+    os.close(device)
+    shown = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([controller], [], [], 1.0)
+        if readable:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal closed: every process holding it exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+    os.close(controller)
+    returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return subprocess.CompletedProcess(command, returncode, shown.decode(errors="replace"), "")
 
 
 @pytest.mark.slow
@@ -38,11 +65,24 @@ def test_a_hub_model_a_jsonl_file_and_a_local_harness_train_from_a_folder_of_one
                                               for a in range(10)))
     common = ("data.task=", "data.rollout_fn=my_agent:rollout_fn", "output_dir=out", "rollout.batch_size=2",
               "rollout.n=2", "total_steps=2", "checkpoint.every=0", "engine.max_model_len=512")
-    done = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl", *common)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl", *common,
+                     "data.val_dataset=train.jsonl", "val_samples_per_row=2", terminal=True)
+    assert done.returncode == 0, done.stdout[-3000:]
     assert json.loads((work / "out" / "result.json").read_text())["steps"] == 2
+    # on a terminal: each start-up phase as it happens, and live bars (rich) under the lines
+    shown = done.stdout
+    phases = ["model ready: fullasync-test/tiny", "Ray ready:", "engine 1/1 ready:", "trainer ready: 1 worker",
+              "held-out accuracy before training", "step    2/2"]
+    positions = [shown.find(phase) for phase in phases]
+    assert -1 not in positions, [phase for phase, at in zip(phases, positions) if at == -1]
+    assert "━" in shown and "\x1b[" in shown  # a bar, drawn with terminal control sequences
+    assert "engines" in shown and "validation" in shown  # bars (the lines say "engine 1/1 ready")
 
     bad = fullasync(work, home, "model.path=fullasync-test/absent", "data.train_dataset=train.jsonl", *common)
     assert bad.returncode == 2 and "is not in the Hugging Face cache" in bad.stderr and "Traceback" not in bad.stderr
     bad = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=missing.jsonl", *common)
     assert bad.returncode == 2 and "'missing.jsonl' matches no file" in bad.stderr and "Traceback" not in bad.stderr
+    bad = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl",
+                    "logging.loggers=[wandb]", *common, timeout=120,
+                    environment={"HOME": str(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": ""})
+    assert bad.returncode == 2 and "no W&B credentials" in bad.stderr and "Traceback" not in bad.stderr

@@ -15,7 +15,8 @@ def test_the_ray_engine_satisfies_the_engine_protocol():
     for name in methods:
         expected, actual = getattr(Engine, name), getattr(RayEngine, name)
         assert list(inspect.signature(actual).parameters) == list(inspect.signature(expected).parameters), name
-        kind = inspect.isasyncgenfunction if name == "generate_stream" else inspect.iscoroutinefunction
+        kind = {"generate_stream": inspect.isasyncgenfunction, "mark_dead": inspect.isfunction}.get(
+            name, inspect.iscoroutinefunction)
         assert kind(actual), f"RayEngine.{name} is not {kind.__name__.removeprefix('is')}"
     handle = RayEngine(None, "engine-x", VLLMEngineConfig(model_path="/nonexistent"))
     assert isinstance(handle, Engine) and handle.death is None

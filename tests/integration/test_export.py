@@ -1,4 +1,5 @@
-"""`fullasync export`: a step checkpoint becomes a Hugging Face folder with exactly the weights trained to it."""
+"""`fullasync export`: a step checkpoint becomes a Hugging Face folder with exactly the weights trained to it;
+`checkpoint.save_hf_every` writes such folders during the run."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def log_probs(directory: Path, ids: list[int]) -> torch.Tensor:
 @pytest.mark.slow
 async def test_an_exported_step_checkpoint_is_the_policy_the_run_trained(ray_cluster, tmp_path):
     config = RunConfig(total_steps=2, val_samples_per_row=1, save_checkpoint=True, output_dir=str(tmp_path / "run"),
-                       checkpoint=CheckpointSection(every=2))
+                       checkpoint=CheckpointSection(every=2, save_hf_every=1))
     trainer = AsyncAgentTrainer(config)
     result = await trainer.train_async()
     assert result.steps == 2
@@ -49,3 +50,10 @@ async def test_an_exported_step_checkpoint_is_the_policy_the_run_trained(ray_clu
     assert json.loads((exported / "fullasync_export.json").read_text())["step"] == 2
     with pytest.raises(ValueError, match="already holds files"):
         await export_checkpoint(step, exported)
+    # checkpoint.save_hf_every=1: the policy after each step as a Hugging Face folder, written during the run
+    saved = sorted((tmp_path / "run" / "hf").iterdir())
+    assert [path.name for path in saved] == ["step_00000001", "step_00000002"]
+    after_two = tensors(saved[1])
+    assert all(torch.equal(after_two[k], theirs[k]) for k in theirs)
+    assert not torch.equal(log_probs(saved[0], ids), log_probs(saved[1], ids))  # a step trained between them
+    assert [json.loads((path / "fullasync_export.json").read_text())["step"] for path in saved] == [1, 2]

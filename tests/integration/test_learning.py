@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 
+from mlflow.tracking import MlflowClient
+
 from fullasync.api import AsyncAgentTrainer
-from fullasync.config import RunConfig
+from fullasync.config import LoggingSection, RunConfig
 from fullasync.report import write_report
+from fullasync.tracking import LOGGERS
 
 MARGIN = 0.15
 
 
-async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster, tmp_path):
-    config = RunConfig(mode="fully_async", partial_rollout=True, output_dir=str(tmp_path))
+async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    config = RunConfig(mode="fully_async", partial_rollout=True, output_dir=str(tmp_path),
+                       logging=LoggingSection(loggers=list(LOGGERS), offline=True))
     result = await AsyncAgentTrainer(config).train_async()
     assert result.steps == config.total_steps == 60
     assert result.max_token_staleness <= 2
@@ -31,5 +37,15 @@ async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster,
     call = episodes[0]["calls"][0]
     assert "+" in call["prompt"] and call["completion"] and call["completion_tokens"] > 0
     assert 0 <= call["staleness"] <= 2 and episodes[0]["reward"] in (0.0, 1.0)
+    # the same steps and samples in every logger the run was asked to log to (offline here)
+    ids = json.loads((tmp_path / "tracking.json").read_text())
+    assert set(ids) == set(LOGGERS)
+    mlflow_history = MlflowClient((tmp_path / "mlruns").as_uri()).get_metric_history(ids["mlflow"], "reward.mean")
+    assert [m.step for m in mlflow_history] == list(range(1, 61))
+    (wandb_run,) = (tmp_path / "wandb").glob(f"offline-run-*-{ids['wandb']}")
+    tables = {path.name.split("_")[1] for path in wandb_run.glob("files/media/table/rollouts_*.table.json")}
+    assert tables == {"10", "20", "30", "40", "50", "60"}
+    assert list((tmp_path / "swanlog").glob(f"run-*-{ids['swanlab']}"))
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     page = write_report(tmp_path)  # `fullasync report` on this run's output
     assert {"reward.png", "staleness_histogram.png", "throughput.png"} <= {p.name for p in page.parent.iterdir()}

@@ -18,6 +18,7 @@ from fullasync.api import AsyncAgentTrainer
 from fullasync.config import DataSection, EngineSection, RolloutSection, RunConfig
 from fullasync.engines.protocol import PauseMode
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.errors import InfraError
 from fullasync.rollout.generator import CustomGenerator, run_process
 from fullasync.tasks import arithmetic
 from fullasync.tasks.warmup import build_warm_policy
@@ -244,6 +245,8 @@ async def test_an_out_of_process_harness_is_trained_on(stack, tmp_path):
 
 
 async def test_an_engine_killed_mid_run_is_restarted_and_no_row_is_lost(stack, tmp_path):
+    """With a 2 s episode timeout: the wait for the restart (tens of seconds) is not the episodes' time, and an
+    infrastructure failure a harness reports (InfraError) runs the episode again; no row fails."""
     engines, trainer = stack
     rows = arithmetic.ArithmeticTask().rows("train")[:16]
     restarts_before = engines[0].restarts
@@ -251,19 +254,23 @@ async def test_an_engine_killed_mid_run_is_restarted_and_no_row_is_lost(stack, t
     async def killing_rollout(client, row):
         if row["id"] == rows[6]["id"] and client.episode.id.endswith("/0"):
             ray.kill(engines[0].actor)  # the engine process dies under the run
+        if row["id"] == rows[3]["id"] and client.episode.id.endswith("/1"):  # the first attempt only
+            raise InfraError("the sandbox did not start")
         response = await client.chat.completions.create(model="policy", messages=arithmetic.messages(row),
                                                         max_tokens=4)
         return arithmetic.reward(response.choices[0].message.content, row["answer"]) + (
-            0.1 if client.episode.id.endswith("/0") else 0.0)
+            0.1 if "/0" in client.episode.id else 0.0)
 
     run = AsyncAgentTrainer(
         config(tmp_path, mode="fully_async", total_steps=0, data=DataSection(task="", epochs=1),
-               rollout=RolloutSection(n=2, batch_size=4, max_running_rows=8),
+               rollout=RolloutSection(n=2, batch_size=4, max_running_rows=8, episode_timeout_s=2.0),
                engine=EngineSection(probe_interval_s=1.0)),
         rollout_fn=killing_rollout, train_dataset=rows, val_dataset=None,
     )
     result = await asyncio.wait_for(run.train_async(engines=engines, trainer=trainer), 900)
-    assert result.outcomes == {"trained": len(rows)} and result.episode_failures == 0  # nothing lost
+    assert result.outcomes == {"trained": len(rows)}  # nothing lost: no row failed
+    assert result.failure_kinds == {"infra": 1} and result.infra_retries == 1  # counted and run again
+    assert result.history[-1]["rollout/failures/infra"] == 1 and result.history[-1]["rollout/infra_retries"] == 1
     assert engines[0].restarts == restarts_before + 1 and engines[0].death is None
     assert result.history[-1]["engines/restarts"] == 1  # the metrics show it
     versions = [step["version"] for step in result.history]

@@ -12,6 +12,7 @@ from policy_weights import PolicyWeights
 from fullasync.engines.protocol import PauseMode
 from fullasync.engines.shm_weights import WeightReceiver, WeightSender, plan_buckets
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.weight_transport import ObjectStoreTransport
 from fullasync.weight_sync import WeightSync
 
 TOLERANCE = 1e-4
@@ -116,3 +117,40 @@ def test_hand_off_files_of_dead_actors_are_removed_and_live_ones_kept(tmp_path):
         path.write_bytes(b"x")
     assert remove_orphans(str(tmp_path)) == [dead.name]
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+class BreaksOffOnce(ObjectStoreTransport):
+    """Edge fake: the first transfer to each engine breaks off after loading the first half of the tensors (the
+    engine really loads them: its weights are torn), then fails, as a transfer cut mid-way does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken: set[str] = set()
+
+    async def update_weights(self, engine, version, mode):
+        if engine.name not in self.broken:
+            self.broken.add(engine.name)
+            weights = dict(self._pushing[0])
+            first_half = dict(sorted(weights.items())[: len(weights) // 2])
+            await engine.install(first_half, version, mode)
+            raise ConnectionError("the transfer broke off half-way")
+        return await super().update_weights(engine, version, mode)
+
+
+async def test_a_push_cut_mid_transfer_is_retried_and_the_engine_serves_exactly_what_was_pushed(
+        small_bucket_engine, tiny_model_path, tokenizer):
+    engine = small_bucket_engine
+    transport = BreaksOffOnce()
+    sync = WeightSync([engine], version=await engine.version(), transport=transport, restart_on_failure=True)
+    policy = PolicyWeights(tiny_model_path, sync)
+    weights = policy.perturbed(seed=11)
+    before = await engine.check_weights(weights)
+    assert before[0] > 0 and before[1]  # the checker compares real tensors and can fail: not pushed yet
+    timing = await policy.push(weights, PauseMode.ABORT)
+    assert transport.broken == {engine.name} and engine.death is None  # torn once, repaired by the retry
+    assert timing.version == sync.version == await engine.version()  # published once every engine held it
+    assert timing.phases["checked_tensors"] > 0  # the install itself compared checksums of a sample
+    compared, wrong = await engine.check_weights(weights)  # every comparable tensor, not just the sample
+    assert compared == before[0] and wrong == []
+    await policy.assert_engine_serves_current(engine, tokenizer, "Torn and mended: 3 + 4 =", timing.version,
+                                              TOLERANCE)

@@ -1,4 +1,4 @@
-"""Per-step metrics: staleness of trained tokens, the JSONL file, the optional TensorBoard sink."""
+"""Per-step metrics: staleness of trained tokens, the JSONL file, the TensorBoard logger, rollout samples."""
 
 from __future__ import annotations
 
@@ -20,13 +20,20 @@ def test_token_staleness_counts_every_sampled_token():
 
 
 def test_jsonl_and_tensorboard_sinks(tmp_path):
-    sink = MetricsSink(tmp_path / "m.jsonl", tensorboard_dir=tmp_path / "tb")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fullasync.tracking import TrackingSettings, open_loggers
+
+    settings = TrackingSettings(("tensorboard",), "p", "", False, tmp_path)
+    sink = MetricsSink(tmp_path / "m.jsonl", open_loggers(settings, {"seed": 0}, resume=False))
     sink.write(1, {"reward/mean": 0.5})
     sink.write(2, {"reward/mean": 0.75})
     sink.close()
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert lines == [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.75}]
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [(1, 0.5), (2, 0.75)]
     assert "reward 0.750" in format_line(2, {"reward/mean": 0.75, "reward/std": 0.1})
 
 

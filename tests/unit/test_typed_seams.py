@@ -15,7 +15,8 @@ from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
 from fullasync.weight_sync import WeightSync
 
-STREAMING = {"generate_stream"}  # async generators; every other method of the protocol is a coroutine
+STREAMING = {"generate_stream"}  # async generators
+PLAIN = {"mark_dead"}  # plain calls; every other method of the protocol is a coroutine
 PROPERTIES = {"name", "death"}
 
 
@@ -31,13 +32,15 @@ def assert_implements_engine(implementation: type) -> None:
         assert list(inspect.signature(actual).parameters) == list(inspect.signature(expected).parameters), name
         if name in STREAMING:
             assert inspect.isasyncgenfunction(actual), f"{implementation.__name__}.{name} must be an async generator"
+        elif name in PLAIN:
+            assert inspect.isfunction(actual) and not inspect.iscoroutinefunction(actual), name
         else:
             assert inspect.iscoroutinefunction(actual), f"{implementation.__name__}.{name} must be async"
 
 
 def test_the_engine_protocol_holds_everything_callers_use():
     used = {"generate", "generate_stream", "abort", "pause", "resume", "wait_resumed", "update_weights", "install",
-            "restart", "version", "num_in_flight", "in_flight_tokens", "shutdown"}
+            "restart", "version", "num_in_flight", "in_flight_tokens", "shutdown", "mark_dead"}
     assert protocol_methods(Engine) == used
     assert PROPERTIES <= set(vars(Engine))
 

@@ -1,0 +1,205 @@
+"""What the gateway hands a harness, and what an episode records of it: a call counts only when delivered.
+
+Owns: `Production`, the work of one completion request (the client's call and, for a stream, its chunks), run
+in a task of its own and shared by every identical request of the same episode (the same `Idempotency-Key`
+header, or the same body) while it runs or waits for a retry; `Deliveries`, each episode's productions.
+
+The rules (DESIGN.md, "What is recorded"):
+- The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body was
+  handed to the server for a connection still open, or a stream's last chunk was written. Only then it joins
+  the episode's trajectory (and the turns a later request may extend).
+- A harness that disconnects does not stop the work at once: a retry (the openai SDK's comes ~0.5 s later)
+  within `ABANDON_GRACE_S` joins it and gets the one completion. When nobody is waiting after that grace, the
+  work is cancelled — the engine request aborted — and whatever it produced is forgotten, counted as an
+  abandoned call. So the engine is idle within a second of the last disconnect.
+- An identical request while the first is still running joins it too (one engine request, one record), unless
+  the gateway is told not to (`join_identical=False`: a harness that samples in parallel with identical
+  requests; the `Idempotency-Key` header always joins).
+Does not own: HTTP parsing and responses (`routes`), the episode map (`server.Gateway`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fullasync.client import RolloutClient
+from fullasync.client.rollout_client import HeldCalls
+
+log = logging.getLogger("fullasync")
+
+ABANDON_GRACE_S = 0.75  # a request nobody waits for keeps running this long for a retry to join, then stops
+
+
+@dataclass
+class Answer:
+    """What a production produced: the status and the body (one JSON text, or SSE chunks as they come)."""
+
+    status: int = 200
+    chunks: list[bytes] = field(default_factory=list)
+    finished: bool = False
+    delivered: bool = False
+
+
+class Production:
+    """One request's work, run by `produce(held)` in a task; subscribers read its answer."""
+
+    def __init__(self, key: str, client: RolloutClient, produce: Callable[[Production], Awaitable[None]],
+                 on_idle: Callable[[Production], None]) -> None:
+        self.key = key
+        self.answer = Answer()
+        self.subscribers = 0
+        self.held: HeldCalls | None = None
+        self._client = client
+        self._changed = asyncio.Event()
+        self._on_idle = on_idle
+        self._expiry: asyncio.TimerHandle | None = None
+        self.task = asyncio.get_running_loop().create_task(self._run(produce), name=f"gateway-request-{key[:12]}")
+
+    async def _run(self, produce: Callable[[Production], Awaitable[None]]) -> None:
+        with self._client.hold() as held:
+            self.held = held
+            try:
+                await produce(self)
+            finally:
+                self.answer.finished = True
+                self._notify()
+
+    @property
+    def failed(self) -> bool:
+        """Answered with an error (nothing recorded; a retry tries again)."""
+        return self.answer.status != 200
+
+    async def started(self) -> Answer:
+        """The answer once its first chunk (or its end) is there: a stream's status is known then."""
+        while not self.answer.chunks and not self.answer.finished:
+            await self.changed()
+        return self.answer
+
+    def add(self, chunk: bytes, status: int | None = None) -> None:
+        if status is not None:
+            self.answer.status = status
+        self.answer.chunks.append(chunk)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self) -> None:
+        """Until the answer changes (awaited directly: the event is read before anything else runs)."""
+        await self._changed.wait()
+
+    def delivered(self) -> None:
+        """A subscriber received the whole answer: its record joins the episode."""
+        self.answer.delivered = True
+        if self.answer.finished and self.held is not None:
+            self.held.commit()
+
+    def subscribe(self) -> None:
+        self.subscribers += 1
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def unsubscribe(self) -> None:
+        self.subscribers -= 1
+        if self.subscribers == 0:
+            if self.answer.delivered:
+                self._on_idle(self)
+            else:
+                self._expiry = asyncio.get_running_loop().call_later(ABANDON_GRACE_S, self._on_idle, self)
+
+    async def json(self, disconnected: Callable[[], Awaitable[None]]) -> Answer | None:
+        """The whole answer once finished, or None when the connection closed first (`disconnected()` returned)."""
+        self.subscribe()
+        gone = asyncio.ensure_future(disconnected())
+        try:
+            while not self.answer.finished:
+                changed = asyncio.ensure_future(self._changed.wait())  # the event now: no change can slip past
+                try:
+                    done, _ = await asyncio.wait({changed, gone}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if gone in done and not self.answer.finished:
+                    return None
+            self.delivered()
+            return self.answer
+        finally:
+            gone.cancel()
+            self.unsubscribe()
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """Every chunk, from the first, as produced; delivered once the consumer took the last one (it asks for
+        the next chunk only after sending the previous)."""
+        self.subscribe()
+        sent = 0
+        try:
+            while True:
+                while sent < len(self.answer.chunks):
+                    yield self.answer.chunks[sent]
+                    sent += 1
+                if self.answer.finished:
+                    break
+                await self.changed()
+            self.delivered()
+        finally:
+            self.unsubscribe()
+
+
+class Deliveries:
+    """The productions of one gateway's episodes, by episode key and request key; counts what was abandoned."""
+
+    def __init__(self, join_identical: bool = True) -> None:
+        self.join_identical = join_identical
+        self.abandoned_calls = 0  # requests whose work nobody received (cancelled, or finished undelivered)
+        self.joined_requests = 0  # requests that joined an identical one instead of generating again
+        self._productions: dict[str, dict[str, Production]] = {}
+        self._serial = itertools.count()
+
+    @staticmethod
+    def request_key(kind: str, body: dict[str, Any], idempotency_key: str | None) -> str:
+        if idempotency_key:
+            return f"key:{kind}:{bool(body.get('stream'))}:{idempotency_key}"
+        canonical = json.dumps([kind, body], sort_keys=True, separators=(",", ":"), default=repr)
+        return "body:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def production(self, episode_key: str, client: RolloutClient, request_key: str,
+                   produce: Callable[[Production], Awaitable[None]]) -> Production:
+        """The running (or just abandoned) production of this request in this episode, else a new one."""
+        episode = self._productions.setdefault(episode_key, {})
+        joinable = self.join_identical or request_key.startswith("key:")
+        existing = episode.get(request_key) if joinable else None
+        if existing is not None and not existing.answer.delivered and not existing.failed:
+            self.joined_requests += 1
+            return existing
+        key = request_key if joinable else f"{request_key}#{next(self._serial)}"
+        production = Production(key, client, produce, lambda done: self._idle(episode_key, done))
+        episode[key] = production
+        return production
+
+    def _idle(self, episode_key: str, production: Production) -> None:
+        """Nobody waits for `production` any more (after the grace, when undelivered): stop and forget it."""
+        episode = self._productions.get(episode_key, {})
+        if episode.get(production.key) is production:
+            del episode[production.key]
+        if not episode:
+            self._productions.pop(episode_key, None)
+        if not production.answer.delivered and not production.failed:
+            self.abandoned_calls += 1
+            production.task.cancel()  # a running call aborts its engine request; a finished one records nothing
+
+    def close_episode(self, episode_key: str) -> None:
+        """The episode ended: what it still had running or waiting for a retry is abandoned now."""
+        for production in list(self._productions.get(episode_key, {}).values()):
+            if production.answer.delivered:
+                continue
+            production.subscribers = 0
+            self._idle(episode_key, production)
+        self._productions.pop(episode_key, None)

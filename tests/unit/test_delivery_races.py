@@ -1,0 +1,34 @@
+"""The gateway's shared productions (fullasync.gateway.delivery) under the orderings the event loop may choose:
+a waiter that starts after its production finished still gets the answer (a lost wake-up here once hung every
+JSON request whose work finished before its waiter ran)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.gateway.delivery import Deliveries
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.harness import SimTokenizer
+
+COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
+
+
+def test_a_production_that_finishes_before_its_waiter_starts_is_still_answered():
+    async def main():
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        deliveries = Deliveries()
+
+        async def produce(production) -> None:  # finishes in its first step, before the waiter's task runs
+            production.add(b'{"answer": 42}')
+
+        never = asyncio.Event()
+        production = deliveries.production("episode", service.client("e"), "key", produce)
+        async with asyncio.timeout(5.0):  # in this task, as the gateway's route awaits it (no task in between)
+            answer = await production.json(never.wait)
+        return answer, deliveries
+
+    answer, deliveries = run_virtual(main)
+    assert answer is not None and answer.chunks == [b'{"answer": 42}'] and answer.delivered
+    assert deliveries.abandoned_calls == 0

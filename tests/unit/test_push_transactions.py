@@ -1,0 +1,80 @@
+"""A weight push is a transaction: published only when every engine holds the version; an install that fails is
+tried again, then its engine is replaced (restarted with the new version) or the push fails naming it — never an
+engine left serving a failed load. The weight sync is real; the engines are the simulator's, one of them made to
+fail its installs (the edge)."""
+
+from __future__ import annotations
+
+from fullasync.engines.protocol import PauseMode
+from fullasync.errors import WeightPushError
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.weight_sync import WeightSync
+
+COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
+
+
+class FailsToInstall(SimulatedEngine):
+    """Its next `failures` updates break off (as a transfer cut mid-way), leaving it paused."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        super().__init__(name, COST)
+        self.failures = failures
+
+    async def update_weights(self, weights, version: int) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the transfer broke off")
+        await super().update_weights(weights, version)
+
+
+def push(failures: int, restart: bool):
+    """Push version 1 to a healthy engine and one whose next `failures` installs fail."""
+    async def main():
+        engines = [SimulatedEngine("sim-0", COST), FailsToInstall("sim-1", failures)]
+        sync = WeightSync(engines, PauseMode.ABORT, restart_on_failure=restart)
+        try:
+            timing = await sync.push({"w": 1})
+        except WeightPushError as error:
+            return sync, None, error, [not await e.wait_resumed(0.0) for e in engines]  # paused?
+        deaths = [e.death for e in engines]
+        await sync.restart_dead()
+        return sync, timing, deaths, [await e.version() for e in engines]
+
+    return run_virtual(main)
+
+
+def test_an_install_that_fails_once_is_tried_again_and_the_version_published():
+    sync, timing, deaths, versions = push(failures=1, restart=True)
+    assert timing.version == sync.version == 1 and deaths == [None, None] and versions == [1, 1]
+    assert sync.failed_installs == 0
+
+
+def test_an_engine_that_cannot_install_is_replaced_and_serves_the_new_version():
+    sync, timing, deaths, versions = push(failures=2, restart=True)
+    assert sync.version == 1 and sync.failed_installs == 1
+    assert deaths[0] is None and "sim-1 is dead: it could not install weight version 1" in str(deaths[1])
+    assert versions == [1, 1]  # restarted with the published version: one consistent version everywhere
+
+
+def test_without_restarts_the_push_fails_naming_the_engine_which_stays_paused():
+    sync, _, error, paused = push(failures=2, restart=False)
+    assert "engine sim-1 could not install weight version 1 in 2 attempts" in str(error)
+    assert sync.version == 0  # not published
+    assert paused == [False, True]  # the failed engine serves nothing from its failed load
+
+
+def test_checksums_compare_what_an_engine_holds_under_the_pushed_name_and_shape():
+    import torch
+
+    from fullasync.engines.weight_digests import digest, mismatches, sampled_names
+
+    pushed = {"norm.weight": torch.ones(4), "proj.weight": torch.eye(4), "embed.weight": torch.zeros(8, 4),
+              "fused.weight": torch.ones(2, 4)}
+    assert sampled_names(pushed, version=0) == ["norm.weight", "embed.weight"]
+    assert sampled_names(pushed, version=1)[-1] == "fused.weight"  # a different large tensor each version
+    served = {"norm.weight": ((4,), "float32", digest(torch.ones(4))),
+              "proj.weight": ([4, 4], "float32", digest(torch.eye(4) * 2)),  # loaded otherwise than pushed
+              "embed.weight": ((8, 4), "bfloat16", digest(torch.zeros(8, 4, dtype=torch.bfloat16))),  # cast
+              "fused.weight": ((6, 4), "float32", "not comparable: another shape")}
+    assert mismatches(pushed, served) == (3, ["proj.weight"])
