@@ -19,6 +19,7 @@ import importlib.util
 import json
 import netrc
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 LOGGERS = ("wandb", "mlflow", "swanlab", "tensorboard")
-PACKAGES = {"wandb": "wandb", "mlflow": "mlflow", "swanlab": "swanlab", "tensorboard": "tensorboard"}
 IDS_FILE = "tracking.json"  # under output_dir: {logger: run id}, read back by a resumed run
 OFFLINE_MODES = {"wandb": ("offline", "dryrun", "disabled"), "swanlab": ("offline", "local", "disabled")}
 SERVER_CHECK_TIMEOUT_S = 5.0
@@ -86,10 +86,10 @@ def check_loggers(settings: TrackingSettings) -> None:
     """Raise `LoggerUnavailableError` naming the first logger that cannot work here, and the fix."""
     validate_logger_names(settings.loggers)
     for name in settings.loggers:
-        if importlib.util.find_spec(PACKAGES[name]) is None:
-            raise LoggerUnavailableError(f"logging.loggers has {name}, but the {PACKAGES[name]} package is not "
-                                         f"installed: pip install 'fullasync[tracking]' (or {PACKAGES[name]}), or "
-                                         f"drop {name} from logging.loggers")
+        if importlib.util.find_spec(name) is None:  # each logger's import name is its own
+            raise LoggerUnavailableError(f"logging.loggers has {name}, but the {name} package is not installed: "
+                                         f"pip install 'fullasync[tracking]' (or {name}), or drop {name} from "
+                                         "logging.loggers")
     if "wandb" in settings.loggers and not wandb_offline(settings) and not _wandb_credentials():
         raise LoggerUnavailableError("logging.loggers has wandb (online) but no W&B credentials were found: run "
                                      "`wandb login`, set WANDB_API_KEY, or log offline (logging.offline=true or "
@@ -211,8 +211,6 @@ class MlflowLogger:
             self._client.log_batch(self.run_id, params=params[start:start + MLFLOW_BATCH])
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)

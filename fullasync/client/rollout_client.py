@@ -116,7 +116,7 @@ class Episode:
         self.id = episode_id
         self.calls: list[ModelCall] = []
         self.turns: list[TurnState] = []
-        self.returned: list[TurnState] = []  # every chat turn answered (to tell the policy's echoed turns)
+        self.returned: list[dict[str, Any]] = []  # every assistant message answered (to tell echoed policy turns)
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
         self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order
@@ -233,7 +233,7 @@ class RolloutClient:
         sent = messages[int(where.group(1))]
         if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
             return error
-        if not any(echoes_turn(sent, turn.messages[-1]) for turn in self.episode.returned):
+        if not any(echoes_turn(sent, returned) for returned in self.episode.returned):
             return error
         return PolicyOutputError(f"{error} (this assistant turn is the policy's own output, sent back by the "
                                  "harness: trained as the policy's failure)", param=error.param, code=error.code)
@@ -245,10 +245,9 @@ class RolloutClient:
     def _remember(self, turns: list[TurnState] | None = None,
                   last_completion: tuple[str, tuple[int, ...]] | None = None) -> None:
         """What a later call may extend (the chat turns, the completion text); held while the call is."""
-        if turns is not None:
-            self.episode.returned += turns
         target: HeldCalls | Episode = self._held() or self.episode
         if turns is not None:
+            self.episode.returned += [turn.messages[-1] for turn in turns]  # the message only, not its token ids
             target.turns = turns
         if last_completion is not None:
             target.last_completion = last_completion
