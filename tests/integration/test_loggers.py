@@ -5,6 +5,8 @@ run continues the same logger run (its id kept in output_dir/tracking.json)."""
 from __future__ import annotations
 
 import json
+import re
+import types
 
 import pytest
 
@@ -62,13 +64,21 @@ def test_mlflow_file_store_holds_metrics_params_and_sample_tables_and_a_resume_c
     assert fresh != first
 
 
-def test_wandb_offline_run_holds_the_samples_table_and_a_resume_reuses_its_id(tmp_path, offline_env):
+@pytest.mark.parametrize("same_second", [False, True])
+def test_wandb_offline_run_holds_the_samples_table_and_a_resume_reuses_its_id(tmp_path, offline_env, monkeypatch,
+                                                                             same_second):
+    # W&B names a run's folder by the second it started in; a start in the same second as the one before gets a
+    # "-1" suffix. Its start clock is pinned so that each case happens on any machine, however fast.
+    from wandb.sdk import wandb_init
+    starts = iter([1_800_000_000.0, 1_800_000_000.0 if same_second else 1_800_000_001.0])
+    monkeypatch.setattr(wandb_init, "time", types.SimpleNamespace(time=lambda: next(starts)))
     first = run_two_steps(tmp_path, "wandb", 1, resume=False)
     again = run_two_steps(tmp_path, "wandb", 3, resume=True)
     assert again == first
-    # one folder per start, named by the second it started in: both starts may share one
-    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{first}"))
-    assert runs and all((run / f"run-{first}.wandb").stat().st_size > 0 for run in runs)
+    runs = [run for run in (tmp_path / "wandb").glob(f"offline-run-*-{first}*")
+            if re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{first}(-\d+)?", run.name)]
+    assert len(runs) == 2 and any(run.name.endswith("-1") for run in runs) == same_second
+    assert all((run / f"run-{first}.wandb").stat().st_size > 0 for run in runs)
     tables = {path.name.split("_")[1]: path for run in runs
               for path in run.glob("files/media/table/rollouts_*.table.json")}
     assert sorted(tables) == ["1", "2", "3", "4"]  # the resumed run's steps went on in the same run id
