@@ -68,6 +68,7 @@ def client_config(config: RunConfig) -> ClientConfig:
     engine = config.engine
     return ClientConfig(
         model_name=config.model.served_name, tool_parser=config.model.tool_parser,
+        reasoning_parser=config.model.reasoning_parser,
         max_model_len=engine.max_model_len, max_top_logprobs=engine.max_logprobs,
         resume_timeout_s=config.rollout.resume_timeout_s,
         restart_wait_s=engine.start_timeout_s + RESTART_GRACE_S if engine.restart_on_failure else 0.0,
@@ -77,6 +78,7 @@ def client_config(config: RunConfig) -> ClientConfig:
 def resolve_model_path(config: RunConfig) -> str:
     """The directory engines and trainer load: `model.path` resolved (a named model is converted and cached
     on first use) with `model.chat_template` applied; raises here if template and tool parser do not fit."""
+    from fullasync.client.reasoning import ReasoningSplitter
     from fullasync.client.tool_parsers import make_tool_parser
     from fullasync.models import PRETRAINED_MODELS, build_pretrained_model, check_chat_setup, with_chat_template
 
@@ -96,9 +98,18 @@ def resolve_model_path(config: RunConfig) -> str:
         raise InvalidModelError(f"model.path={model.path!r} is not a local model directory, a hub ID (org/name), "
                                 f"{BUILTIN_MODEL} or a named model ({', '.join(sorted(PRETRAINED_MODELS))})")
     path = with_chat_template(base, model.chat_template)
-    check_chat_setup(load_tokenizer(path), make_tool_parser(model.tool_parser),
-                     f"model.chat_template={model.chat_template}" if model.chat_template
-                     else f"the chat template of {model.path}")
+    tokenizer = load_tokenizer(path)
+    try:
+        tool_parser = make_tool_parser(model.tool_parser, tokenizer)
+        reasoning = ReasoningSplitter(model.reasoning_parser, tokenizer) if model.reasoning_parser else None
+    except ValueError as error:
+        raise InvalidModelError(f"model.tool_parser={model.tool_parser!r} / model.reasoning_parser="
+                                f"{model.reasoning_parser!r}: {error}") from None
+    try:
+        check_chat_setup(tokenizer, tool_parser, f"model.chat_template={model.chat_template}" if model.chat_template
+                         else f"the chat template of {model.path}", reasoning)
+    except ValueError as error:  # the template and parsers do not fit: the user's setting to fix, not a crash
+        raise InvalidModelError(str(error)) from None
     return str(path)
 
 

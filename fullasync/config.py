@@ -39,15 +39,21 @@ class ModelSection:
     served_name: str = setting("policy", "the `model` name harnesses pass to the client (and the engines serve)")
     chat_template: str = setting("", "override the model's chat template: a Jinja file or a built-in name "
                                  "(chatml-tools); \"\" = the model's own")
-    tool_parser: str = setting("hermes", "format of tool calls in the output (fullasync.client.tool_parsers)")
+    tool_parser: str = setting("hermes", "format of tool calls in the output: hermes (ours, tolerant; qwen = the "
+                               "same) or any name vLLM's ToolParserManager knows (qwen3_xml, qwen3_coder, "
+                               "llama3_json, mistral, deepseek_v3, ...; vllm:hermes = vLLM's own)")
+    reasoning_parser: str = setting("", "split thinking text into reasoning_content: any name vLLM's "
+                                    "ReasoningParserManager knows (qwen3, deepseek_r1, ...); \"\" = none")
 
     def validate(self) -> None:
-        """Cheap checks of the names (the template + parser fit is checked once the tokenizer is loaded)."""
-        from fullasync.client.tool_parsers import TOOL_PARSERS
+        """Cheap checks of the names (the parsers are looked up, and their fit with the template checked, once the
+        tokenizer is loaded: `fullasync.models.check_chat_setup`)."""
         from fullasync.models.chat_templates import read_chat_template_source
 
-        if self.tool_parser not in TOOL_PARSERS:
-            raise ValueError(f"model.tool_parser={self.tool_parser!r} is unknown; choose one of {sorted(TOOL_PARSERS)}")
+        for name in ("tool_parser", "reasoning_parser"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value != value.strip() or (name == "tool_parser" and not value):
+                raise ValueError(f"model.{name}={value!r} must be a parser's name (see docs/config.md)")
         if self.chat_template:
             read_chat_template_source(self.chat_template)
 

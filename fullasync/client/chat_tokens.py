@@ -8,6 +8,7 @@ generation prompt). Only that inserted text is tokenized, so earlier turns never
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ class TurnState:
     tools: tuple[dict[str, Any], ...] | None
     token_ids: tuple[int, ...]  # prompt + output ids of that call
     ended_with_eos: bool  # the output's last token closes the turn (EOS)
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # the request's chat_template_kwargs, part of the render
 
 
 class ChatTokenizer:
@@ -36,14 +38,15 @@ class ChatTokenizer:
         self._shows_tools: bool | None = None  # does the template render `tools`? learnt on the first call with tools
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               generation_prompt: bool) -> str:
+               generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        extra = dict(template_kwargs or {})
         try:
             rendered = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **extra
             )
             if tools and self._shows_tools is None:
                 without = self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=generation_prompt
+                    messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
                 )
                 self._shows_tools = rendered != without
         except Exception as error:  # jinja raises many types; the user needs to know the template refused
@@ -62,9 +65,17 @@ class ChatTokenizer:
     def decode(self, ids: Any) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                   template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Fresh tokenization of a whole conversation, ending with the generation prompt."""
-        return self.encode(self.render(messages, tools, generation_prompt=True))
+        return self.encode(self.render(messages, tools, generation_prompt=True, template_kwargs=template_kwargs))
+
+    def generation_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                          template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The text the template adds to open the next assistant turn (it may open or close a thinking section)."""
+        closed = self.render(messages, tools, generation_prompt=False, template_kwargs=template_kwargs)
+        opened = self.render(messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
+        return opened[len(closed) :] if opened.startswith(closed) else opened
 
     def continuation_ids(self, turn: TurnState, new_messages: list[dict[str, Any]]) -> list[int] | None:
         """Ids to append to `turn.token_ids` so the model sees `turn.messages + new_messages`.
@@ -73,10 +84,10 @@ class ChatTokenizer:
         caller tokenizes afresh, and the call becomes a new training sequence).
         """
         tools = list(turn.tools) if turn.tools else None
-        history = list(turn.messages)
-        before = self.render(history[:-1], tools, generation_prompt=True)
-        with_turn = self.render(history, tools, generation_prompt=False)
-        extended = self.render(history + new_messages, tools, generation_prompt=True)
+        history, kwargs = list(turn.messages), dict(turn.template_kwargs)
+        before = self.render(history[:-1], tools, generation_prompt=True, template_kwargs=kwargs)
+        with_turn = self.render(history, tools, generation_prompt=False, template_kwargs=kwargs)
+        extended = self.render(history + new_messages, tools, generation_prompt=True, template_kwargs=kwargs)
         if not with_turn.startswith(before) or not extended.startswith(with_turn):
             return None
         assistant_section = with_turn[len(before) :]

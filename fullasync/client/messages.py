@@ -77,6 +77,11 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{where}.role must be one of {ROLES}, got {role!r}", param="messages")
         out: dict[str, Any] = {"role": "system" if role == "developer" else role}
         out["content"] = _text_content(message.get("content"), f"{where}.content")
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if role == "assistant" and reasoning is not None:  # a reasoning model's thinking, for templates that show it
+            if not isinstance(reasoning, str):
+                raise InvalidRequestError(f"{where}.reasoning_content must be a string", param="messages")
+            out["reasoning_content"] = reasoning
         tool_calls = message.get("tool_calls")
         if tool_calls is not None and (not isinstance(tool_calls, Sequence) or isinstance(tool_calls, (str, bytes))):
             raise InvalidRequestError(f"{where}.tool_calls must be a list", param="messages")

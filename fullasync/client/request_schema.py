@@ -10,10 +10,12 @@ vocabulary) and on the engines (`top_logprobs` maximum) — the client checks th
 
 The rule for fields (also in the README):
 - implemented: the OpenAI sampling fields, `response_format` (text / json_object / json_schema through
-  structured outputs) and the vLLM extras in `VLLM_EXTRAS`;
+  structured outputs), `tool_choice` (auto, none, required, a named function: the last two through structured
+  outputs), `parallel_tool_calls` (with "required") and the vLLM extras in `VLLM_EXTRAS` (`chat_template_kwargs`
+  among them);
 - accepted and ignored on purpose, with one warning per field and process: `IGNORED` — provider
   bookkeeping (`user`, `metadata`, `store`, `session_id`, ...) and hints a plain policy cannot honour
-  (`reasoning_effort`, `verbosity`, `parallel_tool_calls`); SDK transport options (`timeout`,
+  (`reasoning_effort`, `verbosity`); SDK transport options (`timeout`,
   `extra_headers`, `extra_query`) are ignored silently;
 - accepted only at their neutral value: `NEUTRAL` (penalties and `logit_bias` would change the
   sampling distribution in a way the trainer's log-probs do not reproduce);
@@ -36,9 +38,10 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128  # choices per request (OpenAI's limit)
 MAX_STOP = 16  # stop strings per request
 
-VLLM_EXTRAS = frozenset({"return_token_ids", "ignore_eos", "top_k", "min_p", "structured_outputs"})
+VLLM_EXTRAS = frozenset({"return_token_ids", "ignore_eos", "top_k", "min_p", "structured_outputs",
+                         "chat_template_kwargs"})
 IGNORED = frozenset({"user", "metadata", "store", "session_id", "service_tier", "prompt_cache_key",
-                     "safety_identifier", "reasoning_effort", "verbosity", "parallel_tool_calls"})
+                     "safety_identifier", "reasoning_effort", "verbosity"})
 TRANSPORT = frozenset({"timeout", "extra_headers", "extra_query"})
 NEUTRAL: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
 _EXTRA_BODY_KEYS = VLLM_EXTRAS | NEUTRAL.keys()
@@ -99,10 +102,29 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = Field(None, description="empty (logit_bias is not supported)")
 
 
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1, description="a function name")
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = Field(description="'function'")
+    function: NamedFunction = Field(description="{'name': ...}")
+
+
+# arguments the client passes to the template itself: a request may not set them through chat_template_kwargs
+TEMPLATE_OWN = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize",
+                          "continue_final_message", "chat_template", "return_dict", "return_assistant_tokens_mask"})
+
+
 class ChatRequest(_Sampling):
     messages: list[Any] = Field(min_length=1, description="a non-empty list of message objects")
     tools: list[Any] | None = Field(None, description="a list of {'type': 'function', 'function': {...}}")
-    tool_choice: Literal["auto", "none"] | None = Field(None, description="'auto' or 'none'")
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
+        None, description="'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}")
+    parallel_tool_calls: bool | None = Field(None, description="true or false (false: tool_choice 'required' "
+                                                               "makes one call)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="an object of extra variables for the chat template (e.g. {'enable_thinking': false})")
     max_completion_tokens: int | None = Field(None, ge=1, description="a positive integer")
     logprobs: bool | None = Field(None, description="true or false")
     top_logprobs: int | None = Field(None, ge=0, description="an integer >= 0 (with logprobs: true)")
@@ -315,6 +337,7 @@ def parse_chat(fields: Mapping[str, Any]) -> Parsed:
     """Validate a chat completion request (keyword arguments of `create`, or the HTTP body)."""
     parsed = _parse(ChatRequest, fields)
     request = parsed.request
+    _check_tool_choice(request)
     if request.max_tokens is not None and request.max_completion_tokens is not None \
             and request.max_tokens != request.max_completion_tokens:
         raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
@@ -334,3 +357,19 @@ def parse_completion(fields: Mapping[str, Any]) -> Parsed:
     if request.stream and request.n != 1:
         raise InvalidRequestError("stream=True supports n=1 only", param="n")
     return parsed
+
+
+def _check_tool_choice(request: ChatRequest) -> None:
+    """`tool_choice` and `chat_template_kwargs` beside the rest of the request (the tool names are `messages.py`'s to
+    check, against the normalised tools)."""
+    constrained = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
+    if constrained and not request.tools:
+        raise InvalidRequestError("tool_choice 'required' or a named function needs tools", param="tool_choice")
+    if constrained and (request.structured_outputs is not None or
+                        request.response_format is not None and request.response_format.type != "text"):
+        raise InvalidRequestError("tool_choice 'required' or a named function constrains the output itself; give it "
+                                  "without structured_outputs or response_format", param="tool_choice")
+    clash = sorted(set(request.chat_template_kwargs or {}) & TEMPLATE_OWN)
+    if clash:
+        raise InvalidRequestError(f"chat_template_kwargs may not set {clash}: the client passes them to the template "
+                                  "itself", param="chat_template_kwargs")

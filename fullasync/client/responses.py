@@ -10,6 +10,7 @@ import itertools
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from openai import BaseModel
@@ -47,15 +48,24 @@ def finish_reason(reason: FinishReason) -> Literal["stop", "length"]:
     return "stop" if reason is FinishReason.STOP else "length"
 
 
+def set_reasoning(model: BaseModel, reasoning: str) -> None:
+    """A reasoning model's thinking on a message or delta, under both names clients read: `reasoning_content`
+    (litellm, most harnesses, vLLM before 0.11) and `reasoning` (vLLM now)."""
+    model.reasoning_content = reasoning  # type: ignore[attr-defined]  # pydantic extra="allow"
+    model.reasoning = reasoning  # type: ignore[attr-defined]
+
+
 def set_vllm_field(model: BaseModel, name: str, value: list[int]) -> None:
     """Set one of vLLM's additions to OpenAI's schema (`token_ids`, `prompt_token_ids`): the SDK's models keep
     fields they do not declare (pydantic `extra="allow"`), though their types list OpenAI's fields only."""
     setattr(model, name, value)
 
 
-def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> str:
-    """Decoded output without special tokens, cut before a matched stop string (as OpenAI does)."""
-    text = chat_tokens.decode(generation.output_ids)
+def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration,
+                 decode: Callable[[Sequence[int]], str] | None = None) -> str:
+    """Decoded output (without special tokens, unless `decode` keeps some), cut before a matched stop string (as
+    OpenAI does)."""
+    text = (decode or chat_tokens.decode)(generation.output_ids)
     if isinstance(generation.stop_reason, str):
         cut = text.find(generation.stop_reason)
         if cut >= 0:
@@ -100,11 +110,14 @@ def chat_choice(
     generation: StitchedGeneration,
     logprobs: ChoiceLogprobs | None,
     token_ids: bool,
+    reasoning: str | None = None,
 ) -> Choice:
     finish: Literal["stop", "length", "tool_calls"] = (
         "tool_calls" if tool_calls else finish_reason(generation.finish_reason))
     calls: list[ChatCompletionMessageToolCallUnion] = [*tool_calls]
     message = ChatCompletionMessage(role="assistant", content=content, tool_calls=calls or None)
+    if reasoning is not None:
+        set_reasoning(message, reasoning)
     choice = Choice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
     if token_ids:
         set_vllm_field(choice, "token_ids", list(generation.output_ids))  # vLLM's field name (`return_token_ids`)
@@ -174,9 +187,12 @@ def completion(
     return _envelope(Completion, "text_completion", model, prompt_ids, choices, generations, token_ids)
 
 
-def message_dict(content: str | None, tool_calls: list[ParsedToolCall]) -> dict[str, Any]:
+def message_dict(content: str | None, tool_calls: list[ParsedToolCall], reasoning: str | None = None
+                 ) -> dict[str, Any]:
     """The assistant turn as the episode remembers it (normalised like incoming messages)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = [
             {"id": "", "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in tool_calls

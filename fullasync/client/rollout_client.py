@@ -31,12 +31,14 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import responses
+from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.continuation import InfraHooks, StitchedGeneration, generate_with_resume, stream_with_resume
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
+from fullasync.client.reasoning import ReasoningSplitter
 from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
 from fullasync.client.streaming import chat_stream, completion_stream
-from fullasync.client.tool_parsers import make_tool_parser
+from fullasync.client.tool_parsers import make_tool_parser, tool_choice_schema
 from fullasync.config import EngineSection, ModelSection, RolloutSection
 from fullasync.engines.protocol import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
@@ -59,6 +61,7 @@ class ClientConfig:
     max_model_len: int = EngineSection.max_model_len  # the engines' context length (prompt + output)
     resume_timeout_s: float = RolloutSection.resume_timeout_s
     tool_parser: str = ModelSection.tool_parser
+    reasoning_parser: str = ModelSection.reasoning_parser  # "" = none: thinking text stays in `content`
     max_top_logprobs: int = EngineSection.max_logprobs  # the engines' max_logprobs
     restart_wait_s: float = 0.0  # a call whose engines all died waits this long for one to be restarted
     # token ids the engines can sample: the model's embedding rows, which a padded embedding puts beyond
@@ -85,7 +88,8 @@ class RolloutService:
         self.router = EngineRouter(engines)
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
-        self.tool_parser = make_tool_parser(config.tool_parser)
+        self.tool_parser = make_tool_parser(config.tool_parser, tokenizer)
+        self.reasoning = ReasoningSplitter(config.reasoning_parser, tokenizer) if config.reasoning_parser else None
         # an id the engine sampled is one it accepts back (padded embeddings sample beyond the tokenizer)
         model_rows = config.vocab_size or model_vocab_size(getattr(tokenizer, "name_or_path", "") or None)
         self.vocab_size = max(model_rows, len(tokenizer))
@@ -107,6 +111,16 @@ class RolloutService:
 
     def client(self, episode_id: str | None = None) -> RolloutClient:
         return RolloutClient(self, episode_id or uuid.uuid4().hex)
+
+    def answer_format(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                      constrained: Any = None, template_kwargs: dict[str, Any] | None = None) -> AnswerFormat:
+        """How a chat call's output reads: its tools' parser, reasoning split off if the run has a parser for it
+        and the prompt did not close the thinking section already."""
+        kwargs = dict(template_kwargs or {})
+        thinks = self.reasoning is not None and self.reasoning.thinks(
+            self.chat_tokens.generation_prompt(messages, tools, kwargs))
+        return AnswerFormat(self.chat_tokens, self.tool_parser if tools else None, tuple(tools or ()),
+                            self.reasoning, thinks, constrained, kwargs)
 
 
 class Episode:
@@ -259,7 +273,7 @@ class RolloutClient:
     # -- shared steps -------------------------------------------------------------------------
 
     def _prepare(self, prompt_ids: list[int], request: Any, *, max_tokens: int | None, num_top_logprobs: int,
-                 with_logprobs: bool, prompt_field: str) -> _Request:
+                 with_logprobs: bool, prompt_field: str, structured: tuple[str, Any] | None = None) -> _Request:
         """Check the limits that depend on tokens and engines, then build the engine-side request."""
         config = self.service.config
         context, length = config.max_model_len, len(prompt_ids)
@@ -287,7 +301,7 @@ class RolloutClient:
             ignore_eos=bool(request.ignore_eos),
             seed=request.seed,
             num_top_logprobs=num_top_logprobs,
-            structured=structured_output(request),
+            structured=structured or structured_output(request),
         )
         return _Request(
             prompt_ids=prompt_ids,
@@ -331,14 +345,15 @@ class RolloutClient:
             )
         )
 
-    def _turn(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prompt_ids: list[int],
-              generation: StitchedGeneration, content: str | None, calls: list) -> TurnState:
+    def _turn(self, messages: list[dict[str, Any]], answers: AnswerFormat, prompt_ids: list[int],
+              generation: StitchedGeneration, answer: Answer) -> TurnState:
         eos = self.service.chat_tokens.eos_token_id
         return TurnState(
-            messages=tuple(messages) + (responses.message_dict(content, calls),),
-            tools=tuple(tools) if tools else None,
+            messages=tuple(messages) + (responses.message_dict(answer.content, answer.calls, answer.reasoning),),
+            tools=tuple(answers.tools) or None,
             token_ids=tuple(prompt_ids) + tuple(generation.output_ids),
             ended_with_eos=bool(generation.output_ids) and generation.output_ids[-1] == eos,
+            template_kwargs=tuple(sorted(answers.template_kwargs.items())),
         )
 
     def _stream(self, request: _Request) -> AsyncIterator[Any]:
@@ -349,32 +364,35 @@ class RolloutClient:
             infra=self.episode.infra_hooks(),
         )
 
-    def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], answers: AnswerFormat,
                      model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[Any]:
-        def on_done(generation: StitchedGeneration, content: str | None, calls: list) -> None:
+        def on_done(generation: StitchedGeneration, answer: Answer) -> None:
             self._record(request.prompt_ids, generation)
-            self._remember(turns=[self._turn(messages, tools, request.prompt_ids, generation, content, calls)])
+            self._remember(turns=[self._turn(messages, answers, request.prompt_ids, generation, answer)])
 
         return chat_stream(
-            self._stream(request), chat_tokens=self.service.chat_tokens,
-            parser=self.service.tool_parser if tools else None, model=model, prompt_ids=request.prompt_ids,
+            self._stream(request), answers=answers, model=model, prompt_ids=request.prompt_ids,
             stop=request.sampling.stop, with_logprobs=with_logprobs, token_ids=request.token_ids,
             include_usage=include_usage, on_done=on_done,
         )
 
-    def _chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def _chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                         template_kwargs: dict[str, Any]) -> list[int]:
         chat_tokens = self.service.chat_tokens
         tool_key = tuple(tools) if tools else None
+        kwargs_key = tuple(sorted(template_kwargs.items()))
         for turn in reversed(self.episode.turns):
             k = len(turn.messages)
-            if turn.tools != tool_key or len(messages) <= k or messages[: k - 1] != list(turn.messages[: k - 1]):
+            if turn.tools != tool_key or turn.template_kwargs != kwargs_key:
+                continue
+            if len(messages) <= k or messages[: k - 1] != list(turn.messages[: k - 1]):
                 continue
             if not same_assistant_turn(messages[k - 1], turn.messages[-1]):
                 continue
             glue = chat_tokens.continuation_ids(turn, messages[k:])
             if glue is not None:
                 return list(turn.token_ids) + glue
-        return chat_tokens.prompt_ids(messages, tools)
+        return chat_tokens.prompt_ids(messages, tools, template_kwargs)
 
 
 class _ChatCompletions:
@@ -398,33 +416,52 @@ class _ChatCompletions:
         except InvalidRequestError as error:
             raise client.blame(asked.messages, error) from None
         tool_list = normalize_tools(asked.tools) if asked.tool_choice != "none" else None
+        constrained = _constrained_choice(asked.tool_choice, tool_list)
+        kwargs = dict(asked.chat_template_kwargs or {})
+        answers = service.answer_format(normalized, tool_list, constrained, kwargs)
         logprobs, model = bool(asked.logprobs), asked.model
+        calls_only = None if constrained is None else (  # the output is the calls' JSON, with no free whitespace
+            "compact_json", tool_choice_schema(constrained, tool_list or (), asked.parallel_tool_calls is not False))
         request = client._prepare(
-            client._chat_prompt_ids(normalized, tool_list), asked,
+            client._chat_prompt_ids(normalized, tool_list, kwargs), asked,
             max_tokens=asked.max_completion_tokens if asked.max_completion_tokens is not None else asked.max_tokens,
             num_top_logprobs=(asked.top_logprobs or 0) if logprobs else 0, with_logprobs=logprobs,
             prompt_field="messages",
+            structured=calls_only,
         )
         if asked.stream:
             include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
-            return client._chat_stream(request, normalized, tool_list, model, logprobs, include_usage)
+            return client._chat_stream(request, normalized, answers, model, logprobs, include_usage)
         generations = await client._generate(request)
         choices, turns = [], []
         for index, generation in enumerate(generations):
-            text = responses.visible_text(service.chat_tokens, generation)
-            content, calls = service.tool_parser.parse(text) if tool_list else (text, [])
+            answer = answers.answer(answers.visible_text(generation))
             logprob_obj = responses.chat_logprobs(service.chat_tokens, generation) if logprobs else None
             choices.append(
-                responses.chat_choice(
-                    index, content, responses.tool_call_objects(calls), generation, logprob_obj, request.token_ids
-                )
+                responses.chat_choice(index, answer.content, responses.tool_call_objects(answer.calls), generation,
+                                      logprob_obj, request.token_ids, answer.reasoning)
             )
-            turns.append(client._turn(normalized, tool_list, request.prompt_ids, generation, content, calls))
+            turns.append(client._turn(normalized, answers, request.prompt_ids, generation, answer))
         response = responses.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
         for generation in generations:
             client._record(request.prompt_ids, generation)
         client._remember(turns=turns)
         return response
+
+
+def _constrained_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> Any:
+    """`tool_choice` as a constraint on the output ("required" or `{"type": "function", "function": {"name": ...}}`
+    naming one of `tools`), or None when the policy chooses ("auto") or may not call ("none")."""
+    if tool_choice in (None, "auto", "none"):
+        return None
+    if tool_choice == "required":
+        return "required"
+    named = tool_choice.model_dump()
+    names = [tool["function"]["name"] for tool in tools or ()]
+    if named["function"]["name"] not in names:
+        raise InvalidRequestError(f"tool_choice names the function {named['function']['name']!r}, which is not "
+                                  f"among the request's tools {names}", param="tool_choice")
+    return named
 
 
 class _Chat:

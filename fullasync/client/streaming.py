@@ -1,8 +1,9 @@
 """Streaming chat and text completions: `openai` chunk objects from a resumable token stream.
 
 Owns: turning token deltas into text deltas (holding back an incomplete UTF-8 character and any
-suffix that may still become a stop string or a `<tool_call>` tag), tool calls as deltas at the
-end, the final chunk, and recording the call once the stream finished. A stream the consumer
+suffix that may still become a stop string), reasoning and content deltas as far as the answer's format
+(`answers.AnswerFormat.partial`) lets them go before the end, tool calls as deltas at the end, the final chunk,
+and recording the call once the stream finished. A stream the consumer
 abandons records nothing. A weight push mid-stream is invisible: the deltas simply continue.
 """
 
@@ -23,26 +24,23 @@ from openai.types.chat.chat_completion_chunk import (
 )
 
 from fullasync.client import responses
+from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
-from fullasync.client.tool_parsers import ToolParser
-
-TOOL_TAG = "<tool_call>"
 
 
 class TextDeltas:
-    """Decodes a growing list of ids into safe-to-send text increments."""
+    """Decodes a growing list of ids into the text that is safe to send: without an incomplete UTF-8 character at
+    its end, and without a suffix that may still become one of the stop strings."""
 
-    def __init__(self, chat_tokens: ChatTokenizer, hold: tuple[str, ...]) -> None:
-        self.chat_tokens = chat_tokens
+    def __init__(self, decode: Callable[[list[int]], str], hold: tuple[str, ...]) -> None:
+        self.decode = decode
         self.hold = hold  # strings whose beginning must not be sent before it is clear
         self.ids: list[int] = []
-        self.sent = ""
-        self.stopped = False  # a held string (tool tag) appeared: send nothing more as content
         self.generation: StitchedGeneration | None = None  # the stitched whole, once the stream ended
 
     async def follow(self, stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, str]]:
-        """(token delta, safe text increment) pairs; the stitched generation lands in `self.generation`."""
+        """(token delta, safe text so far) pairs; the stitched generation lands in `self.generation`."""
         async for item in stream:
             if isinstance(item, StitchedGeneration):
                 self.generation = item
@@ -51,24 +49,31 @@ class TextDeltas:
 
     def push(self, ids: tuple[int, ...]) -> str:
         self.ids += ids
-        if self.stopped:
-            return ""
-        text = self.chat_tokens.decode(self.ids)
+        text = self.decode(self.ids)
         if text.endswith("\ufffd"):
             text = text[:-1]  # half of a multi-byte character
         for marker in self.hold:
             at = text.find(marker)
             if at >= 0:
                 text = text[:at]
-                self.stopped = True
         for marker in self.hold:
             for size in range(min(len(marker) - 1, len(text)), 0, -1):
                 if text.endswith(marker[:size]):
                     text = text[:-size]
                     break
-        if not text.startswith(self.sent) or len(text) <= len(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
+        return text
+
+
+class Sent:
+    """The text of one stream field sent so far: `more(text)` is what to send next, given what may be sent now."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def more(self, text: str | None) -> str:
+        if not text or not text.startswith(self.text) or len(text) <= len(self.text):
+            return ""  # a parser that changed its mind keeps what was sent; the recorded turn is the final answer
+        delta, self.text = text[len(self.text) :], text
         return delta
 
 
@@ -82,14 +87,22 @@ def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta,
                                choices=[choice])
 
 
-async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, parser: ToolParser | None,
-                      model: str, prompt_ids: list[int], stop: tuple[str, ...], with_logprobs: bool,
-                      token_ids: bool, include_usage: bool,
-                      on_done: Callable[[StitchedGeneration, str | None, list], None],
+def _delta(reasoning: str = "", content: str | None = "") -> ChoiceDelta:
+    delta = ChoiceDelta(content=content)
+    if reasoning:
+        responses.set_reasoning(delta, reasoning)
+    return delta
+
+
+async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, model: str, prompt_ids: list[int],
+                      stop: tuple[str, ...], with_logprobs: bool, token_ids: bool, include_usage: bool,
+                      on_done: Callable[[StitchedGeneration, Answer], None],
                       ) -> AsyncIterator[ChatCompletionChunk]:
-    """Chunks of one streamed chat completion; `on_done(generation, content, calls)` records it."""
+    """Chunks of one streamed chat completion; `on_done(generation, answer)` records it."""
     chunk_id, created = responses.response_id("chatcmpl"), int(time.time())
-    texts = TextDeltas(chat_tokens, stop + ((TOOL_TAG,) if parser is not None else ()))
+    chat_tokens = answers.chat_tokens
+    texts = TextDeltas(answers.text, stop)
+    reasoning_sent, content_sent = Sent(), Sent()
     first = _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""))
     if token_ids:
         # chunk level, on the first chunk only (as vLLM streams it)
@@ -101,22 +114,27 @@ async def chat_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer,
             part = StitchedGeneration(output_ids=list(item.output_ids), output_logprobs=list(item.output_logprobs),
                                       top_logprobs=list(item.top_logprobs))
             logprobs = ChoiceLogprobs(content=responses.chat_logprobs(chat_tokens, part).content)
-        if text or logprobs is not None or token_ids:
-            yield _chunk(chunk_id, created, model, ChoiceDelta(content=text), logprobs=logprobs,
+        reasoning, content = answers.partial(text)
+        reasoning, content = reasoning_sent.more(reasoning), content_sent.more(content)
+        if reasoning or content or logprobs is not None or token_ids:
+            yield _chunk(chunk_id, created, model, _delta(reasoning, content), logprobs=logprobs,
                          token_ids=item.output_ids if token_ids else None)
     generation = texts.generation
     assert generation is not None
-    full = responses.visible_text(chat_tokens, generation)
-    content, calls = parser.parse(full) if parser is not None else (full, [])
-    if content and content.startswith(texts.sent) and len(content) > len(texts.sent):
-        yield _chunk(chunk_id, created, model, ChoiceDelta(content=content[len(texts.sent) :]))
-    tool_calls = responses.tool_call_objects(calls)
+    answer = answers.answer(answers.visible_text(generation))
+    reasoning, content = reasoning_sent.more(answer.reasoning), content_sent.more(answer.content)
+    if reasoning or content:
+        yield _chunk(chunk_id, created, model, _delta(reasoning, content))
+    # the turn recorded is the message the harness assembles from the deltas (what a parser trimmed from the final
+    # answer may already have been sent), so that its echo in the next request is recognised as this turn
+    answer = Answer(reasoning_sent.text or None, content_sent.text or None, answer.calls)
+    tool_calls = responses.tool_call_objects(answer.calls)
     for index, call in enumerate(tool_calls):
         function = ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments)
         yield _chunk(chunk_id, created, model,
                      ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=index, id=call.id, type="function",
                                                                  function=function)]))
-    on_done(generation, content, calls)
+    on_done(generation, answer)
     finish: Literal["stop", "length", "tool_calls"] = (
         "tool_calls" if tool_calls else responses.finish_reason(generation.finish_reason))
     yield _chunk(chunk_id, created, model, ChoiceDelta(), finish=finish)
@@ -131,7 +149,8 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
     """Text-completion chunks (`object: text_completion`), as OpenAI streams them; with `token_ids`, each
     choice carries its delta's ids and the first one also `prompt_token_ids` (vLLM's placement)."""
     chunk_id, created = responses.response_id("cmpl"), int(time.time())
-    texts = TextDeltas(chat_tokens, stop)
+    texts = TextDeltas(chat_tokens.decode, stop)
+    sent = Sent()
     prompt_pending = token_ids
 
     def chunk(text: str, ids: tuple[int, ...], finish: str | None = None) -> Completion:
@@ -147,13 +166,14 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
                                           choices=[choice])
 
     async for item, text in texts.follow(stream):
+        text = sent.more(text)
         if text or token_ids:
             yield chunk(text, item.output_ids)
     generation = texts.generation
     assert generation is not None
     full = responses.visible_text(chat_tokens, generation)
     on_done(generation)
-    last = chunk(full[len(texts.sent) :] if full.startswith(texts.sent) else "", (), generation.finish_reason.value)
+    last = chunk(sent.more(full), (), generation.finish_reason.value)
     if include_usage:
         last.usage = responses.usage(len(prompt_ids), [generation])
     yield last

@@ -23,9 +23,11 @@ if TYPE_CHECKING:  # the contract loads without torch or Ray; only the type chec
     import torch
     from ray import ObjectRef
 
-STRUCTURED_KINDS = ("regex", "json", "choice", "json_object")
+STRUCTURED_KINDS = ("regex", "json", "choice", "json_object", "compact_json")
 StructuredSpec: TypeAlias = "str | tuple[str, ...] | Mapping[str, JsonValue] | bool"
-"""The spec of each structured kind: a regex, the choices, a JSON schema, or True for any JSON object."""
+"""The spec of each structured kind: a regex, the choices, a JSON schema, or True for any JSON object.
+`compact_json` is a JSON schema without free whitespace between tokens (the calls of a constrained `tool_choice`:
+a policy that may pad JSON with whitespace can pad it until `max_tokens`)."""
 
 NamedTensors: TypeAlias = "Mapping[str, torch.Tensor]"
 """A model's weights by Hugging Face parameter name (`lm_head.weight` included when tied)."""

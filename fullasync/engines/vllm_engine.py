@@ -24,6 +24,7 @@ proximal policy must count, since neither policy v nor v+1 alone sampled them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -121,6 +122,13 @@ class EngineHealth:
     last_request_id: str | None
 
 
+def _compact_json_grammar(schema: Any) -> str:
+    """An EBNF grammar of the JSON values `schema` admits, written without whitespace between tokens."""
+    import xgrammar
+
+    return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":")))
+
+
 def _sampling_params(request: GenerateRequest) -> SamplingParams:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -130,7 +138,10 @@ def _sampling_params(request: GenerateRequest) -> SamplingParams:
     if opts.structured is not None:
         kind, spec = opts.structured
         value = list(spec) if kind == "choice" and isinstance(spec, tuple) else spec
-        structured = StructuredOutputsParams(**{kind: value})  # type: ignore[arg-type]  # `kind` names the field
+        if kind == "compact_json":  # vLLM's whitespace switch is per engine; a grammar holds one request to it
+            structured = StructuredOutputsParams(grammar=_compact_json_grammar(value))
+        else:
+            structured = StructuredOutputsParams(**{kind: value})  # type: ignore[arg-type]  # `kind` names the field
     return SamplingParams(
         max_tokens=request.max_tokens,
         temperature=opts.temperature,

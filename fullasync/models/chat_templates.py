@@ -95,15 +95,19 @@ def renders_tools(tokenizer: Any) -> bool:
     return PROBE_TOOL["function"]["name"] in rendered
 
 
-def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the model's chat template") -> None:
+def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the model's chat template",
+                     reasoning: Any = None) -> None:
     """Fail with a message naming the fix when the template and the tool parser do not fit together.
 
     Checks: the template renders a plain conversation; if it shows the model its tools, it also
     renders a tool call and a tool result, its assistant turn extends its generation prompt, and
     the parser reads back the call the template writes (name and arguments). A template that
     ignores tools passes (runs without tools are fine); the client refuses requests with tools for
-    it (`fullasync.client.chat_tokens`).
+    it (`fullasync.client.chat_tokens`). With a reasoning parser: it splits its own markers' thinking from the
+    answer, and, where the template shows an assistant turn's `reasoning_content`, the turn the template writes.
     """
+    if reasoning is not None:
+        _check_reasoning(tokenizer, reasoning, template_name)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{template_name} is missing: the tokenizer has no chat_template; set model.chat_template "
                          f"to a file or one of {sorted(BUILTIN_CHAT_TEMPLATES)}")
@@ -130,8 +134,26 @@ def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the
     written = with_call[len(before):]
     eos = tokenizer.eos_token or ""
     written = written[: written.rfind(eos)] if eos and eos in written else written
-    _content, calls = tool_parser.parse(written)
+    _content, calls = tool_parser.parse(written, [PROBE_TOOL])
     if [(call.name, call.arguments) for call in calls] != [("probe_lookup", PROBE_ARGUMENTS)]:
         raise ValueError(f"the tool parser {type(tool_parser).__name__} does not read back the tool call that "
                          f"{template_name} writes ({written!r}); choose model.tool_parser for this format or "
                          "model.chat_template=chatml-tools (Hermes format, read by tool_parser=hermes)")
+
+
+def _check_reasoning(tokenizer: Any, reasoning: Any, template_name: str) -> None:
+    """The reasoning parser reads back thinking written with its markers, and the thinking the template writes."""
+    name = f"the reasoning parser {reasoning.name!r}"
+    texts = [f"{reasoning.start or ''}probe thought{reasoning.end}Done."]
+    turn = {"role": "assistant", "content": "Done.", "reasoning_content": "probe thought"}
+    before = tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tokenize=False, add_generation_prompt=True)
+    written = tokenizer.apply_chat_template([*PROBE_MESSAGES[:2], turn], tokenize=False)
+    if "probe thought" in written and written.startswith(before):
+        eos = tokenizer.eos_token or ""
+        texts.append(written[len(before) : written.rfind(eos) if eos and eos in written else None])
+    for text in texts:
+        thought, answer = reasoning.split(text, {})
+        if "probe thought" not in (thought or "") or "Done." not in (answer or "") or "probe" in (answer or ""):
+            raise ValueError(f"{name} does not split the thinking from the answer in {text!r} (got reasoning "
+                             f"{thought!r}, content {answer!r}); choose model.reasoning_parser for the markers "
+                             f"{template_name} writes")

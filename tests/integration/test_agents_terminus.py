@@ -81,6 +81,7 @@ async def test_an_episode_is_one_sequence_equal_to_the_template_rendering_and_to
     assert details["completion_token_ids"] == [list(call.output_ids) for call in calls]
 
 
+@pytest.mark.slow  # 90 s (a timeout with room for a loaded machine); mini-swe-agent's twin runs in `make test`
 async def test_a_hanging_harness_is_killed_at_the_timeout_with_every_process_it_started(gateway, terminus):
     terminus.config = dataclasses.replace(CONFIG, episode_timeout_s=90.0)  # room for a loaded machine
     hang = reply([HANG + "\n"], done=False, duration=60)  # Terminus waits 60 s, twice (max_turns): past the timeout

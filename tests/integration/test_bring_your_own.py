@@ -86,3 +86,10 @@ def test_a_hub_model_a_jsonl_file_and_a_local_harness_train_from_a_folder_of_one
                     "logging.loggers=[wandb]", *common, timeout=120,
                     environment={"HOME": str(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": ""})
     assert bad.returncode == 2 and "no W&B credentials" in bad.stderr and "Traceback" not in bad.stderr
+    for setting, says in [("model.tool_parser=xml", "unknown tool parser 'xml'; ours: ['hermes', 'qwen']; vLLM's"),
+                          ("model.tool_parser=llama3_json", "could not locate the bot token '<|python_tag|>'"),
+                          ("model.reasoning_parser=thinky", "unknown reasoning parser 'thinky'")]:
+        bad = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl", setting,
+                        *common, timeout=120)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+        assert len(bad.stderr.strip().splitlines()) == 1

@@ -172,3 +172,29 @@ async def test_hundreds_of_open_episodes(gateway):
             for e in episodes))
     assert all(r.status_code == 200 for r in responses)
     assert all(len(e.client.episode.calls) == 1 for e in episodes)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_tool_choice_named_and_required_hold_real_vllm_to_calls(gateway, stream):
+    """A constrained tool_choice through structured outputs on the real engine: the answer is a call, whatever the
+    (random) policy would have written."""
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"op": {"enum": ["add", "sub"]}}, "required": ["op"],
+        "additionalProperties": False}}}]
+    episode = gateway.open_episode()
+    sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
+    messages = [{"role": "user", "content": "Pick an operation."}]
+    for choice in ({"type": "function", "function": {"name": "pick"}}, "required"):
+        kwargs = dict(model="policy", messages=messages, tools=tools, tool_choice=choice, max_tokens=200,
+                      temperature=0)
+        if stream:
+            content, calls, finish = await collect_stream(await sdk.chat.completions.create(stream=True, **kwargs))
+            names = [(c["name"], json.loads(c["arguments"])) for c in calls]
+        else:
+            message = (await sdk.chat.completions.create(**kwargs)).choices[0]
+            content, finish = message.message.content, message.finish_reason
+            names = [(c.function.name, json.loads(c.function.arguments)) for c in message.message.tool_calls]
+        assert finish == "tool_calls" and not content
+        assert [name for name, _ in names][:1] == ["pick"] and all(args["op"] in ("add", "sub") for _, args in names)
+    gateway.close_episode(episode)
+    assert len(episode.client.episode.calls) == 2

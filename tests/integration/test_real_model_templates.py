@@ -92,7 +92,11 @@ def test_bad_template_and_parser_combinations_fail_at_start_up(smollm2_path, tmp
     with pytest.raises(ValueError, match="does not read back"):  # AsyncAgentTrainer.model_path runs the check
         AsyncAgentTrainer(config).model_path()
     config.model.chat_template, config.model.tool_parser = "chatml-tools", "llama3_json"
-    with pytest.raises(ValueError, match="model.tool_parser='llama3_json' is unknown"):
+    with pytest.raises(ValueError, match="model.tool_parser='llama3_json'.*does not fit this model's tokenizer: "
+                                         ".*could not locate the bot token '<\\|python_tag\\|>'"):
+        AsyncAgentTrainer(config).model_path()  # vLLM's parser is found, and refuses a tokenizer without its token
+    config.model.tool_parser = "llama9"
+    with pytest.raises(ValueError, match="unknown tool parser 'llama9'; ours: .*vLLM's: .*llama3_json"):
         AsyncAgentTrainer(config).model_path()
     config.model.path, config.model.tool_parser = "no-such-model", "hermes"
     with pytest.raises(ValueError, match="or a named model \\(smollm2-135m-instruct\\)"):

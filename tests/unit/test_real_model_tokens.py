@@ -17,12 +17,11 @@ import random
 from collections.abc import Callable
 
 import pytest
+from scripted_engine import ScriptedEngine
 
 from fullasync.client import RolloutService
 from fullasync.client.messages import normalize_messages
-from fullasync.engines.protocol import GenerateRequest, GenerateResult
 from fullasync.models import build_pretrained_model, load_tokenizer, with_chat_template
-from fullasync.types import FinishReason
 
 NUM_CONVERSATIONS = 240
 TOOLS = [
@@ -40,22 +39,6 @@ EDGES = ("", "", "", " ", "  ", "\n", "\n\n", "\t", " \n", "\r\n")
 @pytest.fixture(scope="module")
 def smollm2_tools_tokenizer():
     return load_tokenizer(with_chat_template(build_pretrained_model("smollm2-135m-instruct"), "chatml-tools"))
-
-
-class ScriptedEngine:
-    """Edge fake: answers each request with the next scripted output ids (what the model "sampled")."""
-
-    name = "scripted"
-    death = None
-
-    def __init__(self) -> None:
-        self.script: list[list[int]] = []
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        ids = self.script.pop(0)[: request.max_tokens]
-        finish = FinishReason.STOP if len(ids) < request.max_tokens else FinishReason.LENGTH
-        return GenerateResult(request.request_id, tuple(ids), (-0.5,) * len(ids), (0,) * len(ids), finish,
-                              engine=self.name)
 
 
 def random_text(rng: random.Random, allow_empty: bool = True) -> str:
