@@ -20,17 +20,19 @@ import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig
 from fullasync.config_fields import config_fields, shared_settings
 from fullasync.data import load_rows, resolve_dotted
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.platform import is_cpu_platform
+from fullasync.engines.vllm_engine import RayEngine, VLLMEngineConfig, launch_vllm_engines
 from fullasync.logs import configure_logging, progress, progress_display
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
 from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
+from fullasync.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import check_rollout_fn, settled_heap
@@ -223,6 +225,9 @@ class AsyncAgentTrainer:
         log.info("Ray ready: %s (%.1f s)", describe_cluster(), time.perf_counter() - began,
                  extra=progress("ray", 1, 1))
         own_engines, own_trainer = engines is None, trainer is None
+        if not is_cpu_platform():  # before starting anything: a layout that cannot fit fails at once
+            plan_gpus(gpu_blocks(cfg.engine.num_engines if own_engines else 0, cfg.engine.tensor_parallel_size,
+                                 cfg.trainer.num_workers if own_trainer else 0), cluster_gpus())
         if trainer is None:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         started = await asyncio.gather(
@@ -236,6 +241,7 @@ class AsyncAgentTrainer:
             for outcome in started:
                 if isinstance(outcome, BaseException):
                     raise outcome
+            await _log_layout(cast("list[RayEngine]", engines) if own_engines else [], trainer if own_trainer else None)
             return await self._run(engines, trainer, model_path, resume)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
@@ -279,6 +285,15 @@ class AsyncAgentTrainer:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+async def _log_layout(engines: Sequence[RayEngine], trainer: VerlTrainer | None) -> None:
+    """What runs where (node, GPU ids), as Ray placed the engines and trainer ranks this run started."""
+    rows = [(engine.name, *await engine.placement()) for engine in engines]
+    if trainer is not None:
+        rows += [(f"trainer rank {rank}", node, gpus) for rank, (node, gpus) in enumerate(await trainer.placement())]
+    if rows:
+        log.info("layout:\n%s", layout_table(rows))
 
 
 async def _start_trainer(trainer: VerlTrainer) -> None:

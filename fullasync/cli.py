@@ -41,6 +41,7 @@ def _train(cfg: DictConfig) -> None:
 
     from fullasync.api import AsyncAgentTrainer
     from fullasync.models.hub import InvalidModelError
+    from fullasync.placement import LayoutError
     from fullasync.run.checkpoint import IncompatibleCheckpointError
     from fullasync.tracking import LoggerUnavailableError
 
@@ -53,7 +54,7 @@ def _train(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
     try:
         result = trainer.train()
-    except (InvalidModelError, LoggerUnavailableError) as error:
+    except (InvalidModelError, LoggerUnavailableError, LayoutError) as error:
         print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except IncompatibleCheckpointError as error:

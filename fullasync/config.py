@@ -61,6 +61,8 @@ class ModelSection:
 @dataclass
 class EngineSection:
     num_engines: int = setting(1, "vLLM engines (Ray actors)")
+    tensor_parallel_size: int = setting(1, "GPUs per engine (vLLM tensor parallelism): the engine actor reserves "
+                                        "that many GPUs of one node from Ray (on CPU: none)")
     dtype: str = setting("float32", "engine dtype; float32 matches the trainer's log-probs")
     max_model_len: int = setting(1024, "context length (prompt + output) of the engines and the client")
     max_num_seqs: int = setting(128, "concurrent sequences per engine")

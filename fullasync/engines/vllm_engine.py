@@ -40,7 +40,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fullasync.config import EngineSection, ModelSection, RunConfig
-from fullasync.engines.platform import engine_env_vars, platform_engine_kwargs
+from fullasync.engines.platform import engine_env_vars, is_cpu_platform, platform_engine_kwargs
 from fullasync.engines.protocol import (
     GenerateRequest,
     GenerateResult,
@@ -55,7 +55,7 @@ from fullasync.engines.shm_weights import WeightSender, receive_closure
 from fullasync.engines.weight_digests import Served, mismatches, sampled_names, served_digests
 from fullasync.errors import EngineDiedError, InvalidRequestError, WeightInstallError
 from fullasync.logs import progress
-from fullasync.placement import check_ray_resources, require_cluster_offers
+from fullasync.placement import check_ray_resources, require_cluster_offers, where_am_i
 from fullasync.types import FinishReason
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ class VLLMEngineConfig:
     logprobs_mode: str = "processed_logprobs"  # log-probs after temperature/top-p, i.e. of the sampling policy
     seed: int = RunConfig.seed
     max_logprobs: int = EngineSection.max_logprobs
+    tensor_parallel_size: int = EngineSection.tensor_parallel_size
     extra_engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # passed to AsyncEngineArgs as is
     start_timeout_s: float = EngineSection.start_timeout_s
     call_timeout_s: float = 120.0  # bound on control calls (pause, resume, update, version)
@@ -107,6 +108,9 @@ class VLLMEngineConfig:
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"engine {name}={getattr(self, name)!r} is not one vLLM knows; choose one of "
                                  f"{list(get_args(kind))}")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            raise ValueError(f"engine tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
         if self.weight_bucket_bytes <= 0:
             raise ValueError(f"VLLMEngineConfig.weight_bucket_bytes must be > 0, got {self.weight_bucket_bytes}")
 
@@ -202,6 +206,7 @@ class VLLMEngineActor:
             logprobs_mode=cast(LogprobsMode, cfg.logprobs_mode),
             seed=cfg.seed,
             max_logprobs=cfg.max_logprobs,
+            tensor_parallel_size=cfg.tensor_parallel_size,
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
         )
         self._llm = llm = AsyncLLM.from_engine_args(args)
@@ -415,6 +420,10 @@ class VLLMEngineActor:
     async def version(self) -> int:
         return self._version
 
+    def placement(self) -> tuple[str, list[str]]:
+        """This actor's node and the GPU ids Ray assigned it."""
+        return where_am_i()
+
     async def num_in_flight(self) -> int:
         return len(self._progress)
 
@@ -581,6 +590,9 @@ class RayEngine:
     async def version(self) -> int:
         return await self._call("version")
 
+    async def placement(self) -> tuple[str, list[str]]:
+        return await self._call("placement")
+
     async def num_in_flight(self) -> int:
         return await self._call("num_in_flight")
 
@@ -614,10 +626,17 @@ def _transfer(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
         target.set_result(source.result())
 
 
+def engine_actor_options(config: VLLMEngineConfig, actor_name: str, on_gpu: bool) -> dict[str, Any]:
+    """Ray options of one engine actor: on GPU it reserves its `tensor_parallel_size` GPUs (one node: Ray places an
+    actor whole), so Ray sets its CUDA_VISIBLE_DEVICES and no two engines share a GPU; on CPU it reserves none."""
+    return dict(name=actor_name, num_cpus=0, num_gpus=config.tensor_parallel_size if on_gpu else 0,
+                max_concurrency=4096, resources=dict(config.ray_resources))
+
+
 def _spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> ActorHandle[VLLMEngineActor]:
+    options = engine_actor_options(config, actor_name, on_gpu=not is_cpu_platform())
     actor = ray.remote(VLLMEngineActor).options(
-        name=actor_name, num_cpus=0, max_concurrency=4096, resources=dict(config.ray_resources),
-        runtime_env={"env_vars": engine_env_vars()},
+        **options, runtime_env={"env_vars": engine_env_vars()},
     ).remote(config, name)
     return cast("ActorHandle[VLLMEngineActor]", actor)  # Ray types `.remote()` as a handle or the class
 

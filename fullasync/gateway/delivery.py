@@ -159,6 +159,7 @@ class Deliveries:
     def __init__(self, join_identical: bool = True) -> None:
         self.join_identical = join_identical
         self.abandoned_calls = 0  # requests whose work nobody received (cancelled, or finished undelivered)
+        self.ended_calls = 0  # requests still running when their episode ended (its harness is stopped with it)
         self.joined_requests = 0  # requests that joined an identical one instead of generating again
         self._productions: dict[str, dict[str, Production]] = {}
         self._serial = itertools.count()
@@ -184,22 +185,28 @@ class Deliveries:
         episode[key] = production
         return production
 
-    def _idle(self, episode_key: str, production: Production) -> None:
-        """Nobody waits for `production` any more (after the grace, when undelivered): stop and forget it."""
+    def _idle(self, episode_key: str, production: Production, episode_ended: bool = False) -> None:
+        """Nobody waits for `production` any more (after the grace, when undelivered), or its episode ended: stop
+        and forget it."""
         episode = self._productions.get(episode_key, {})
         if episode.get(production.key) is production:
             del episode[production.key]
         if not episode:
             self._productions.pop(episode_key, None)
         if not production.answer.delivered and not production.failed:
-            self.abandoned_calls += 1
+            if episode_ended:
+                self.ended_calls += 1
+            else:
+                self.abandoned_calls += 1
             production.task.cancel()  # a running call aborts its engine request; a finished one records nothing
 
     def close_episode(self, episode_key: str) -> None:
-        """The episode ended: what it still had running or waiting for a retry is abandoned now."""
+        """The episode ended (its harness finished, failed, or was stopped with its row): what it still had running
+        or waiting for a retry stops now, counted as ended (not as abandoned by a harness); a request still waiting
+        for it is answered that the episode ended."""
         for production in list(self._productions.get(episode_key, {}).values()):
             if production.answer.delivered:
                 continue
             production.subscribers = 0
-            self._idle(episode_key, production)
+            self._idle(episode_key, production, episode_ended=True)
         self._productions.pop(episode_key, None)

@@ -96,6 +96,12 @@ async def _server_error(request: Request, error: Exception) -> Response:
     return JSONResponse(body, status_code=status)
 
 
+def _episode_ended(key: str) -> Response:
+    """The answer to a request whose episode ended while it ran (its work was stopped with the episode)."""
+    return _error(f"episode {key[:8]}… ended while this request ran; nothing was recorded", 404,
+                  code="episode_not_found")
+
+
 def build_app(gateway: Gateway) -> Starlette:
     async def handle(request: Request, kind: str) -> Response:
         response = await answer(request, kind)
@@ -137,12 +143,16 @@ def build_app(gateway: Gateway) -> Starlette:
         production = gateway.deliveries.production(key, episode.client, request_key, produce)
         if stream:
             started = await production.started()
+            if not started.chunks:
+                return _episode_ended(key)
             if started.status != 200:
                 return Response(started.chunks[0], status_code=started.status, media_type="application/json")
             return StreamingResponse(production.stream(), media_type="text/event-stream")
         answered = await production.json(lambda: _disconnected(request))
         if answered is None:
             return Response(status_code=CLIENT_CLOSED)  # nobody reads it; what it generated is not recorded
+        if not answered.chunks:
+            return _episode_ended(key)
         return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
 
     async def chat(request: Request) -> Response:

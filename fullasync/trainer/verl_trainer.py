@@ -168,6 +168,10 @@ class VerlTrainer:
         await self._require_started().call("load_state", str(path))
         self.step = int(state["step"])
 
+    async def placement(self) -> list[tuple[str, list[str]]]:
+        """Each rank's node and GPU ids, by rank."""
+        return list(await self._require_started().call("placement"))
+
     async def shutdown(self) -> None:
         """Stop the ranks; the trainer cannot be used afterwards."""
         if self._workers is not None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fullasync.placement import where_am_i
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
@@ -90,6 +91,10 @@ class TrainerWorker:
         with socket.socket() as sock:
             sock.bind((LOOPBACK, 0))
             return sock.getsockname()[1]
+
+    def placement(self) -> tuple[str, list[str]]:
+        """This rank's node and the GPU ids Ray assigned it."""
+        return where_am_i()
 
     def setup(self, master_port: int) -> float:
         """Join the process group and load the model(s); returns the seconds it took."""

@@ -46,6 +46,33 @@ class WorkerResources:
     ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom resources: pin the ranks' node
 
 
+async def place_ranks(num_workers: int, resources: WorkerResources, timeout_s: float) -> PlacementGroup:
+    """One placement group of `num_workers` bundles (each a rank's CPUs, GPU and custom resources), packed on one
+    node; ready within `timeout_s` or a TimeoutError saying what was asked and what Ray has free."""
+    custom = dict(resources.ray_resources)
+    require_cluster_offers(f"trainer.ray_resources (x {num_workers} ranks packed on one node)",
+                           {name: amount * num_workers for name, amount in custom.items()})
+    bundle = {"CPU": resources.num_cpus, **({"GPU": resources.num_gpus} if resources.num_gpus else {}), **custom}
+    group = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK")
+    try:
+        await asyncio.wait_for(group.ready(), timeout_s)
+    except TimeoutError as error:
+        remove_placement_group(group)
+        raise TimeoutError(
+            f"the trainer could not reserve {num_workers} × {bundle} from Ray within {timeout_s:.0f} s; "
+            f"available: {ray.available_resources()}"
+        ) from error
+    return group
+
+
+def rank_options(group: PlacementGroup, rank: int, resources: WorkerResources, name: str) -> dict[str, Any]:
+    """Ray options of trainer rank `rank`: its bundle of `group`, so Ray gives it that bundle's GPU."""
+    return dict(name=name, num_cpus=resources.num_cpus, num_gpus=resources.num_gpus,
+                resources=dict(resources.ray_resources),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
+                runtime_env={"env_vars": resources.env_vars})
+
+
 class WorkerGroup:
     """Ranks 0..N-1 of the trainer; create with `await WorkerGroup.start(...)`."""
 
@@ -59,29 +86,12 @@ class WorkerGroup:
         cls, spec: WorkerSpec, num_workers: int, resources: WorkerResources, timeout_s: float
     ) -> tuple[WorkerGroup, float]:
         """Place, create and set up `num_workers` ranks; returns the group and the slowest rank's setup seconds."""
-        custom = dict(resources.ray_resources)
-        require_cluster_offers(f"trainer.ray_resources (x {num_workers} ranks packed on one node)",
-                               {name: amount * num_workers for name, amount in custom.items()})
-        bundle = {"CPU": resources.num_cpus, **({"GPU": resources.num_gpus} if resources.num_gpus else {}), **custom}
-        group = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK")
-        try:
-            await asyncio.wait_for(group.ready(), timeout_s)
-        except TimeoutError as error:
-            remove_placement_group(group)
-            raise TimeoutError(
-                f"the trainer could not reserve {num_workers} × {bundle} from Ray within {timeout_s:.0f} s; "
-                f"available: {ray.available_resources()}"
-            ) from error
+        group = await place_ranks(num_workers, resources, timeout_s)
         name = f"trainer-{uuid.uuid4().hex[:6]}"
         remote_class = ray.remote(TrainerWorker)
         actors = [
             cast("ActorHandle[TrainerWorker]", remote_class.options(
-                name=f"{name}-rank{rank}",
-                num_cpus=resources.num_cpus,
-                num_gpus=resources.num_gpus,
-                resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": resources.env_vars},
+                **rank_options(group, rank, resources, f"{name}-rank{rank}"),
             ).remote(rank, num_workers, spec))  # Ray types `.remote()` as a handle or the class
             for rank in range(num_workers)
         ]

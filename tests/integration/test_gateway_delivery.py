@@ -133,3 +133,27 @@ async def test_a_json_request_whose_client_disconnects_records_nothing_even_if_i
             await asyncio.sleep(0.01)
     assert episode.client.episode.calls == []
     gateway.close_episode(episode)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_running_when_its_episode_ends_is_stopped_and_answered_that_the_episode_ended(gateway, frozen,
+                                                                                                     stream):
+    """The row was stopped (too stale, the run's end) while its harness waited for a completion: the engine
+    request is aborted, the harness gets a 404 saying why (not a 500) or a stream that stops, and it counts as
+    ended, not abandoned."""
+    episode = gateway.open_episode()
+    abandoned, ended = gateway.deliveries.abandoned_calls, gateway.deliveries.ended_calls
+    body = {"model": "policy", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4, "stream": stream}
+    async with httpx.AsyncClient(timeout=120) as http:
+        request = asyncio.create_task(http.post(f"{episode.base_url}/chat/completions", json=body))
+        await in_flight(frozen, 1)  # the request reached the engine and waits there
+        gateway.close_episode(episode)
+        response = await request
+    await idle_after(frozen, time.monotonic())
+    if stream:  # its first chunk (the role) went out at once: the stream just stops, without a finish or [DONE]
+        assert response.status_code == 200 and "finish_reason\":\"" not in response.text
+        assert "[DONE]" not in response.text
+    else:
+        assert response.status_code == 404 and "ended while this request ran" in response.json()["error"]["message"]
+    assert (gateway.deliveries.ended_calls, gateway.deliveries.abandoned_calls) == (ended + 1, abandoned)
+    assert episode.client.episode.calls == []

@@ -32,3 +32,28 @@ def test_a_production_that_finishes_before_its_waiter_starts_is_still_answered()
     answer, deliveries = run_virtual(main)
     assert answer is not None and answer.chunks == [b'{"answer": 42}'] and answer.delivered
     assert deliveries.abandoned_calls == 0
+
+
+def test_a_request_still_running_when_its_episode_ends_is_stopped_counted_as_ended_and_answered_empty():
+    async def main():
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        deliveries = Deliveries()
+        started = asyncio.Event()
+
+        async def produce(production) -> None:  # the harness's call, still generating when the episode ends
+            started.set()
+            await asyncio.Event().wait()
+
+        never = asyncio.Event()
+        production = deliveries.production("episode", service.client("e"), "key", produce)
+        waiter = asyncio.ensure_future(production.json(never.wait))
+        await started.wait()
+        deliveries.close_episode("episode")  # the row was stopped: its harness and its requests go with it
+        async with asyncio.timeout(5.0):
+            answer = await waiter
+        return answer, production, deliveries
+
+    answer, production, deliveries = run_virtual(main)
+    assert answer is not None and answer.finished and answer.chunks == []  # the route answers "episode ended"
+    assert production.task.cancelled()
+    assert (deliveries.ended_calls, deliveries.abandoned_calls) == (1, 0)  # not a call a harness walked away from
