@@ -276,7 +276,7 @@ class RunConfig:
         """The engines' settings; the client takes its context length and its `top_logprobs` limit from the same
         fields (engine.max_model_len, engine.max_logprobs), so engines and client cannot disagree."""
         engine = self.engine
-        for name in ("num_engines", "max_model_len", "max_num_seqs"):
+        for name in ("num_engines", "tensor_parallel_size", "max_model_len", "max_num_seqs"):
             if getattr(engine, name) < 1:
                 raise ValueError(f"engine.{name}={getattr(engine, name)} must be >= 1")
         if engine.max_logprobs < 0:

@@ -164,6 +164,7 @@ def test_hydra_builds_the_config_from_the_declarations():
     ({"max_logprobs": -1}, r"engine.max_logprobs=-1 must be >= 0"),
     ({"max_model_len": 0}, r"engine.max_model_len=0 must be >= 1"),
     ({"num_engines": 0}, r"engine.num_engines=0 must be >= 1"),
+    ({"tensor_parallel_size": 0}, r"engine.tensor_parallel_size=0 must be >= 1"),
     ({"start_timeout_s": 0.0}, r"engine.start_timeout_s=0.0 must be > 0"),
     ({"probe_interval_s": 200.0}, r"engine.probe_interval_s=200.0 must be > 0 and below engine.stall_timeout_s"),
 ])
