@@ -22,10 +22,14 @@ pools a cell's seeds, sorts its rows by output tokens into deciles and gives eac
 dropped as too stale, and with a call resumed after a push — whether staleness control trains the short
 episodes and drops the long ones.
 
-Resumable per (cell, seed): a run whose summary.json exists is not run again (outputs/learning_parity/
-<cell>/seed<S>/). After every run the table (held-out F1 before/after, gain mean ± SE over seeds with
-each seed's gain ± its SE over questions, trained-token staleness, training wall time, trained
-samples/s, and a verdict against sync) is rewritten into docs/learning_parity.md between its markers.
+Resumable per (cell, seed), across machines: each finished run leaves a record in the repository
+(bench/results/learning_parity/<cell>/seed<S>.json: what the tables need, and every row's outcome and
+size), and a (cell, seed) with a record is not run again; the run itself writes to outputs/learning_parity/
+<cell>/seed<S>/. Cells measured before records were kept stay in the table as they were written (their
+lines are carried over from the page until a record of that cell exists). After every run the table
+(held-out F1 before/after, gain mean ± SE over seeds with each seed's gain ± its SE over questions,
+trained-token staleness, training wall time, trained samples/s, and a verdict against sync) is
+rewritten into docs/learning_parity.md between its markers.
 A benchmark, not a test: nothing is asserted. Each run takes 4–6 min on this machine (the first also
 builds the cached starting policy, ~4 min); the whole study is hours — run it in the background.
 
@@ -50,6 +54,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "outputs" / "learning_parity"
+RECORDS = ROOT / "bench" / "results" / "learning_parity"
+ROW_FIELDS = ("outcome", "output_tokens", "calls", "episodes", "resumed_calls")  # a record's rows, in this order
 DOC = ROOT / "docs" / "learning_parity.md"
 BEGIN, END = "<!-- learning-parity:begin -->", "<!-- learning-parity:end -->"
 
@@ -75,7 +81,10 @@ def run_one(cell: str, seed: int, busy: bool) -> Path:
     """One training run of the example (skipped when its summary exists); returns its output directory."""
     label = cell + ("+busy" if busy else "")
     out = OUT / label / f"seed{seed}"
+    if (RECORDS / label / f"seed{seed}.json").exists():
+        return out
     if (out / "summary.json").exists():
+        keep_record(label, seed, out, busy)
         return out
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "examples.deepresearch.train", *CELLS[cell], f"seed={seed}",
@@ -93,7 +102,25 @@ def run_one(cell: str, seed: int, busy: bool) -> Path:
             spinner.terminate()
     print(f"[learning_parity] {label} seed {seed}: exit {done.returncode} after {time.monotonic() - started:.0f} s"
           f" (log {out / 'train.log'})", flush=True)
+    if done.returncode == 0:
+        keep_record(label, seed, out, busy)
     return out
+
+
+def keep_record(label: str, seed: int, out: Path, busy: bool) -> None:
+    """The finished run in `out` as a record in the repository (what `render` and `length_bias` read)."""
+    run = read_run(out)
+    if run is None:
+        return
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines() if line.strip()] \
+        if (out / "rows.jsonl").exists() else []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    record = {**run, "cell": label, "seed": seed, "busy": busy, "commit": commit,
+              "date": time.strftime("%Y-%m-%d", time.gmtime()), "row_fields": list(ROW_FIELDS),
+              "rows": [[row[field] for field in ROW_FIELDS] for row in rows]}
+    (RECORDS / label).mkdir(parents=True, exist_ok=True)
+    (RECORDS / label / f"seed{seed}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
 
 
 def read_run(out: Path) -> dict[str, Any] | None:
@@ -128,20 +155,50 @@ def verdict(gains: list[float], reference: list[float]) -> str:
     return "within noise of sync" if abs(gap) <= 2 * se else f"{gap:+.3f} ± {se:.3f} vs sync"
 
 
+def _order(label: str) -> tuple[int, str]:
+    cell = label.split("+")[0]
+    return (list(CELLS).index(cell) if cell in CELLS else 99, label)
+
+
+def records() -> dict[str, list[dict[str, Any]]]:
+    """Every kept run, by cell label (seeds in order)."""
+    labels = sorted((p.name for p in RECORDS.iterdir() if p.is_dir()), key=_order) if RECORDS.exists() else []
+    return {label: [json.loads(path.read_text()) for path in sorted((RECORDS / label).glob("seed*.json"))]
+            for label in labels}
+
+
+def earlier_lines(heading: str) -> dict[str, str]:
+    """The page's current table lines under `heading` (the first table of the marked block for ""), by cell:
+    how cells measured before records were kept stay in the table."""
+    if not DOC.exists() or BEGIN not in DOC.read_text():
+        return {}
+    block = DOC.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
+    part = block.split("### ", 1)[0] if not heading else block.split(heading, 1)[1] if heading in block else ""
+    lines = [line for line in part.splitlines() if line.startswith("| ") and not line.startswith("| cell ")]
+    return {line.split("|")[1].strip(): line for line in lines}
+
+
+def _seed_gains(line: str) -> list[float]:
+    """Each seed's gain from a carried-over table line (its fifth column: "+0.276 ± 0.034, ...")."""
+    return [float(part.split("±")[0]) for part in line.split("|")[5].split(",") if "±" in part]
+
+
+def _merged(fresh: dict[str, str], carried: dict[str, str]) -> list[str]:
+    both = {**{label: line for label, line in carried.items() if label not in fresh}, **fresh}
+    return [both[label] for label in sorted(both, key=_order)]
+
+
 def render() -> str:
-    rows = ["| cell | seeds | held-out F1 before → after | gain, mean ± SE over seeds | each seed's gain ± SE "
+    head = ["| cell | seeds | held-out F1 before → after | gain, mean ± SE over seeds | each seed's gain ± SE "
             "| runs with gain ≥ 3 SE | trained staleness (mean) | training s | trained samples/s | verdict |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    labels = sorted((p.name for p in OUT.iterdir() if p.is_dir()), key=lambda name: (
-        list(CELLS).index(name.split("+")[0]) if name.split("+")[0] in CELLS else 99, name)) if OUT.exists() else []
-    results = {label: [r for r in (read_run(p) for p in sorted((OUT / label).glob("seed*"))) if r] for label in labels}
-    reference = [r["gain"] for r in results.get("sync", [])]
+    results, carried = records(), earlier_lines("")
+    reference = [r["gain"] for r in results.get("sync", [])] or _seed_gains(carried.get("sync", "| " * 6))
+    fresh = {}
     for label, runs in results.items():
-        if not runs:
-            continue
         gains = [r["gain"] for r in runs]
         gain, gain_se = mean_se(gains)
-        rows.append(
+        fresh[label] = (
             f"| {label} | {len(runs)} | {statistics.fmean(r['before'] for r in runs):.3f} → "
             f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f} ± {gain_se:.3f} | "
             + ", ".join(f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" for r in runs)
@@ -150,18 +207,20 @@ def render() -> str:
             f"| {statistics.fmean(r['train_s'] for r in runs):.0f} "
             f"| {statistics.fmean(r['samples_per_s'] for r in runs):.2f} | "
             f"{'(reference)' if label == 'sync' else verdict(gains, reference)} |")
-    return "\n".join(rows)
+    return "\n".join(head + _merged(fresh, carried))
 
 
 def length_bias() -> str:
     """Per cell (seeds pooled): rows that stopped running, in deciles of output tokens, and the share of each
-    decile trained, dropped as too stale, and with a call resumed after a push (from each run's rows.jsonl)."""
-    lines = ["| cell | rows | tokens per row: generated → trained (mean) | share trained per length decile "
-             "(shortest → longest) | share dropped as too stale per decile | share with a resumed call per decile |",
-             "|---|---|---|---|---|---|"]
-    for label in sorted(p.name for p in OUT.iterdir() if p.is_dir()) if OUT.exists() else []:
-        rows = [json.loads(line) for path in sorted((OUT / label).glob("seed*/rows.jsonl"))
-                for line in path.read_text().splitlines() if line.strip()]
+    decile trained, dropped as too stale, and with a call resumed after a push; and the model calls per
+    episode of the rows generated vs trained (from each record's rows)."""
+    head = ["| cell | rows | tokens per row: generated → trained (mean) | calls per episode: generated → trained "
+            "| share trained per length decile (shortest → longest) | share dropped as too stale per decile "
+            "| share with a resumed call per decile |",
+            "|---|---|---|---|---|---|---|"]
+    fresh = {}
+    for label, runs in records().items():
+        rows = [dict(zip(run["row_fields"], row, strict=True)) for run in runs for row in run["rows"]]
         rows = [r for r in rows if r["outcome"] != "unfinished"]  # cut off by the end of the run, not by a policy
         if len(rows) < 10:
             continue
@@ -171,13 +230,24 @@ def length_bias() -> str:
         def shares(test: Any, deciles: list[list[dict[str, Any]]] = deciles) -> str:
             return " ".join(f"{sum(map(test, part)) / len(part):.2f}" for part in deciles)
 
+        def per_episode(part: list[dict[str, Any]]) -> str:
+            return f"{sum(r['calls'] for r in part) / max(sum(r['episodes'] for r in part), 1):.2f}" if part else "—"
+
         trained = [r for r in rows if r["outcome"] == "trained"]
-        lines.append(
+        fresh[label] = (
             f"| {label} | {len(rows)} | {statistics.fmean(r['output_tokens'] for r in rows):.0f} → "
             f"{statistics.fmean(r['output_tokens'] for r in trained) if trained else float('nan'):.0f} "
+            f"| {per_episode(rows)} → {per_episode(trained)} "
             f"| {shares(lambda r: r['outcome'] == 'trained')} | {shares(lambda r: r['outcome'] == 'too_stale')} "
             f"| {shares(lambda r: r['resumed_calls'] > 0)} |")
-    return "\n".join(lines)
+    carried = {label: _widened(line) for label, line in earlier_lines("Length bias").items()}
+    return "\n".join(head + _merged(fresh, carried))
+
+
+def _widened(line: str) -> str:
+    """A carried-over length-bias line from before the calls-per-episode column: that column left empty."""
+    cells = line.split("|")
+    return line if len(cells) == 9 else "|".join(cells[:4] + [" — "] + cells[4:])
 
 
 def page() -> str:
