@@ -39,7 +39,7 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 # GPU nodes: vLLM's GPU build, CUDA torch and verl from requirements/gpu-lock.txt, resolver-free as above, into
 # a venv of its own (.venv-gpu; GPU_VENV=... overrides). Not exercised on this project's machines (no GPU).
 # `make check-gpu-lock` re-runs pip's resolver on the lock as a dry run (metadata only, ~2 min, needs the index).
-.PHONY: setup-gpu check-gpu-lock
+.PHONY: setup-gpu check-gpu-lock gpu-check
 GPU_VENV ?= .venv-gpu
 
 setup-gpu:
@@ -50,6 +50,11 @@ setup-gpu:
 
 check-gpu-lock: setup
 	$(PY) requirements/gpu_lock.py check
+
+# On a GPU node: CUDA devices and driver against the lock, Ray's GPUs, one engine + one trainer step + one weight
+# push with checksums (`fullasync doctor --gpu`).
+gpu-check: setup-gpu
+	$(GPU_VENV)/bin/fullasync doctor --gpu
 
 # The built-in task, fully async, on this machine; pass Hydra overrides with ARGS="mode=sync ...".
 run: setup

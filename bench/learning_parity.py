@@ -7,12 +7,12 @@ of trained samples in every run (the example's `total_steps` × 64), and reads e
 
     sync                  mode=sync (on-policy baseline)
     one_step_off          mode=one_step_off
-    k1, k2, k4, k8        fully_async with partial rollouts at max_staleness k, the default correction and
-                          the default admission (`generate_ahead=adaptive`: staleness is a ceiling); k4 is
-                          the example's default
+    k1, k2, k4, k8        fully_async with partial rollouts at max_staleness k, the default correction (`auto`:
+                          none, plain PPO against the behaviour policy) and the default admission
+                          (`generate_ahead=adaptive`: staleness is a ceiling); k4 is the example's default
     k4_bound, k8_bound    the same, admission filling up to the bound (`generate_ahead=bound`, the earlier
                           default: every trained token at k when training is the bottleneck)
-    k8_none               k = 8 with `trainer.correction=none` (what the correction buys)
+    *_gspo                the same cells with `trainer.correction=gspo`, the earlier default of `auto`
 
 `--busy` runs two busy loops (one per core, at the driver's niceness) beside every run, which changes
 the generation/training speed ratio as a loaded machine does; its runs are separate cells ("+busy").
@@ -59,7 +59,7 @@ ROW_FIELDS = ("outcome", "output_tokens", "calls", "episodes", "resumed_calls") 
 DOC = ROOT / "docs" / "learning_parity.md"
 BEGIN, END = "<!-- learning-parity:begin -->", "<!-- learning-parity:end -->"
 
-CELLS: dict[str, list[str]] = {
+_BASE: dict[str, list[str]] = {
     "sync": ["mode=sync", "max_staleness=-1"],
     "one_step_off": ["mode=one_step_off", "max_staleness=-1"],
     "k1": ["max_staleness=1"],
@@ -68,7 +68,10 @@ CELLS: dict[str, list[str]] = {
     "k8": ["max_staleness=8"],
     "k4_bound": ["max_staleness=4", "generate_ahead=bound"],
     "k8_bound": ["max_staleness=8", "generate_ahead=bound"],
-    "k8_none": ["max_staleness=8", "trainer.correction=none"],
+}
+CELLS: dict[str, list[str]] = {
+    **_BASE,
+    **{f"{name}_gspo": [*overrides, "trainer.correction=gspo"] for name, overrides in _BASE.items() if name != "sync"},
 }
 
 
@@ -200,7 +203,8 @@ def render() -> str:
         gain, gain_se = mean_se(gains)
         fresh[label] = (
             f"| {label} | {len(runs)} | {statistics.fmean(r['before'] for r in runs):.3f} → "
-            f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f} ± {gain_se:.3f} | "
+            f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f}"
+            + (f" ± {gain_se:.3f}" if len(runs) > 1 else " (one seed)") + " | "
             + ", ".join(f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" for r in runs)
             + f" | {sum(r['gain'] >= 3 * r['gain_se'] for r in runs)} of {len(runs)} "
             f"| {statistics.fmean(r['staleness'] for r in runs):.2f} "

@@ -8,6 +8,8 @@ object, as the trainer's `export_weights` does) → transfer (Ray hands the obje
 resume; `WeightSync.push` drives it. Also: engine round trips per push (calls the driver makes to
 the engine actor) and the extra memory the bucketed hand-off holds (its /dev/shm file: two slots).
 
+Then the transfer model (`bench/transfer_model.py`): the same push at 0.5B / 8B / 70B over each transport.
+
     .venv/bin/python bench/weight_push.py [--pushes 3] [--bucket-mb 64] [--models tiny,smollm2,smollm2-bf16]
 """
 
@@ -27,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import transfer_model
 from scheduling import DOCS, write_section
 
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
@@ -181,6 +184,7 @@ def main() -> None:
     print(section)
     if not args.no_write:
         write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    transfer_model.write(args.no_write)  # the same push at GPU sizes and bandwidths, modelled
 
 
 if __name__ == "__main__":

@@ -53,14 +53,20 @@ RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb")
 RESTART_GRACE_S = 60.0  # a call whose engines all died waits for a restart this much beyond engine.start_timeout_s
 
 
+ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # trainer.model_dtype -> the engines' dtype under auto
+
+
 def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
     """The engines a run of `config` starts (for callers that start them themselves and pass them in): the
     `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed."""
     section = config.engine
+    settings = shared_settings(section, VLLMEngineConfig)
+    if section.dtype == "auto":
+        settings["dtype"] = ENGINE_DTYPES[config.trainer.model_dtype]
     return VLLMEngineConfig(
         model_path=model_path, served_model_name=config.model.served_name, seed=config.seed,
         extra_engine_kwargs={"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {},
-        **shared_settings(section, VLLMEngineConfig),
+        **settings,
     )
 
 
@@ -300,7 +306,13 @@ async def _start_trainer(trainer: VerlTrainer) -> None:
     began = time.perf_counter()
     await trainer.start()
     workers = trainer.config.num_workers
-    log.info("trainer ready: %d worker%s (%.1f s)", workers, "s" * (workers != 1), time.perf_counter() - began,
+    took = time.perf_counter() - began
+    runs = await trainer.describe()
+    log.info("trainer ready: %d worker%s (%.1f s): %s master weights, %s compute, %s attention, %s micro-batches, "
+             "gradient checkpointing %s, trained parameters %s", workers, "s" * (workers != 1), took,
+             runs["master_dtype"], runs["compute_dtype"], runs["attention"],
+             "packed" if runs["padding_free"] == "true" else "padded",
+             "on" if runs["gradient_checkpointing"] == "true" else "off", runs["trained_parameters"],
              extra=progress("trainer", 1, 1))
 
 

@@ -12,7 +12,6 @@ help is printed (`fullasync.config_doc`: `fullasync train --help`, docs/config.m
 from __future__ import annotations
 
 import enum
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +62,8 @@ class EngineSection:
     num_engines: int = setting(1, "vLLM engines (Ray actors)")
     tensor_parallel_size: int = setting(1, "GPUs per engine (vLLM tensor parallelism): the engine actor reserves "
                                         "that many GPUs of one node from Ray (on CPU: none)")
-    dtype: str = setting("float32", "engine dtype; float32 matches the trainer's log-probs")
+    dtype: str = setting("auto", "engine dtype: auto = the trainer's precision (trainer.model_dtype fp32 -> float32, "
+                         "bf16 -> bfloat16), or one vLLM knows (float32, bfloat16, float16)")
     max_model_len: int = setting(1024, "context length (prompt + output) of the engines and the client")
     max_num_seqs: int = setting(128, "concurrent sequences per engine")
     max_logprobs: int = setting(20, "most alternatives per token a request may ask for (top_logprobs), "
@@ -219,7 +219,8 @@ class RunConfig:
         correction = used.resolved_correction
         if trainer is not None and correction is not self.correction:
             why = "set on the given trainer"
-        elif self.trainer.correction == Correction.AUTO.value and self.staleness > 0 and correction is Correction.NONE:
+        elif self.trainer.correction == Correction.AUTO.value and self.staleness > 0 \
+                and self.trainer.policy_loss != "vanilla":
             why = f"policy_loss={self.trainer.policy_loss} chosen, applied to the behaviour log-probs as is"
         elif self.trainer.correction == Correction.AUTO.value:
             why = f"default for max_staleness={self.staleness}"
@@ -251,10 +252,6 @@ class RunConfig:
             raise ValueError(f"checkpoint.every={self.checkpoint.every}, checkpoint.keep={self.checkpoint.keep} and "
                              f"checkpoint.save_hf_every={self.checkpoint.save_hf_every} must be >= 0")
         self.trainer.validate()
-        if self.staleness > 0 and self.trainer.correction == Correction.NONE.value:
-            warnings.warn(f"trainer.correction=none with max_staleness={self.staleness}: stale tokens are trained "
-                          "with plain PPO against the policy that sampled them; drop trainer.correction (auto) "
-                          "for the default correction", UserWarning, stacklevel=2)
 
     def _check_mode(self) -> None:
         if self.mode not in {m.value for m in Mode}:

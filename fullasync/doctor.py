@@ -3,8 +3,11 @@
 Owns: the checks — Python version, installed versions against the tested lock (when the lock is there,
 i.e. in a clone), torch and its devices, Ray, vLLM (imported in a child process, timed: the import
 alone can take seconds), the model cache (writable, free space), the loopback interface (a server
-can listen on 127.0.0.1) — and their report. Exit status 0 when nothing failed (warnings allowed), 1
-otherwise. Does not own: installing anything (`make setup` does).
+can listen on 127.0.0.1) — and their report. `--gpu` adds: CUDA devices and a driver new enough for the GPU
+lock's CUDA, Ray offering the GPUs, and the stack itself (one engine, one trainer step, one weight push whose
+checksums the engine verifies, on the tiny model); `--stack` runs that last check alone, on any platform.
+Exit status 0 when nothing failed (warnings allowed), 1 otherwise. Does not own: installing anything
+(`make setup` does).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from pathlib import Path
 from fullasync.models.tiny import default_cache_root
 
 LOCK = Path(__file__).resolve().parent.parent / "requirements" / "cpu-lock.txt"
+GPU_LOCK = LOCK.with_name("gpu-lock.txt")
+# the oldest Linux driver each CUDA major of the GPU lock runs on (NVIDIA's CUDA toolkit release notes)
+MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
 VLLM_IMPORT_TIMEOUT_S = 180.0
 MIN_FREE_GB = 2.0
 MIN_PYTHON = (3, 11)
@@ -133,15 +139,123 @@ def loopback_check() -> Check:
     return Check("loopback", "ok", "a server on 127.0.0.1 accepts connections")
 
 
+def cuda_check(lock: Path = GPU_LOCK) -> Check:
+    """CUDA devices visible to torch, and the driver new enough for the CUDA the GPU lock pins."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return Check("cuda", "FAIL", f"torch {torch.__version__} sees no CUDA device (CUDA build: "
+                     f"{torch.version.cuda or 'none'}); on a GPU node install with `make setup-gpu` and run "
+                     "`.venv-gpu/bin/fullasync doctor --gpu`")
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    detail = f"{torch.cuda.device_count()} × {', '.join(names)}, torch CUDA {torch.version.cuda}"
+    driver = _driver_version()
+    pinned = _pinned_cuda_major(lock)
+    needed = MIN_DRIVER.get(pinned) if pinned else None
+    if driver is None:
+        return Check("cuda", "warn", f"{detail}; driver version unknown (nvidia-smi not found)")
+    if needed and driver < needed:
+        return Check("cuda", "FAIL", f"{detail}; driver {'.'.join(map(str, driver))} is older than "
+                     f"{'.'.join(map(str, needed))}, the oldest that runs CUDA {pinned} (requirements/gpu-lock.txt): "
+                     "update the driver")
+    return Check("cuda", "ok", f"{detail}, driver {'.'.join(map(str, driver))}")
+
+
+def _driver_version() -> tuple[int, ...] | None:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return tuple(int(part) for part in done.stdout.split()[0].split(".")[:2])
+
+
+def _pinned_cuda_major(lock: Path) -> int | None:
+    if not lock.exists():
+        return None
+    for line in lock.read_text().splitlines():
+        if line.startswith("cuda-toolkit=="):
+            return int(line.split("==", 1)[1].split(".")[0])
+    return None
+
+
+def ray_gpus_check() -> Check:
+    """Ray counts the GPUs torch sees (so engines and trainer ranks can reserve them)."""
+    import ray
+    import torch
+
+    from fullasync.runtime import init_ray
+
+    init_ray()
+    seen = int(ray.cluster_resources().get("GPU", 0))
+    local = torch.cuda.device_count()
+    if seen < max(local, 1):
+        return Check("ray-gpus", "FAIL", f"Ray offers {seen} GPU(s), torch sees {local} on this node: start Ray "
+                     "with its GPUs (`ray start --num-gpus=N`) or leave RAY_ADDRESS unset")
+    return Check("ray-gpus", "ok", f"Ray offers {seen} GPU(s) ({local} on this node)")
+
+
+def stack_check() -> Check:
+    """One engine, one trainer step and one weight push with checksums, on the tiny model and this platform."""
+    import asyncio
+
+    try:
+        figures = asyncio.run(_stack_round_trip())
+    except Exception as error:  # any failure of the stack is the finding; its type and message say which part
+        return Check("stack", "FAIL", f"{type(error).__name__}: {error}")
+    return Check("stack", "ok", figures)
+
+
+async def _stack_round_trip() -> str:
+    import torch
+
+    from fullasync.engines.protocol import PauseMode
+    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.models.tiny import build_tiny_model
+    from fullasync.runtime import init_ray
+    from fullasync.trainer import TrainerConfig, VerlTrainer
+    from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
+    from fullasync.weight_sync import WeightSync
+
+    init_ray()
+    path = str(build_tiny_model())
+    began = time.perf_counter()
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=path, max_model_len=256))
+    trainer = VerlTrainer(path, TrainerConfig(lr=1e-2, micro_batch_size=2))
+    try:
+        await trainer.start()
+        started = time.perf_counter() - began
+        calls = [ModelCall((1, 2, 3), (4 + i, 5 + i), (-1.0, -1.0), (0, 0), FinishReason.STOP) for i in range(2)]
+        group = TrajectoryGroup("doctor", tuple(Trajectory((call,), reward=float(i)) for i, call in enumerate(calls)))
+        metrics = await trainer.train_step(trainer.build_batch([group]), trainer_version=0)
+        if not torch.isfinite(torch.tensor(metrics["loss"])):
+            raise RuntimeError(f"the train step's loss is {metrics['loss']}")
+        sync = WeightSync([engine], mode=PauseMode.ABORT, version=await engine.version())
+        timing = await sync.push(await trainer.export_weights())  # the engine checks the pushed tensors' digests
+        served = await engine.version()
+        if served != 1:
+            raise RuntimeError(f"after one push the engine serves version {served}, not 1")
+        return (f"engine and trainer up in {started:.0f} s; train step {metrics['step_time_s']:.2f} s; push "
+                f"{timing.total_s * 1000:.0f} ms, checksums matched, engine serves version {served}")
+    finally:
+        await trainer.shutdown()
+        await engine.shutdown()
+
+
 CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, torch_check, ray_check, vllm_check,
                                            cache_check, loopback_check)
+GPU_CHECKS: tuple[Callable[[], Check], ...] = (cuda_check, ray_gpus_check, stack_check)
 
 
 def run(checks: tuple[Callable[[], Check], ...] = CHECKS) -> int:
-    """Print each check as it finishes; 0 when none failed."""
+    """Print each check as it finishes; 0 when none failed. After a failed `cuda` check the GPU checks are not run."""
     failed = 0
     print(f"fullasync {importlib.metadata.version('fullasync')}", flush=True)
     for check in checks:
+        if failed and check in GPU_CHECKS and check is not cuda_check:
+            name = check.__name__.removesuffix("_check").replace("_", "-")
+            print(f"skip {name:<9} (a check above failed)", flush=True)
+            continue
         started = time.perf_counter()
         result = check()
         failed += result.status == "FAIL"

@@ -7,6 +7,6 @@ upstream changes what the module relies on, or no longer needs it.
 The directory `patches/` installs as the package `fullasync_patches` (a bare `patches` could be any
 other distribution's), so code imports `fullasync_patches.<name>`.
 
-- `fullasync_patches.verl_cpu`: a CPU platform for verl 0.9.1 (gloo, fp32, FSDP2 on CPU).
+- `fullasync_patches.verl_cpu`: a CPU platform for verl 0.9.1 (gloo, FSDP2 on CPU).
 - `fullasync_patches.ray_loopback`: keeps a local Ray head on 127.0.0.1.
 """

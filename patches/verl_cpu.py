@@ -1,4 +1,4 @@
-"""A CPU platform for verl 0.9.1: gloo process groups, fp32 FSDP2 engines, no accelerator.
+"""A CPU platform for verl 0.9.1: gloo process groups, FSDP2 engines, no accelerator.
 
 verl 0.9.1 has a platform registry (`verl.plugin.platform`) but no CPU entry: on a machine
 without a GPU it falls back to "nvidia" and asks for nccl. `apply()` makes the current process

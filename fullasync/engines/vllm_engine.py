@@ -85,7 +85,7 @@ class VLLMEngineConfig:
 
     model_path: str  # local HF model directory
     served_model_name: str = ModelSection.served_name
-    dtype: str = EngineSection.dtype
+    dtype: str = "float32"  # a run's `engine.dtype=auto` is the trainer's precision (`fullasync.api.engine_config`)
     max_model_len: int = EngineSection.max_model_len
     max_num_seqs: int = EngineSection.max_num_seqs
     enable_prefix_caching: bool = True  # reuse KV of shared prefixes (multi-turn, resumed requests)

@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fullasync.config_fields import setting
+from fullasync.config_fields import section, setting
 from fullasync.placement import check_ray_resources
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+MODEL_DTYPES = ("fp32", "bf16")
+PADDING_FREE = ("auto", "on", "off")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed
 # Inputs build_batch hands an advantage estimator; one that needs more (gae: values) is rejected.
 ESTIMATOR_INPUTS = ("token_level_rewards", "response_mask", "index", "config", "epsilon", "norm_adv_by_std_in_grpo")
@@ -46,9 +48,12 @@ class ProximalSource(str, enum.Enum):
     RECOMPUTE = "recompute"  # a forward pass of the trainer's weights before the update (exact)
 
 
-# What `auto` applies to possibly stale data: chosen by docs/staleness_study.md, where GSPO at max_staleness 4
-# learned as well as sync and the token-level corrections (decoupled, TIS, IcePop masks, token_rs) did not.
-DEFAULT_CORRECTION = Correction.GSPO
+# What `auto` applies to possibly stale data: plain PPO clipped against the behaviour policy. With it fully async
+# learned as much as sync on both studied tasks: deepresearch (docs/learning_parity.md: k = 4, where gspo fell
+# 0.11 F1 behind sync) and arithmetic (docs/staleness_study.md: k = 1, 4, 8,
+# where gspo was ahead of sync at k <= 4 and one seed in three collapsed at k = 8; the token-level corrections —
+# decoupled, TIS, IcePop masks, token_rs — fell behind).
+DEFAULT_CORRECTION = Correction.NONE
 PROXIMAL_CORRECTIONS = frozenset(
     {Correction.TOKEN_TIS, Correction.SEQ_TIS, Correction.TOKEN_MASK, Correction.SEQ_MASK, Correction.DECOUPLED,
      Correction.TOKEN_RS}
@@ -69,6 +74,36 @@ def default_correction(correction: str, staleness: int | None, policy_loss: str 
     if staleness == 0 or policy_loss != "vanilla":
         return Correction.NONE
     return DEFAULT_CORRECTION
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, through verl and peft) instead of training every weight."""
+
+    rank: int = setting(0, "adapter rank; 0 = full fine-tuning")
+    alpha: int = setting(16, "adapter scale numerator: the update is alpha / rank × B·A")
+    target_modules: str = setting("all-linear", "which layers get adapters: all-linear, or comma-separated module "
+                                  "names (q_proj,v_proj)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def modules(self) -> str | list[str]:
+        """`target_modules` as peft takes it."""
+        if self.target_modules == "all-linear":
+            return self.target_modules
+        return [name.strip() for name in self.target_modules.split(",") if name.strip()]
+
+    def validate(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"trainer.lora.rank={self.rank!r} must be an integer >= 0 (0 = no adapters)")
+        if self.enabled and not self.alpha > 0:
+            raise ValueError(f"trainer.lora.alpha={self.alpha!r} must be > 0")
+        if self.enabled and not self.modules:
+            raise ValueError(f"trainer.lora.target_modules={self.target_modules!r} names no module; use all-linear or "
+                             "names such as q_proj,v_proj")
 
 
 @dataclass
@@ -109,7 +144,17 @@ class TrainerConfig:
     checkpoint_dir: str = setting("", "save_checkpoint() without a path writes <checkpoint_dir>/step_<n>; \"\" = no "
                                   "default", resume_may_change=True)
     seed: int = setting(0, "seeds torch in the workers and verl's engine")
-    model_dtype: str = setting("fp32", "dtype of parameters, gradients and optimizer state (CPU supports fp32 only)")
+    model_dtype: str = setting("fp32", "precision of forward and backward: fp32, or bf16 (mixed precision: bf16 "
+                               "compute, fp32 master weights, optimizer state and gradient reduction)")
+    gradient_checkpointing: bool = setting(False, "recompute each layer's activations in the backward pass (less "
+                                           "memory, ~1/3 more compute)")
+    padding_free: str = setting("auto", "pack micro-batches without padding: on, off, auto (on where "
+                                "flash-attention serves the model: CUDA with flash_attn installed)")
+    param_offload: bool = setting(False, "keep parameters (and gradients) in host memory between uses (GPU; no-op "
+                                  "on CPU)")
+    optimizer_offload: bool = setting(False, "keep optimizer state in host memory between steps (GPU; no-op on CPU)")
+    lora: LoraConfig = section(LoraConfig, "low-rank adapters instead of full fine-tuning (pushed to the engines "
+                               "merged into the weights)")
     num_workers: int = setting(1, "FSDP2 data-parallel worker processes (one node)")
     worker_num_cpus: float = setting(1.0, "Ray CPUs reserved per worker", resume_may_change=True)
     worker_threads: int = setting(0, "torch threads per worker; 0 = cpu_count // num_workers (at least 1)",
@@ -133,9 +178,13 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.loss_agg_mode={self.loss_agg_mode!r}: choose one of {LOSS_AGG_MODES}")
         if self.kl_type.removesuffix("+") not in KL_TYPES:
             raise ValueError(f"TrainerConfig.kl_type={self.kl_type!r}: choose one of {KL_TYPES} (optionally with '+')")
-        if self.model_dtype != "fp32":
-            raise ValueError(f"TrainerConfig.model_dtype={self.model_dtype!r}: only 'fp32' is supported")
+        if self.model_dtype not in MODEL_DTYPES:
+            raise ValueError(f"TrainerConfig.model_dtype={self.model_dtype!r}: choose one of {MODEL_DTYPES} "
+                             "(bf16 keeps fp32 master weights)")
+        if self.padding_free not in PADDING_FREE:
+            raise ValueError(f"TrainerConfig.padding_free={self.padding_free!r}: choose one of {PADDING_FREE}")
         check_ray_resources("TrainerConfig.ray_resources", self.ray_resources)
+        self.lora.validate()
         _check_policy_loss(self.policy_loss)
         _check_advantage_estimator(self.advantage_estimator)
         self._check_correction()

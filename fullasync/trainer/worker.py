@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -91,6 +91,27 @@ class TrainerWorker:
         with socket.socket() as sock:
             sock.bind((LOOPBACK, 0))
             return sock.getsockname()[1]
+
+    def describe(self) -> dict[str, str]:
+        """What this rank's policy runs as, read from the model verl built (not from the config): master weights'
+        dtype, compute dtype (FSDP's mixed-precision policy), attention, gradient checkpointing, trained share."""
+        policy = self._set_up()[0]
+        module = _fsdp_module(policy)
+        model = getattr(module, "_fsdp_wrapped_module", module)
+        parameters = list(model.parameters())
+        trained = sum(p.numel() for p in parameters if p.requires_grad)
+        total = sum(p.numel() for p in parameters)
+        policy_state = getattr(module, "_get_fsdp_state", None)  # torch's FSDP2 state (no public accessor)
+        compute = getattr(getattr(policy_state(), "_mp_policy", None), "param_dtype", None) if policy_state else None
+        hf_config = getattr(model, "config", None)
+        return {
+            "master_dtype": _dtype_name(parameters[0].dtype),
+            "compute_dtype": _dtype_name(compute or parameters[0].dtype),
+            "attention": str(getattr(hf_config, "_attn_implementation", "unknown")),
+            "padding_free": str(bool(policy.model_config.use_remove_padding)).lower(),
+            "gradient_checkpointing": str(bool(getattr(model, "is_gradient_checkpointing", False))).lower(),
+            "trained_parameters": f"{trained}/{total}",
+        }
 
     def placement(self) -> tuple[str, list[str]]:
         """This rank's node and the GPU ids Ray assigned it."""
@@ -216,10 +237,13 @@ class TrainerWorker:
         staging.rename(target)
 
     def _full_weights(self) -> dict[str, torch.Tensor]:
-        """HF-named full tensors (a collective: every rank gathers its shards)."""
+        """HF-named full tensors (a collective: every rank gathers its shards); with LoRA, the adapters merged."""
         policy = self._set_up()[0]
-        per_tensor, _ = policy.engine.get_per_tensor_param()
-        weights = {name: tensor.detach().cpu() for name, tensor in per_tensor}
+        if self.spec.config.lora.enabled:
+            weights = _merged_lora_weights(_fsdp_module(policy))
+        else:
+            per_tensor, _ = policy.engine.get_per_tensor_param()
+            weights = {name: tensor.detach().cpu() for name, tensor in per_tensor}
         tied = policy.model_config.hf_config.tie_word_embeddings
         if tied and TIED_OUTPUT_WEIGHT not in weights:
             weights[TIED_OUTPUT_WEIGHT] = weights[INPUT_EMBEDDING_WEIGHT]
@@ -249,6 +273,49 @@ class TrainerWorker:
         )
         output = policy.train_batch(data)
         return _reduce_metrics(tu.get(output, "metrics"))
+
+
+def _fsdp_module(policy: TrainingWorker) -> torch.nn.Module:
+    """The FSDP-wrapped model of verl's FSDP engine (its `module`; verl's BaseEngine does not declare it)."""
+    engine: Any = policy.engine
+    return engine.module
+
+
+PEFT_PREFIX = "base_model.model."  # peft's name of the wrapped model's parameters
+LORA_ADAPTER = "default"  # the adapter verl's peft model trains
+
+
+def _merged_lora_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's weights with its LoRA adapters merged, HF-named (a collective: every rank gathers every tensor
+    in the same order). verl's own merged export casts to bf16; this keeps the master weights' dtype."""
+    from peft.tuners.lora import LoraLayer
+    from torch.distributed.tensor import DTensor
+
+    model = getattr(module, "_fsdp_wrapped_module", module)
+    scalings = {name: layer.scaling[LORA_ADAPTER] for name, layer in model.named_modules()
+                if isinstance(layer, LoraLayer)}
+    full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+            for name, t in model.state_dict().items()}
+    return merge_lora(full, scalings)
+
+
+def merge_lora(state: Mapping[str, torch.Tensor], scalings: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """HF-named weights from a peft LoRA model's full state dict: each adapted layer's weight W + scaling · B·A
+    (computed in fp32, returned in W's dtype), every other tensor as it is, the adapters themselves dropped."""
+    merged = {}
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        if name.endswith(".base_layer.weight") and (layer := name.removesuffix(".base_layer.weight")) in scalings:
+            a = state[f"{layer}.lora_A.{LORA_ADAPTER}.weight"].float()
+            b = state[f"{layer}.lora_B.{LORA_ADAPTER}.weight"].float()
+            tensor = (tensor.float() + scalings[layer] * (b @ a)).to(tensor.dtype)
+        merged[name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")] = tensor
+    return merged
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def _reduce_metrics(verl_metrics: Mapping[str, object]) -> dict[str, float]:

@@ -13,6 +13,7 @@ import torch
 from test_trainer import fresh_model, groups_for
 
 from fullasync.trainer import TrainerConfig, VerlTrainer
+from fullasync.trainer.config import LoraConfig
 
 
 def optimizer_files(path: Path) -> dict[str, dict]:
@@ -36,9 +37,11 @@ def assert_bitwise_equal(a, b, where: str = "") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+@pytest.mark.parametrize("lora", [LoraConfig(), pytest.param(LoraConfig(rank=4, alpha=8), marks=pytest.mark.slow)],
+                         ids=["full", "lora"])
 async def test_a_restored_trainer_has_the_saved_optimizer_state_and_takes_the_same_next_step(
-        ray_cluster, tiny_model_path, tmp_path):
-    config = TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120)
+        ray_cluster, tiny_model_path, tmp_path, lora):
+    config = TrainerConfig(lr=1e-2, micro_batch_size=2, call_timeout_s=120, lora=lora)
     model = fresh_model(tiny_model_path)
     groups = groups_for(model)
     original = VerlTrainer(tiny_model_path, config)

@@ -25,8 +25,17 @@ def test_an_engine_on_its_own_has_the_run_defaults():
     assert engine_config(run, "/m") == VLLMEngineConfig(model_path="/m")
     alone = VLLMEngineConfig(model_path="/m")
     assert (alone.served_model_name, alone.seed) == (model.served_name, run.seed)
-    for name in EngineSection.__dataclass_fields__.keys() - set(RUN_ENGINE_FIELDS):
+    for name in EngineSection.__dataclass_fields__.keys() - set(RUN_ENGINE_FIELDS) - {"dtype"}:
         assert getattr(alone, name) == getattr(engine, name), name
+    assert (engine.dtype, alone.dtype) == ("auto", "float32")  # a run's auto is the trainer's precision: fp32
+
+
+@pytest.mark.parametrize("trainer_dtype, engine_dtype, served", [
+    ("fp32", "auto", "float32"), ("bf16", "auto", "bfloat16"), ("bf16", "float32", "float32")])
+def test_the_engine_dtype_follows_the_trainer_unless_set(trainer_dtype, engine_dtype, served):
+    config = RunConfig(engine=EngineSection(dtype=engine_dtype))
+    config.trainer.model_dtype = trainer_dtype
+    assert engine_config(config, "/m").dtype == served
 
 
 def test_the_engines_get_every_engine_setting_of_the_run():

@@ -295,16 +295,18 @@ def test_the_loss_records_statistics_only_while_recording():
 
 def test_default_correction_rule_follows_staleness():
     assert RunConfig(mode="sync").correction is Correction.NONE
-    assert RunConfig(mode="fully_async").correction is Correction.GSPO  # staleness 2
-    assert RunConfig(mode="one_step_off").resolved_trainer().correction == "gspo"
-    assert RunConfig(mode="one_step_off").resolved_trainer().loss_mode == "gspo"
+    assert RunConfig(mode="fully_async").correction is Correction.NONE  # staleness 2: plain PPO on the behaviour
+    assert RunConfig(mode="one_step_off").resolved_trainer().correction == "none"
+    assert RunConfig(mode="one_step_off").resolved_trainer().loss_mode == "vanilla"
     assert RunConfig(mode="sync").resolved_trainer().correction == "none"
     chosen = RunConfig(mode="fully_async", max_staleness=4, trainer=TrainerConfig(correction="seq_tis"))
     assert chosen.correction is Correction.SEQ_TIS
-    assert RunConfig().correction_summary() == "correction=gspo (default for max_staleness=2)"
+    gspo = RunConfig(mode="fully_async", trainer=TrainerConfig(correction="gspo"))
+    assert gspo.resolved_trainer().loss_mode == "gspo" and gspo.correction is Correction.GSPO
+    assert RunConfig().correction_summary() == "correction=none (default for max_staleness=2)"
     assert chosen.correction_summary() == "correction=seq_tis (chosen, proximal=loglinear)"
     assert RunConfig(mode="sync").correction_summary() == "correction=none (default for max_staleness=0)"
-    assert TrainerConfig().resolved_correction is Correction.GSPO  # a trainer alone: staleness unknown
+    assert TrainerConfig().resolved_correction is Correction.NONE  # a trainer alone: staleness unknown
 
 
 def test_auto_keeps_a_chosen_policy_loss():
@@ -316,12 +318,14 @@ def test_auto_keeps_a_chosen_policy_loss():
     assert TrainerConfig(policy_loss="cispo").resolved_correction is Correction.NONE
 
 
-def test_choosing_none_with_staleness_warns_and_is_allowed():
-    with pytest.warns(UserWarning, match="trainer.correction=none with max_staleness=4"):
-        RunConfig(mode="fully_async", max_staleness=4, trainer=TrainerConfig(correction="none")).validate()
+def test_choosing_none_is_the_default_and_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        RunConfig(mode="sync", trainer=TrainerConfig(correction="none")).validate()
+        for mode in ("fully_async", "sync"):
+            config = RunConfig(mode=mode)
+            config.trainer.correction = "none"
+            config.validate()
+            assert config.resolved_trainer() == RunConfig(mode=mode).resolved_trainer()  # the same run as auto
 
 
 @pytest.mark.parametrize("fields, message", [

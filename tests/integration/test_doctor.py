@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ("python", "versions", "torch", "ray", "vllm", "cache", "loopback")
 
 
-def doctor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fullasync.cli", "doctor"], capture_output=True, text=True,
-                          timeout=400, cwd=ROOT, env={**os.environ, **env})
+def doctor(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fullasync.cli", "doctor", *flags], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env={**os.environ, **env})
 
 
 def test_doctor_passes_here_and_reports_every_check(tmp_path):
@@ -33,3 +35,20 @@ def test_doctor_fails_and_says_how_to_fix_an_unusable_cache(tmp_path):
     assert done.returncode == 1
     assert any(line.startswith("FAIL cache") and "FULLASYNC_CACHE_DIR" in line for line in done.stdout.splitlines())
     assert done.stdout.strip().endswith("1 check(s) failed")
+
+
+def test_doctor_gpu_on_a_machine_without_one_fails_at_cuda_and_skips_what_needs_it(tmp_path):
+    done = doctor({"FULLASYNC_CACHE_DIR": str(tmp_path / "cache")}, "--gpu")
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    (cuda,) = [line for line in lines if line.split()[1:2] == ["cuda"]]
+    assert cuda.startswith("FAIL") and "sees no CUDA device" in cuda and "make setup-gpu" in cuda
+    assert [line.split()[:2] for line in lines if line.startswith("skip")] == [["skip", "ray-gpus"], ["skip", "stack"]]
+
+
+@pytest.mark.slow
+def test_doctor_stack_runs_an_engine_a_train_step_and_a_checked_push_here(tmp_path):
+    done = doctor({"FULLASYNC_CACHE_DIR": str(tmp_path / "cache")}, "--stack")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (stack,) = [line for line in done.stdout.splitlines() if line.split()[1:2] == ["stack"]]
+    assert stack.startswith("ok") and "checksums matched, engine serves version 1" in stack, stack

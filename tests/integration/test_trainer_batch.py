@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fullasync.trainer.batch import PADDING_ROW, build_batch, shard_batch
-from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.config import LoraConfig, TrainerConfig
 from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 ADV = 1 / math.sqrt(2)  # grpo advantage of a two-sample group with distinct rewards (std with Bessel)
@@ -136,6 +136,11 @@ def test_shard_batch_spreads_rows_and_fills_blocks_to_micro_batches():
         ("kl_type", "full", "kl_type"),
         ("micro_batch_size", 0, "micro_batch_size"),
         ("clip_ratio_c", 1.0, "clip_ratio_c"),
+        ("model_dtype", "fp16", r"model_dtype='fp16': choose one of \('fp32', 'bf16'\)"),
+        ("padding_free", "yes", "padding_free='yes'"),
+        ("lora", LoraConfig(rank=-1), r"trainer.lora.rank=-1 must be an integer >= 0"),
+        ("lora", LoraConfig(rank=8, target_modules=" , "), r"trainer.lora.target_modules=' , ' names no module"),
+        ("lora", LoraConfig(rank=8, alpha=0), r"trainer.lora.alpha=0 must be > 0"),
     ],
 )
 def test_config_validation_names_the_field(field, value, message):
