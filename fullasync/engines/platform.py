@@ -51,3 +51,18 @@ def platform_engine_kwargs() -> dict[str, object]:
     if is_cpu_platform():
         return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
     return {"gpu_memory_utilization": 0.85}
+
+
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM-cpu: the cores each worker's OpenMP threads are bound to
+
+
+def cpu_tensor_parallel_binding(ranks: int, cpus: list[int] | None = None) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for a tensor-parallel engine on CPU: the cores this process may use split into
+    `ranks` contiguous groups, one per worker ("0|1" on two cores). vLLM's own default binds one NUMA node per
+    worker and refuses to start when a machine has fewer nodes than ranks; with fewer cores than ranks nothing
+    is bound ("nobind": the workers share the cores)."""
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    if len(cpus) < ranks:
+        return "nobind"
+    size = len(cpus) // ranks
+    return "|".join(",".join(str(cpu) for cpu in cpus[rank * size:(rank + 1) * size]) for rank in range(ranks))

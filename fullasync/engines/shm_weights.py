@@ -8,12 +8,13 @@ Why: `collective_rpc` pickles its arguments through ZMQ to the engine-core proce
 that is hundreds of MB pickled, sent and unpickled per push. Here the RPC carries only the layout
 (names, dtypes, shapes, offsets) and the bytes go through memory both processes map.
 
-Protocol (one push = one `collective_rpc` running `reload_weights` over `WeightReceiver`):
-the control block holds, per slot, the last bucket filled (`filled[s]`, written by the sender) and the
-last bucket released (`released[s]`, written by the receiver), both counted from 1, plus the push id.
-The sender copies bucket i into slot i % 2 once bucket i − 2 is released, then publishes i + 1 in
-`filled[i % 2]`; the receiver waits for that, yields views of the slot's tensors, and when asked for
-the tensor after the bucket's last one publishes i + 1 in `released[i % 2]`. A bucket holds whole
+Protocol (one push = one `collective_rpc` running `reload_weights` over `WeightReceiver` on every worker
+of the engine — one per tensor-parallel rank, each reading the whole model, which vLLM's weight loaders shard):
+the control block holds, per slot, the last bucket filled (`filled[s]`, written by the sender) and, per
+reader and slot, the last bucket released (`released[r][s]`, written by reader r), all counted from 1,
+plus the push id. The sender copies bucket i into slot i % 2 once every reader released bucket i − 2,
+then publishes i + 1 in `filled[i % 2]`; a reader waits for that, yields views of the slot's tensors, and
+when asked for the tensor after the bucket's last one publishes i + 1 in its `released[r][i % 2]`. A bucket holds whole
 layers, and vLLM processes (repacks) a layer as soon as its last tensor is loaded, so nothing it
 keeps refers to a slot once that slot is released. Copies per push: one by the sender into a slot,
 then vLLM's own into its parameters. Peak extra memory: the file, 2 × `slot_bytes` (kept between
@@ -36,9 +37,11 @@ from typing import Any, TypeAlias
 
 import torch
 
-CONTROL_BYTES = 4096  # filled[2], released[2], push id, failed flag (int64 each), page aligned
+CONTROL_BYTES = 4096  # filled[2], push id, failed flag, then released[reader][2] (int64 each), page aligned
 ALIGN = 64
-_FILLED, _RELEASED, _PUSH, _FAILED = 0, 2, 4, 5
+_FILLED, _PUSH, _FAILED, _RELEASED = 0, 2, 3, 8  # indices into the control block's int64s
+_CONTROL_WORDS = CONTROL_BYTES // 8
+MAX_READERS = (_CONTROL_WORDS - _RELEASED) // 2  # workers of one engine reading a push (its tensor-parallel ranks)
 _LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 _TIED = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -63,6 +66,7 @@ class BucketLayout:
     push_id: int
     buckets: tuple[tuple[TensorEntry, ...], ...]
     timeout_s: float = 120.0  # the receiver gives up waiting for a bucket after this long
+    readers: int = 1  # workers that read every bucket (the engine's tensor-parallel ranks on this node)
 
 
 Bucket: TypeAlias = "list[tuple[TensorEntry, torch.Tensor]]"  # whole layers: each tensor's place and its source
@@ -128,6 +132,14 @@ def _slot(buffer: mmap.mmap, slot_bytes: int, slot: int) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=torch.uint8, count=slot_bytes, offset=CONTROL_BYTES + slot * slot_bytes)
 
 
+def _released(reader: int, slot: int) -> int:
+    return _RELEASED + 2 * reader + slot
+
+
+def _control(buffer: mmap.mmap) -> torch.Tensor:
+    return torch.frombuffer(buffer, dtype=torch.int64, count=_CONTROL_WORDS)
+
+
 def _view(slot: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
     raw = slot[entry.offset:entry.offset + entry.nbytes]
     return raw.view(getattr(torch, entry.dtype)).view(entry.shape)
@@ -160,14 +172,20 @@ class WeightSender:
         self.slot_bytes = 0
         self._buffer: mmap.mmap | None = None
         self._pushes = 0
+        self._readers = 1  # of the prepared push
 
     @property
     def file_bytes(self) -> int:
         """Extra memory held: the shared file (control block and two slots)."""
         return CONTROL_BYTES + 2 * self.slot_bytes if self._buffer is not None else 0
 
-    def prepare(self, tensors: Mapping[str, torch.Tensor], timeout_s: float) -> tuple[BucketLayout, list[Bucket]]:
-        """Plan this push and reset the control block; returns the layout for the receiver and the plan."""
+    def prepare(self, tensors: Mapping[str, torch.Tensor], timeout_s: float,
+                readers: int = 1) -> tuple[BucketLayout, list[Bucket]]:
+        """Plan this push for `readers` receivers and reset the control block; returns the layout for the
+        receivers and the plan."""
+        if not 1 <= readers <= MAX_READERS:
+            raise ValueError(f"a weight hand-off has 1 to {MAX_READERS} readers (one per tensor-parallel rank), "
+                             f"got {readers}")
         buckets, slot_bytes = plan_buckets(tensors, self.bucket_bytes)
         if slot_bytes > self.slot_bytes:
             self.close()
@@ -181,8 +199,9 @@ class WeightSender:
         control = self._control()
         control.zero_()
         control[_PUSH] = self._pushes
+        self._readers = readers
         layout = BucketLayout(self.path, self.slot_bytes, self._pushes,
-                              tuple(tuple(entry for entry, _ in bucket) for bucket in buckets), timeout_s)
+                              tuple(tuple(entry for entry, _ in bucket) for bucket in buckets), timeout_s, readers)
         return layout, buckets
 
     def send(self, buckets: list[Bucket], stop: threading.Event, timeout_s: float) -> float:
@@ -195,7 +214,7 @@ class WeightSender:
         for index, bucket in enumerate(buckets):
             slot = index % 2
             deadline = time.monotonic() + timeout_s
-            while index >= 2 and int(control[_RELEASED + slot]) < index - 1:
+            while index >= 2 and self._slowest_release(control, slot) < index - 1:
                 if stop.is_set() or int(control[_FAILED]):
                     return copying
                 if time.monotonic() > deadline:
@@ -208,6 +227,9 @@ class WeightSender:
             copying += time.perf_counter() - started
             control[_FILLED + slot] = index + 1
         return copying
+
+    def _slowest_release(self, control: torch.Tensor, slot: int) -> int:
+        return min(int(control[_released(reader, slot)]) for reader in range(self._readers))
 
     def abandon(self) -> None:
         """Tell a receiver still waiting that no more buckets come."""
@@ -227,7 +249,7 @@ class WeightSender:
         return self._buffer
 
     def _control(self) -> torch.Tensor:
-        return torch.frombuffer(self._mapped(), dtype=torch.int64, count=8)
+        return _control(self._mapped())
 
 
 class WeightReceiver:
@@ -237,8 +259,12 @@ class WeightReceiver:
         self.path = ""
         self._buffer: mmap.mmap | None = None
 
-    def tensors(self, layout: BucketLayout) -> Iterator[tuple[str, torch.Tensor]]:
-        """(name, tensor) of every bucket in order, each bucket released once the next is asked for."""
+    def tensors(self, layout: BucketLayout, reader: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every bucket in order, each bucket released (as reader `reader` of the layout's
+        readers) once the next is asked for."""
+        if not 0 <= reader < layout.readers:
+            raise ValueError(f"weight hand-off: reader {reader} of a push prepared for {layout.readers} readers "
+                             "(the engine's workers on this node)")
         if layout.path != self.path:
             if self._buffer is not None:
                 self._buffer.close()
@@ -246,7 +272,7 @@ class WeightReceiver:
             self.path = layout.path
         buffer = self._buffer
         assert buffer is not None  # mapped above, or by an earlier push of the same file
-        control = torch.frombuffer(buffer, dtype=torch.int64, count=8)
+        control = _control(buffer)
         if int(control[_PUSH]) != layout.push_id:
             raise RuntimeError(f"weight hand-off: push {layout.push_id} expected, the file holds {int(control[_PUSH])}")
         try:
@@ -263,7 +289,7 @@ class WeightReceiver:
                 source = _slot(buffer, layout.slot_bytes, slot)
                 for entry in bucket:
                     yield entry.name, _view(source, entry)
-                control[_RELEASED + slot] = index + 1
+                control[_released(reader, slot)] = index + 1
         except BaseException:
             control[_FAILED] = 1
             raise
@@ -277,6 +303,7 @@ def receive_closure(layout: BucketLayout) -> Callable[[Any], None]:
         if receiver is None:
             receiver = WeightReceiver()
             worker.fullasync_weight_receiver = receiver
-        worker.reload_weights(weights_iterator=receiver.tensors(layout))
+        # every rank of a tensor-parallel engine reads the whole model; vLLM's weight loaders keep its shard
+        worker.reload_weights(weights_iterator=receiver.tensors(layout, reader=int(getattr(worker, "local_rank", 0))))
 
     return reload

@@ -40,7 +40,13 @@ from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fullasync.config import EngineSection, ModelSection, RunConfig
-from fullasync.engines.platform import engine_env_vars, is_cpu_platform, platform_engine_kwargs
+from fullasync.engines.platform import (
+    CPU_BIND_ENV,
+    cpu_tensor_parallel_binding,
+    engine_env_vars,
+    is_cpu_platform,
+    platform_engine_kwargs,
+)
 from fullasync.engines.protocol import (
     GenerateRequest,
     GenerateResult,
@@ -196,6 +202,8 @@ class VLLMEngineActor:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self.config
+        if cfg.tensor_parallel_size > 1 and is_cpu_platform():
+            os.environ.setdefault(CPU_BIND_ENV, cpu_tensor_parallel_binding(cfg.tensor_parallel_size))
         args = AsyncEngineArgs(
             model=cfg.model_path,
             served_model_name=cfg.served_model_name,
@@ -368,7 +376,7 @@ class VLLMEngineActor:
         llm = self._started()
         started = time.perf_counter()
         timeout = self.config.call_timeout_s
-        layout, buckets = self._weights.prepare(tensors, timeout)
+        layout, buckets = self._weights.prepare(tensors, timeout, readers=self.config.tensor_parallel_size)
         received = threading.Event()
         # vLLM runs a callable on each worker as well as a method name (its annotation says only `str`)
         reload = asyncio.ensure_future(llm.collective_rpc(receive_closure(layout)))  # type: ignore[arg-type]

@@ -73,8 +73,30 @@ def test_checksums_compare_what_an_engine_holds_under_the_pushed_name_and_shape(
               "fused.weight": torch.ones(2, 4)}
     assert sampled_names(pushed, version=0) == ["norm.weight", "embed.weight"]
     assert sampled_names(pushed, version=1)[-1] == "fused.weight"  # a different large tensor each version
-    served = {"norm.weight": ((4,), "float32", digest(torch.ones(4))),
-              "proj.weight": ([4, 4], "float32", digest(torch.eye(4) * 2)),  # loaded otherwise than pushed
-              "embed.weight": ((8, 4), "bfloat16", digest(torch.zeros(8, 4, dtype=torch.bfloat16))),  # cast
-              "fused.weight": ((6, 4), "float32", "not comparable: another shape")}
+    served = {"norm.weight": ((4,), "float32", digest(torch.ones(4)), 0, 1),
+              "proj.weight": ([4, 4], "float32", digest(torch.eye(4) * 2), 0, 1),  # loaded otherwise than pushed
+              "embed.weight": ((8, 4), "bfloat16", digest(torch.zeros(8, 4, dtype=torch.bfloat16)), 0, 1),  # cast
+              "fused.weight": ((6, 4), "float32", "not comparable: another shape", 0, 1)}
     assert mismatches(pushed, served) == (3, ["proj.weight"])
+
+
+def test_checksums_compare_each_tensor_parallel_workers_shard():
+    import torch
+
+    from fullasync.engines.weight_digests import digest, mismatches
+
+    pushed = {"column.weight": torch.arange(32.0).view(8, 4), "row.weight": torch.arange(32.0).view(4, 8),
+              "norm.weight": torch.ones(4), "padded.weight": torch.zeros(10, 4)}
+    rank1 = {"column.weight": ((4, 4), "float32", digest(torch.arange(16.0, 32.0).view(4, 4)), 1, 2),
+             "row.weight": ((4, 4), "float32", digest(torch.arange(32.0).view(4, 8)[:, :4]), 1, 2),  # rank 0's shard
+             "norm.weight": ((4,), "float32", digest(torch.ones(4)), 1, 2),  # replicated
+             "padded.weight": ((6, 4), "float32", "a vocabulary shard with padding: not comparable", 1, 2)}
+    assert mismatches(pushed, rank1) == (3, ["row.weight"])
+
+
+def test_a_tensor_parallel_engine_on_cpu_binds_each_worker_to_its_own_cores():
+    from fullasync.engines.platform import cpu_tensor_parallel_binding
+
+    assert cpu_tensor_parallel_binding(2, cpus=[0, 1]) == "0|1"
+    assert cpu_tensor_parallel_binding(2, cpus=[4, 5, 6, 7, 8]) == "4,5|6,7"  # equal groups; the odd core idle
+    assert cpu_tensor_parallel_binding(4, cpus=[0, 1]) == "nobind"  # fewer cores than workers: they share them
