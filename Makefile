@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml requirements/cpu-lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24"
 	$(PIP) install --quiet --no-deps -r requirements/cpu-lock.txt
+	rm -rf fullasync.egg-info  # metadata an older build left here would shadow the installed entry points
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)

@@ -1,22 +1,23 @@
 """Hands weights from the engine actor to vLLM's engine-core process through shared memory, in buckets.
 
 Owns: the layout (tensors grouped by layer, layers packed into buckets), the one /dev/shm file of two
-slots the buckets pass through, the hand-off protocol, and the worker-side iterator fed to vLLM's
-`reload_weights`. Does not own: when a push happens (`weight_sync.py`) or the engine (`vllm_engine.py`).
+slots the buckets pass through, the hand-off protocol, and the worker-side iterator vLLM loads from
+(`vllm_transfer.py`). Does not own: when a push happens (`weight_sync.py`) or the engine (`vllm_engine.py`).
 
-Why: `collective_rpc` pickles its arguments through ZMQ to the engine-core process; for a 135M model
+Why: vLLM's RPC pickles its arguments through ZMQ to the engine-core process; for a 135M model
 that is hundreds of MB pickled, sent and unpickled per push. Here the RPC carries only the layout
 (names, dtypes, shapes, offsets) and the bytes go through memory both processes map.
 
-Protocol (one push = one `collective_rpc` running `reload_weights` over `WeightReceiver` on every worker
-of the engine — one per tensor-parallel rank, each reading the whole model, which vLLM's weight loaders shard):
+Protocol (one push = one `update_weights` of vLLM's weight-transfer API, whose backend —
+`vllm_transfer.SharedMemoryTransferEngine` — loads from a `WeightReceiver` on every worker of the engine: one
+per tensor-parallel rank, each reading the whole model, which vLLM's weight loaders shard):
 the control block holds, per slot, the last bucket filled (`filled[s]`, written by the sender) and, per
 reader and slot, the last bucket released (`released[r][s]`, written by reader r), all counted from 1,
 plus the push id. The sender copies bucket i into slot i % 2 once every reader released bucket i − 2,
 then publishes i + 1 in `filled[i % 2]`; a reader waits for that, yields views of the slot's tensors, and
-when asked for the tensor after the bucket's last one publishes i + 1 in its `released[r][i % 2]`. A bucket holds whole
-layers, and vLLM processes (repacks) a layer as soon as its last tensor is loaded, so nothing it
-keeps refers to a slot once that slot is released. Copies per push: one by the sender into a slot,
+when asked for the tensor after the bucket's last one publishes i + 1 in its `released[r][i % 2]`. A
+bucket holds whole layers, and vLLM processes (repacks) a layer as soon as its last tensor is loaded, so
+nothing it keeps refers to a slot once that slot is released. Copies per push: one by the sender into a slot,
 then vLLM's own into its parameters. Peak extra memory: the file, 2 × `slot_bytes` (kept between
 pushes so its pages are not faulted in again).
 """
@@ -31,8 +32,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, TypeAlias
 
 import torch
@@ -67,6 +68,16 @@ class BucketLayout:
     buckets: tuple[tuple[TensorEntry, ...], ...]
     timeout_s: float = 120.0  # the receiver gives up waiting for a bucket after this long
     readers: int = 1  # workers that read every bucket (the engine's tensor-parallel ranks on this node)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The layout as plain data (it crosses vLLM's RPC to every worker)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BucketLayout:
+        buckets = tuple(tuple(TensorEntry(**{**entry, "shape": tuple(entry["shape"])}) for entry in bucket)
+                        for bucket in data["buckets"])
+        return cls(**{**data, "buckets": buckets})
 
 
 Bucket: TypeAlias = "list[tuple[TensorEntry, torch.Tensor]]"  # whole layers: each tensor's place and its source
@@ -294,16 +305,8 @@ class WeightReceiver:
             control[_FAILED] = 1
             raise
 
-
-def receive_closure(layout: BucketLayout) -> Callable[[Any], None]:
-    """A function vLLM runs on its worker: reload weights in place from the shared buckets."""
-
-    def reload(worker: Any) -> None:  # vLLM's worker (its CPU or GPU class); it keeps our receiver between pushes
-        receiver = getattr(worker, "fullasync_weight_receiver", None)
-        if receiver is None:
-            receiver = WeightReceiver()
-            worker.fullasync_weight_receiver = receiver
-        # every rank of a tensor-parallel engine reads the whole model; vLLM's weight loaders keep its shard
-        worker.reload_weights(weights_iterator=receiver.tensors(layout, reader=int(getattr(worker, "local_rank", 0))))
-
-    return reload
+    def close(self) -> None:
+        if self._buffer is not None:
+            with contextlib.suppress(BufferError):  # a tensor still viewing it keeps it mapped until collected
+                self._buffer.close()
+            self._buffer, self.path = None, ""

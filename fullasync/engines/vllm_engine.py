@@ -11,8 +11,8 @@ Does not own: routing between engines (`router.py`), the pause→push→resume s
 or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
 
 Per-token versions: the engine core labels every batch of outputs with the weight version in force
-when it was sampled (`update_weight_version`; the final output of a request carries the spans): the
-tokens' `output_weight_versions`. A request's KV cache is computed by the weights of the version it was
+when it was sampled (set by `finish_weight_update(version)`; the final output of a request carries the
+spans): the tokens' `output_weight_versions`. A request's KV cache is computed by the weights of the version it was
 submitted under (its prefix-cache salt, so no request reuses KV blocks of another version; a reset of
 the prefix cache cannot do that while requests frozen by a "keep" pause hold blocks): that is the
 oldest version in the context of every token it samples. `output_versions` is the older of the two.
@@ -57,7 +57,7 @@ from fullasync.engines.protocol import (
     WeightsPayload,
     wait_until_set,
 )
-from fullasync.engines.shm_weights import WeightSender, receive_closure
+from fullasync.engines.shm_weights import WeightSender
 from fullasync.engines.weight_digests import Served, mismatches, sampled_names, served_digests
 from fullasync.errors import EngineDiedError, InvalidRequestError, WeightInstallError
 from fullasync.logs import progress
@@ -198,9 +198,14 @@ class VLLMEngineActor:
 
     async def start(self, initial_version: int = 0) -> None:
         from transformers import AutoConfig
+        from vllm.config.weight_transfer import WeightTransferConfig
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from fullasync.engines import vllm_transfer
+
+        vllm_transfer.check_installed()
         cfg = self.config
         if cfg.tensor_parallel_size > 1 and is_cpu_platform():
             os.environ.setdefault(CPU_BIND_ENV, cpu_tensor_parallel_binding(cfg.tensor_parallel_size))
@@ -215,9 +220,11 @@ class VLLMEngineActor:
             seed=cfg.seed,
             max_logprobs=cfg.max_logprobs,
             tensor_parallel_size=cfg.tensor_parallel_size,
+            weight_transfer_config=WeightTransferConfig(backend=vllm_transfer.BACKEND),
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
         )
         self._llm = llm = AsyncLLM.from_engine_args(args)
+        await llm.init_weight_transfer_engine(WeightTransferInitRequest())
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
         self._version = initial_version
         await llm.update_weight_version(str(initial_version))
@@ -361,11 +368,15 @@ class VLLMEngineActor:
     async def update_weights(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Reload weights in place and label what follows with `version`; the engine must be paused.
 
-        The tensors reach the engine-core process through shared memory in buckets (`shm_weights.py`):
-        one `collective_rpc` whose worker reads bucket i while this actor fills bucket i + 1.
+        Through vLLM's weight-transfer API with the shared-memory backend (`vllm_transfer.py`):
+        `start_weight_update` → `update_weights`, during which each worker reads bucket i while this actor fills
+        bucket i + 1 (`shm_weights.py`) → `finish_weight_update(version)`, after which the engine reports
+        `version` itself (`served_version`); then the checksums of a sample are compared.
         Returns seconds per phase: copy_s (filling buckets), load_s (until vLLM reloaded the last),
         reset_s (prefix cache and version label), and the hand-off file's size (shm_bytes).
         """
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
         if self._resumed.is_set():
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
         tensors = dict(named_tensors)
@@ -378,22 +389,27 @@ class VLLMEngineActor:
         timeout = self.config.call_timeout_s
         layout, buckets = self._weights.prepare(tensors, timeout, readers=self.config.tensor_parallel_size)
         received = threading.Event()
-        # vLLM runs a callable on each worker as well as a method name (its annotation says only `str`)
-        reload = asyncio.ensure_future(llm.collective_rpc(receive_closure(layout)))  # type: ignore[arg-type]
-        reload.add_done_callback(lambda _: received.set())
+        await llm.start_weight_update()
+        request = WeightTransferUpdateRequest({"layout": layout.as_dict()})
+        update = asyncio.ensure_future(llm.update_weights(request))
+        update.add_done_callback(lambda _: received.set())
         try:
             copy_s = await asyncio.to_thread(self._weights.send, buckets, received, timeout)
         except BaseException:
             self._weights.abandon()
-            await asyncio.gather(reload, return_exceptions=True)
+            await asyncio.gather(update, return_exceptions=True)
             raise
-        await reload
+        await update
+        await llm.finish_weight_update(str(version))  # the engine now labels what it serves with `version`
         loaded = time.perf_counter()
-        checked = await self._check_served(tensors, version)
+        try:
+            checked = await self._check_served(tensors, version)
+        except BaseException:
+            await llm.update_weight_version(str(self._version))  # it does not serve `version`: take the label back
+            raise
         verified = time.perf_counter()
         await llm.reset_prefix_cache()
         self._version = version
-        await llm.update_weight_version(str(version))
         return {"copy_s": copy_s, "load_s": loaded - started, "verify_s": verified - loaded,
                 "reset_s": time.perf_counter() - verified, "buckets": float(len(buckets)),
                 "shm_bytes": float(self._weights.file_bytes), "checked_tensors": float(checked)}
@@ -427,6 +443,14 @@ class VLLMEngineActor:
 
     async def version(self) -> int:
         return self._version
+
+    async def served_version(self) -> int:
+        """The weight version vLLM itself reports serving (set by `finish_weight_update`)."""
+        return int(await self._started().get_weight_version())
+
+    async def vllm_weight_checksums(self) -> list[dict[str, str]]:
+        """vLLM's own SHA-256 of every parameter, one dict per worker (names prefixed `dp0:pp0:pcp0:tp<rank>:`)."""
+        return await self._started().compute_weight_checksums()
 
     def placement(self) -> tuple[str, list[str]]:
         """This actor's node and the GPU ids Ray assigned it."""
@@ -597,6 +621,12 @@ class RayEngine:
 
     async def version(self) -> int:
         return await self._call("version")
+
+    async def served_version(self) -> int:
+        return await self._call("served_version")
+
+    async def vllm_weight_checksums(self) -> list[dict[str, str]]:
+        return await self._call("vllm_weight_checksums")
 
     async def placement(self) -> tuple[str, list[str]]:
         return await self._call("placement")

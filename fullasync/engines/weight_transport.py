@@ -5,7 +5,9 @@ Owns: the transport protocol — one push is a transaction `start_weight_update(
 weight-transfer API (`start_weight_update` → `update_weights` → `finish_weight_update(weight_version)`) —
 and `ObjectStoreTransport`, the transport of the CPU stack: the trainer's export is a Ray object reference,
 each engine actor receives it from Ray's object store in its `install` call (one round trip per engine), and
-hands it to its vLLM engine core through shared-memory buckets (`shm_weights.py`).
+hands it to its vLLM engine's workers through vLLM's own weight-transfer API (`start_weight_update` →
+`update_weights` → `finish_weight_update(version)`) with the shared-memory backend registered in vLLM's factory
+(`vllm_transfer.py`, buckets in `shm_weights.py`).
 Does not own: when a push happens, which engines take part, or what a failed engine gets later
 (`weight_sync.py`); pausing and resuming inside an engine (`Engine.install`).
 

