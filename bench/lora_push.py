@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULT = "lora_push result: "  # the line an engine run prints its figures on (vLLM prints to stdout too)
 PROMPTS = [f"Write a short story about a {thing}." for thing in (
     "lighthouse", "robot", "garden", "river", "mountain", "library", "train", "storm",
     "violin", "desert", "harbour", "clock", "forest", "bridge", "comet", "market")]
@@ -103,7 +104,8 @@ def main() -> None:
 
     model_path = str(build_pretrained_model("smollm2-135m-instruct"))
     if args.engine:
-        print(json.dumps(engine_run(model_path, args.adapter, args.rank, args.engine, args.tokens)))
+        figures = engine_run(model_path, args.adapter, args.rank, args.engine, args.tokens)
+        print(RESULT + json.dumps(figures), flush=True)
         return
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
@@ -112,8 +114,11 @@ def main() -> None:
         for kind in ("plain", "lora_base", "lora"):
             done = subprocess.run([sys.executable, __file__, "--engine", kind, "--adapter", folder, "--rank",
                                    str(args.rank), "--tokens", str(args.tokens)], cwd=ROOT, capture_output=True,
-                                  text=True, check=True)
-            engines[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+                                  text=True)
+            results = [line[len(RESULT):] for line in done.stdout.splitlines() if line.startswith(RESULT)]
+            if done.returncode or not results:
+                raise RuntimeError(f"the {kind} engine run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            engines[kind] = json.loads(results[-1])
             print(f"[lora_push] {kind}: {engines[kind]}", flush=True)
     plain, base, lora = (engines[k]["tokens_per_s"] for k in ("plain", "lora_base", "lora"))
     merged_s = sizes["merge_s"] + args.push_ms / 1000
