@@ -61,7 +61,8 @@ class ModelSection:
 class EngineSection:
     num_engines: int = setting(1, "vLLM engines (Ray actors)")
     tensor_parallel_size: int = setting(1, "GPUs per engine (vLLM tensor parallelism): the engine actor reserves "
-                                        "that many GPUs of one node from Ray (on CPU: none)")
+                                        "that many GPUs of one node from Ray (on CPU: that many workers, each on "
+                                        "its share of the cores)")
     dtype: str = setting("auto", "engine dtype: auto = the trainer's precision (trainer.model_dtype fp32 -> float32, "
                          "bf16 -> bfloat16), or one vLLM knows (float32, bfloat16, float16)")
     max_model_len: int = setting(1024, "context length (prompt + output) of the engines and the client")
