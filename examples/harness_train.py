@@ -19,8 +19,8 @@ from typing import Any
 
 
 def agent_kwargs(section: Any) -> dict[str, Any]:
-    """The adapter config's kwargs from an example's `agent` section (`hint` belongs to the task set)."""
-    return {key: value for key, value in asdict(section).items() if key != "hint"}
+    """The adapter config's kwargs from an example's `agent` section (`hint` and `tasks` belong to the task set)."""
+    return {key: value for key, value in asdict(section).items() if key not in ("hint", "tasks")}
 
 
 class TracksWeightVersions:
@@ -48,6 +48,15 @@ def check_served_name(agent_model_name: str, served_name: str) -> None:
     if agent_model_name.partition("/")[2] != served_name:
         raise ValueError(f"agent.model_name={agent_model_name!r} does not name model.served_name={served_name!r}; "
                          f"set agent.model_name=hosted_vllm/{served_name}")
+
+
+def check_run_against_agent(config) -> None:
+    """The harness must ask the gateway for the served model, and sample at the temperature the trainer divides
+    logits by (otherwise every trained token's log-prob is off-policy by the difference)."""
+    check_served_name(config.agent.model_name, config.model.served_name)
+    if config.agent.temperature != config.trainer.temperature:
+        raise ValueError(f"agent.temperature={config.agent.temperature} differs from trainer.temperature="
+                         f"{config.trainer.temperature}; set both (the trainer divides logits by its temperature)")
 
 
 def solve_rate(mean: float | None, episodes: int) -> dict[str, float | None]:

@@ -1,8 +1,10 @@
 """What the harness examples' warm-ups (`examples/mini_swe/warmup.py`, `examples/terminus/warmup.py`) share.
 
 Owns: encoding a demonstration conversation as the client records it (assistant turns glued to the
-template's turn boundaries, never re-tokenized; labels on assistant tokens only) and the supervised
-loop on such demonstrations (AdamW on random batches, then the model and tokenizer saved). Plain
+template's turn boundaries, never re-tokenized; labels on assistant tokens only), the supervised
+loop on such demonstrations (AdamW on random batches, then the model and tokenizer saved), with
+single-token names and a copy phase first when the tasks' variable parts are names, and the copy
+probe (`copy_accuracy`). Plain
 PyTorch on CPU, deterministic for a given seed. Does not own: what a demonstration says, the spec or
 its cache (each example's warm-up; `fullasync.tasks.warmup.cached_warm_policy`).
 """
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fullasync.models import load_tokenizer
 
@@ -40,30 +44,98 @@ def encode_turns(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], 
     return ids, labels
 
 
+def first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """A demonstration cut after its first assistant turn, without the system prompt: the copy phase's example."""
+    first = next(index for index, message in enumerate(messages) if message["role"] == "assistant")
+    return [message for message in messages[: first + 1] if message["role"] != "system"]
+
+
 def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callable[[random.Random], list[dict]],
-                            name: str, log_every: int) -> None:
+                            name: str, log_every: int, names: tuple[str, ...] = (),
+                            probe: Callable[[Any, Any], float] | None = None) -> Any:
     """Fine-tune the model in `base` on `spec.examples` conversations `demonstrate(rng)` for `spec.steps` steps
-    (`spec.batch_size`, `spec.lr`, `spec.seed`) and save it with its tokenizer to `out_dir`."""
+    (`spec.batch_size`, `spec.lr`, `spec.seed`) and save it with its tokenizer to `out_dir`; returns
+    (model, tokenizer).
+
+    With `names`, each becomes one token (`extend_vocabulary`, `spec.name_scale`; rows moving together,
+    `share_updates`), the loss adds the mean over the labelled names to the mean over all labelled tokens (with
+    every token weighed alike, a name was 1 of ~60 and the copy did not form in 800 steps; with names alone
+    labelled it formed, and the first steps on the other tokens undid it), and `spec.copy_steps` steps of
+    `spec.copy_batch_size` first turns (`first_turn`) come first at a constant rate; the rate then decays
+    linearly to 10% (gradients clipped at norm 1). Without names: a constant rate, unclipped.
+    """
     import torch
     from transformers import AutoModelForCausalLM
+
+    from fullasync.tasks.warmup import extend_vocabulary, share_updates
 
     torch.manual_seed(spec.seed)
     tokenizer = load_tokenizer(base)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    copy_steps = getattr(spec, "copy_steps", 0) if names else 0
+    if names:
+        rows = extend_vocabulary(tokenizer, model, list(names), spec.seed, spec.name_scale)
+        model.get_input_embeddings().weight.register_hook(share_updates(rows))
     rng = random.Random(spec.seed)
-    examples = [encode_turns(tokenizer, demonstrate(rng)) for _ in range(spec.examples)]
+    conversations = [demonstrate(rng) for _ in range(spec.examples)]
+    examples = [encode_turns(tokenizer, messages) for messages in conversations]
+    first_turns = [encode_turns(tokenizer, first_turn(messages)) for messages in conversations] if copy_steps else []
+    name_ids = torch.tensor(tokenizer.convert_tokens_to_ids(list(names)), dtype=torch.long)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    for step in range(spec.steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
-        input_ids, attention, labels = _pad(batch)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 if not names else min(1.0, (s + 1) / 50)
+                                                 * max(0.1, 1 - max(0, s - copy_steps) / max(1, spec.steps)))
+    started = time.monotonic()
+    for step in range(copy_steps + spec.steps):
+        pool, size = (first_turns, spec.copy_batch_size) if step < copy_steps else (examples, spec.batch_size)
+        input_ids, attention, labels = _pad([pool[rng.randrange(len(pool))] for _ in range(size)])
+        loss = _loss(model, input_ids, attention, labels, name_ids)
         optimizer.zero_grad()
         loss.backward()
+        if names:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % log_every == 0 or step == spec.steps - 1:
-            log.info("%s warm-up step %4d/%d loss %.3f", name, step, spec.steps, loss.item())
+        schedule.step()
+        if step % log_every == 0 or step == copy_steps + spec.steps - 1:
+            probed = f" probe {probe(model, tokenizer):.2f}" if probe is not None else ""
+            log.info("%s warm-up step %4d/%d (%s) loss %.3f%s (%.0f s)", name, step, copy_steps + spec.steps,
+                     "copy" if step < copy_steps else "full", loss.item(), probed, time.monotonic() - started)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
+    return model, tokenizer
+
+
+def _loss(model, input_ids, attention, labels, name_ids):
+    """Mean next-token loss on the labelled tokens, plus the mean on the labelled names (if any): the names weigh
+    as much as all other tokens together, so the copy forms and later phases keep it."""
+    import torch
+
+    if not len(name_ids):
+        return model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+    targets = labels[:, 1:]
+    losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                               ignore_index=-100, reduction="none").view_as(targets)
+    labelled, named = targets != -100, torch.isin(targets, name_ids)
+    loss = losses[labelled].mean()
+    return loss + losses[named].mean() if named.any() else loss
+
+
+def copy_accuracy(model, tokenizer, probes: list[tuple[list[dict[str, str]], str]]) -> float:
+    """Share of `probes` (a conversation whose assistant turns contain `name`, and the name) where, teacher-forced,
+    the name's token is the most likely one at its last occurrence in an assistant turn: the step RL cannot teach,
+    copying a name never trained on."""
+    import torch
+
+    hits = 0
+    with torch.no_grad():
+        for messages, copied in probes:
+            ids, labels = encode_turns(tokenizer, messages)
+            token = tokenizer.convert_tokens_to_ids(copied)
+            position = max(i for i, (t, label) in enumerate(zip(ids, labels, strict=True))
+                           if t == token and label != -100)
+            logits = model(input_ids=torch.tensor([ids[:position]])).logits[0, -1]
+            hits += int(logits.argmax().item() == token)
+    return hits / max(1, len(probes))
 
 
 def _pad(batch):

@@ -53,8 +53,7 @@ from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.tools import SCHEMAS, format_hits
 from examples.deepresearch.world import World, WorldSpec, documents, generate_world, questions
 from fullasync.models import TinyModelSpec, load_tokenizer
-from fullasync.models.tiny import VOCAB_MULTIPLE
-from fullasync.tasks.warmup import cached_warm_policy, spec_key
+from fullasync.tasks.warmup import cached_warm_policy, extend_vocabulary, share_updates, spec_key
 
 WARMUP_FORMAT = 3  # bump when the procedure changes; part of the cache key
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
@@ -226,41 +225,6 @@ def shared_prefix_loss(model: Any, prefix_ids: Any, input_ids: Any, attention: A
 def entity_names(world: World) -> list[str]:
     names = {p.name for p in world.people.values()} | {o.name for o in world.organisations.values()}
     return sorted(names | {name for name, _ in world.cities.values()} | set(world.countries.values()))
-
-
-def extend_vocabulary(tokenizer: Any, model: Any, names: list[str], seed: int, scale: float = 1.0) -> Any:
-    """Give every entity name its own token with a random embedding, `scale` times the spread of the
-    existing rows; returns their ids (a tensor).
-
-    The scale matters because the embeddings are tied: a name's logit is the final hidden state's dot
-    product with its row, so larger rows let a copied name stand out among the ~2,000 others.
-
-    During the warm-up the rows only move together (`share_updates`): each is its random identity plus
-    one learned "this is a name" offset, so a held-out name's token is statistically the same as a
-    training name's and the policy must learn to copy names from its context, not to recall them.
-    """
-    import torch
-    from tokenizers import AddedToken
-
-    tokenizer.add_tokens([AddedToken(name, single_word=True, normalized=False) for name in names])
-    old_rows = model.get_input_embeddings().weight.shape[0]
-    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=VOCAB_MULTIPLE, mean_resizing=False)
-    ids = torch.tensor(tokenizer.convert_tokens_to_ids(names))
-    weight = model.get_input_embeddings().weight
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        std = weight[:old_rows].std().item()
-        weight[ids] = torch.normal(0.0, std * scale, (len(names), weight.shape[1]), generator=generator)
-    return ids
-
-
-def share_updates(rows: Any) -> Any:
-    """A gradient hook giving all `rows` of a parameter the same gradient (their mean)."""
-
-    def hook(grad: Any) -> Any:
-        return grad.index_copy(0, rows, grad[rows].mean(dim=0, keepdim=True).expand(len(rows), -1))
-
-    return hook
 
 
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from examples.harness_train import agent_kwargs, check_served_name
+from examples.harness_train import agent_kwargs, check_run_against_agent
 from fullasync.config import DataSection, ModelSection, RolloutSection, RunConfig
 from fullasync.config_fields import section, setting
 from fullasync.trainer.config import TrainerConfig
 from fullasync_agents.mini_swe import MiniSweConfig
 
+TASK_SETS = ("settings", "bugs")  # fullasync_agents.swe_tasks: settings.setting_rows | tasks.rows
 BUILTIN_POLICY = "builtin:mini_swe"  # the tiny policy warmed up by examples/mini_swe/warmup.py (built, cached)
 
 
@@ -24,9 +25,9 @@ class AgentSection:
                                  "tool)")
     model_name: str = setting(f"hosted_vllm/{ModelSection.served_name}", "litellm model name mini-swe-agent uses "
                               "against the gateway (provider/model.served_name)")
-    temperature: float = setting(MiniSweConfig.temperature, "sampling temperature of every model call")
+    temperature: float = setting(0.7, "sampling temperature of every model call (= trainer.temperature)")
     max_tokens: int = setting(MiniSweConfig.max_tokens, "output budget of one model call")
-    step_limit: int = setting(3, "model calls per episode")
+    step_limit: int = setting(2, "model calls per episode (the fix and the submission)")
     episode_timeout_s: float = setting(300.0, "hard kill of the harness and everything it started")
     command_timeout_s: int = setting(MiniSweConfig.command_timeout_s, "one bash command's limit")
     templates_from: str = setting(MiniSweConfig.templates_from, "a mini-swe-agent YAML config whose templates to "
@@ -34,6 +35,8 @@ class AgentSection:
     environment_class: str = setting(MiniSweConfig.environment_class, "local | docker (passed through to "
                                      "mini-swe-agent; needs a daemon)")
     hint: bool = setting(True, "the issue names the edit (what a tiny policy can learn); false for real models")
+    tasks: str = setting("settings", "settings (one name to copy: what the tiny policy learns) | bugs (30 seeded "
+                         "bugs needing ~30 tokens copied; for bigger models)")
 
 
 @dataclass
@@ -44,15 +47,21 @@ class MiniSweTrainConfig(RunConfig):
     model: ModelSection = field(default_factory=lambda: ModelSection(path=BUILTIN_POLICY))
     data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
-        n=4, batch_size=2, max_running_rows=4, episode_timeout_s=400.0))
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=8))
-    total_steps: int = 20
+        n=4, batch_size=2, max_running_rows=8, episode_timeout_s=400.0))
+    # each episode weighs alike (seq-mean-token-mean): with token-mean the long failed turns (format errors, 96
+    # tokens of noise) carried most of the gradient and the policy collapsed to empty replies; lr 5e-4 collapsed it
+    # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out (README)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7))
+    total_steps: int = 30
     val_samples_per_row: int = 4
     output_dir: str = "outputs/mini_swe"
 
     def validate(self) -> None:
         super().validate()
-        check_served_name(self.agent.model_name, self.model.served_name)
+        check_run_against_agent(self)
+        if self.agent.tasks not in TASK_SETS:
+            raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
 
     def agent_config(self) -> MiniSweConfig:
         return MiniSweConfig(**agent_kwargs(self.agent))

@@ -9,7 +9,8 @@ Run from the repository root:
     python -m examples.mini_swe.train --cfg job                         # print the merged config
     python -m examples.mini_swe.train --help                            # every field with its type, default and help
 
-Owns: wiring the toy SWE task set (train families for training, held-out families for evaluation) and
+Owns: wiring a toy SWE task set (`agent.tasks`: the `settings` family, held-out names never trained on, or the
+seeded `bugs`, held-out bug families) and
 `MiniSweAgentGenerator` into `AsyncAgentTrainer`, and the summary (`<output_dir>/summary.json` and the
 closing lines): held-out solve rate before and after training with standard errors, wall time,
 episodes/s, model calls per episode, and episodes a weight push landed in. Training itself is fullasync's.
@@ -41,7 +42,7 @@ class TrackedMiniSwe(harness_train.TracksWeightVersions, MiniSweAgentGenerator):
 
 
 async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
-    from fullasync_agents.swe_tasks import rows
+    from fullasync_agents.swe_tasks import rows, setting_rows
 
     started = time.monotonic()
     if config.model.path == BUILTIN_POLICY:
@@ -49,7 +50,8 @@ async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
 
         config.model.path = str(build_warm_policy())
         print(f"[mini_swe] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s", flush=True)
-    train, held_out = rows("train", hint=config.agent.hint), rows("held_out", hint=config.agent.hint)
+    task_rows = setting_rows if config.agent.tasks == "settings" else rows
+    train, held_out = task_rows("train", hint=config.agent.hint), task_rows("held_out", hint=config.agent.hint)
     generator = TrackedMiniSwe(config.agent_config())
     return await harness_train.train_and_summarize(config, generator, train, held_out, started, PER_EPISODE,
                                                    lambda: generator.model_calls)

@@ -1,40 +1,48 @@
 """The starting policy of the mini-swe example: the tiny model taught mini-swe-agent's action format, sloppily.
 
-Owns: synthetic demonstrations of the harness's text action format (```mswea_bash_command blocks) on
-*generated* bug reports — random packages, functions and expressions in the shape of the training bug
-families, never the task set's own repositories — and a short supervised warm-up on them, cached on disk.
-A demonstration is the right one (`sed` the hinted fix, then submit) only `correct_share` of the time;
-otherwise it makes one of the deliberate mistakes (the replacement the wrong way round, the visible test
-edited instead of the module, or submitting without a fix), which the hidden tests score 0. RL then has
-a margin to gain, and because the right behaviour is "copy the hint into a sed command", it can carry over
-to the held-out families. Loss only on assistant tokens, built turn by turn as the client does.
+Owns: synthetic demonstrations of the harness's text action format (```mswea_bash_command blocks) on the
+`settings` task family's issue (`fullasync_agents.swe_tasks.settings`) with names from its warm-up pool —
+never a task's own name, train or held-out — and a supervised warm-up on them, cached on disk.
+A demonstration is the right one (`sed` MODE to the hinted name, then submit) only `correct_share` of the
+time; otherwise it makes one of the deliberate mistakes (the visible test edited instead of the module,
+the value written without quotes, or submitting without a fix), which the hidden tests score 0. RL then
+has a margin to gain, and because what it unlearns are habits shared by every task, it carries over to
+held-out names. Loss only on assistant tokens, built turn by turn as the client does.
+
+Every task name is one token of the policy's tokenizer (`extend_vocabulary`: a random identity 8× the
+other rows' spread, all names moving together during the warm-up), and a copy phase on first turns comes
+first (`harness_warmup.train_on_demonstrations`), as in the deepresearch warm-up: so fixing a task is
+copying one token from the issue, which a 2-layer model learns, and a held-out name can only be produced
+by copying it. At the end `copy_accuracy` probes the held-out tasks (teacher-forced, the right fix's name
+is the most likely token); it is logged and written to `warmup.json` in the policy's directory.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import logging
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.harness_warmup import train_on_demonstrations
+from examples.harness_warmup import copy_accuracy, train_on_demonstrations
 from fullasync.models import TinyModelSpec
 from fullasync.tasks.warmup import cached_warm_policy, spec_key
 from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
-from fullasync_agents.swe_tasks.catalog import Bug
-from fullasync_agents.swe_tasks.tasks import instruction, oracle_command
-
-WARMUP_FORMAT = 1  # bump when the procedure changes; part of the cache key
-WORDS = ("alpha", "beta", "calc", "cart", "data", "grid", "item", "list", "money", "node", "order", "price", "queue",
-         "rate", "score", "shape", "stock", "text", "time", "unit", "value", "width", "count", "total", "size")
-SHAPES = (  # (right, wrong) templates in the shape of the training families
-    ("return {a} + {b}", "return {a} - {b}"), ("return {a} * {b}", "return {a} + {b}"),
-    ("return {a} - {b}", "return {a} + {b}"), ("range({a} + 1)", "range({a})"),
-    ("range({n}, {a} + 1)", "range({n}, {a})"),
-    ("return len({a}) - 1", "return len({a})"), ("return {a} >= {n}", "return {a} > {n}"),
-    ("return {a} < {b}", "return {a} > {b}"), ("return {a} <= {b}", "return {a} < {b}"),
-    ("{c} = {n}", "{c} = {m}"), ("{a} = 1", "{a} = 0"), ("{a} % 2 == 0", "{a} % 2 == 1"),
+from fullasync_agents.swe_tasks.settings import (
+    ALL_NAMES,
+    PATH,
+    TEST_PATH,
+    WARMUP_NAMES,
+    instruction,
+    oracle_command,
+    setting_rows,
 )
+
+log = logging.getLogger("fullasync")
+WARMUP_FORMAT = 4  # bump when the procedure changes; part of the cache key
+MISTAKES = ("test_file", "unquoted", "no_fix")
 
 
 @dataclass(frozen=True)
@@ -43,26 +51,18 @@ class MiniSweWarmupSpec:
 
     model: TinyModelSpec = TinyModelSpec(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2)
-    correct_share: float = 0.4  # share of demonstrations that fix the bug; the rest make a deliberate mistake
+    correct_share: float = 0.6  # share of demonstrations that fix the bug; the rest make a deliberate mistake
     examples: int = 4000  # generated demonstrations
-    steps: int = 250  # optimizer steps (loss ≈ 0.26 at 150 here)
+    copy_steps: int = 600  # first phase: first turns labelled on the name only (the copy formed at 300-400 here)
+    copy_batch_size: int = 32
+    steps: int = 200  # second phase: whole demonstrations
     batch_size: int = 16
-    lr: float = 2e-3
+    lr: float = 5e-4  # the deepresearch warm-up's measured rate for forming the copy (2e-3 never formed it)
+    name_scale: float = 8.0  # name embeddings' spread over the other rows' (extend_vocabulary)
     seed: int = 0
 
     def key(self) -> str:
         return spec_key(WARMUP_FORMAT, self)
-
-
-def synthetic_bug(rng: random.Random) -> Bug:
-    """A made-up bug report in the training families' shape (the repository is never built)."""
-    right, wrong = rng.choice(SHAPES)
-    values = {"a": rng.choice(WORDS), "b": rng.choice(WORDS), "c": rng.choice(WORDS).upper(),
-              "n": str(rng.randint(0, 99)), "m": str(rng.randint(100, 199))}
-    package, module, function = rng.choice(WORDS), rng.choice(WORDS) + ".py", rng.choice(WORDS)
-    symptom = f"{function}({rng.randint(0, 9)}) returns {rng.randint(0, 99)} instead of {rng.randint(0, 99)}."
-    return Bug("synthetic", package, module, function, "", right.format(**values), wrong.format(**values), symptom,
-               "", ())
 
 
 def action(command: str) -> str:
@@ -73,22 +73,28 @@ def observation(output: str = "") -> str:
     return OBSERVATION_TEMPLATE.replace("{{output.returncode}}", "0").replace("{{output.output}}", output)
 
 
-def demonstration(bug: Bug, rng: random.Random, correct_share: float) -> list[dict[str, str]]:
-    """system, issue, then the assistant's actions with their observations (right, or one deliberate mistake)."""
-    messages = [{"role": "system", "content": SYSTEM_TEMPLATE}, {"role": "user", "content": instruction(bug)}]
-    if rng.random() < correct_share:
-        commands = [oracle_command(bug), SUBMIT_COMMAND]
-    else:
-        mistake = rng.choice(("swapped", "test_file", "no_fix"))
-        swapped = dataclasses.replace(bug, right=bug.wrong, wrong=bug.right)
-        commands = {"swapped": [oracle_command(swapped), SUBMIT_COMMAND],
-                    "test_file": [oracle_command(bug).replace(bug.path, f"tests/test_{bug.module}"), SUBMIT_COMMAND],
-                    "no_fix": [SUBMIT_COMMAND]}[mistake]
+def fix_commands(name: str, mistake: str | None) -> list[str]:
+    """The demonstrated commands: the fix and the submission, or one deliberate mistake of `MISTAKES`."""
+    fix = oracle_command(name)
+    return {None: [fix, SUBMIT_COMMAND], "test_file": [fix.replace(PATH, TEST_PATH), SUBMIT_COMMAND],
+            "unquoted": [fix.replace(f'"{name}"', name), SUBMIT_COMMAND], "no_fix": [SUBMIT_COMMAND]}[mistake]
+
+
+def demonstration(name: str, mistake: str | None) -> list[dict[str, str]]:
+    """system, issue, then the assistant's actions with their observations."""
+    messages = [{"role": "system", "content": SYSTEM_TEMPLATE}, {"role": "user", "content": instruction(name)}]
+    commands = fix_commands(name, mistake)
     for index, command in enumerate(commands):
         messages.append({"role": "assistant", "content": action(command)})
         if index < len(commands) - 1:
             messages.append({"role": "user", "content": observation()})
     return messages
+
+
+def sloppy_demonstration(rng: random.Random, correct_share: float) -> list[dict[str, str]]:
+    """A demonstration on a warm-up pool name: right `correct_share` of the time, otherwise a random mistake."""
+    mistake = None if rng.random() < correct_share else rng.choice(MISTAKES)
+    return demonstration(rng.choice(WARMUP_NAMES), mistake)
 
 
 def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: Path | None = None) -> Path:
@@ -97,5 +103,12 @@ def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: 
 
 
 def _train(spec: MiniSweWarmupSpec, base: Path, out_dir: Path) -> None:
-    train_on_demonstrations(spec, base, out_dir, lambda rng: demonstration(synthetic_bug(rng), rng, spec.correct_share),
-                            name="mini-swe", log_every=50)
+    started = time.monotonic()
+    probes = [(demonstration(row["answer"], None), row["answer"]) for row in setting_rows("held_out")]
+    model, tokenizer = train_on_demonstrations(
+        spec, base, out_dir, lambda rng: sloppy_demonstration(rng, spec.correct_share), name="mini-swe",
+        log_every=100, names=ALL_NAMES, probe=lambda model, tokenizer: copy_accuracy(model, tokenizer, probes[:10]))
+    accuracy = copy_accuracy(model, tokenizer, probes)
+    log.info("mini-swe warm-up: held-out copy accuracy %.2f (%.0f s)", accuracy, time.monotonic() - started)
+    (out_dir / "warmup.json").write_text(json.dumps({"heldout_copy_accuracy": accuracy,
+                                                     "seconds": time.monotonic() - started}) + "\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from examples.harness_train import agent_kwargs, check_served_name
+from examples.harness_train import agent_kwargs, check_run_against_agent
 from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig
 from fullasync.config_fields import section, setting
 from fullasync.trainer.config import TrainerConfig
@@ -58,7 +58,7 @@ class TerminusTrainConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_served_name(self.agent.model_name, self.model.served_name)
+        check_run_against_agent(self)
         if self.agent.max_tokens >= self.engine.max_model_len:
             raise ValueError(f"agent.max_tokens={self.agent.max_tokens} must be below engine.max_model_len="
                              f"{self.engine.max_model_len}; lower agent.max_tokens or raise engine.max_model_len")

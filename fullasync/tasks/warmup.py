@@ -5,6 +5,9 @@ the exact format the reward wants ("7") only `exact_format_share` of the time; o
 "7." or "= 7", which score 0. RL then has a clear, checkable margin to gain on held-out questions:
 the format is one behaviour shared by all questions, so what RL learns on the training rows
 carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a minute.
+
+Also owns what every warm-up shares: the cache (`cached_warm_policy`, `spec_key`) and single-token
+names for copying (`extend_vocabulary`, `share_updates`), used by the examples' warm-ups.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
+from fullasync.models.tiny import VOCAB_MULTIPLE
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
 
 log = logging.getLogger("fullasync")
@@ -67,6 +71,42 @@ def cached_warm_policy(name: str, spec: Any, train: Callable[[Any, Path, Path], 
         return dataclasses.asdict(spec)
 
     return cached_build(root / "models" / f"{name}-{spec.key()}", build_into)
+
+
+def extend_vocabulary(tokenizer: Any, model: Any, names: list[str], seed: int, scale: float = 1.0) -> Any:
+    """Give every name its own token with a random embedding, `scale` times the spread of the
+    existing rows; returns their ids (a tensor).
+
+    The scale matters because the embeddings are tied: a name's logit is the final hidden state's dot
+    product with its row, so larger rows let a copied name stand out among the others.
+
+    During the warm-up the rows only move together (`share_updates`): each is its random identity plus
+    one learned "this is a name" offset, so a held-out name's token is statistically the same as a
+    training name's and the policy must learn to copy names from its context, not to recall them
+    (the deepresearch and harness examples' warm-ups).
+    """
+    import torch
+    from tokenizers import AddedToken
+
+    tokenizer.add_tokens([AddedToken(name, single_word=True, normalized=False) for name in names])
+    old_rows = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=VOCAB_MULTIPLE, mean_resizing=False)
+    ids = torch.tensor(tokenizer.convert_tokens_to_ids(names))
+    weight = model.get_input_embeddings().weight
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        std = weight[:old_rows].std().item()
+        weight[ids] = torch.normal(0.0, std * scale, (len(names), weight.shape[1]), generator=generator)
+    return ids
+
+
+def share_updates(rows: Any) -> Any:
+    """A gradient hook giving all `rows` of a parameter the same gradient (their mean)."""
+
+    def hook(grad: Any) -> Any:
+        return grad.index_copy(0, rows, grad[rows].mean(dim=0, keepdim=True).expand(len(rows), -1))
+
+    return hook
 
 
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:

@@ -71,6 +71,11 @@ def test_the_client_serves_the_engines_context_and_top_logprobs_limit():
      r"agent.model_name='hosted_vllm/other' does not name model.served_name='policy'"),
     (MiniSweTrainConfig(agent=MiniSweAgent(model_name="hosted_vllm/other")),
      r"set agent.model_name=hosted_vllm/policy"),
+    (MiniSweTrainConfig(agent=MiniSweAgent(tasks="other")),
+     r"agent.tasks='other'; choose one of \('settings', 'bugs'\)"),
+    (MiniSweTrainConfig(agent=MiniSweAgent(temperature=0.5)),
+     r"agent.temperature=0.5 differs from trainer.temperature=.*; set both"),
+    (TerminusTrainConfig(agent=TerminusAgent(temperature=0.5)), r"agent.temperature=0.5 differs from trainer"),
     (DeepResearchConfig(data=dataclasses.replace(RunConfig().data, task=""), agent=AgentConfig(model="other")),
      r"agent.model='other' is not the served model.served_name='policy'; set agent.model=policy"),
 ])

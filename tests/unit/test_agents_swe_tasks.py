@@ -1,5 +1,6 @@
-"""The toy SWE task set is gated: on every task the visible test fails, doing nothing scores 0, and the oracle
-command (run by bash, as an agent would) scores 1; the train/held-out split is by bug family."""
+"""The toy SWE task sets are gated: on every task the visible test fails, doing nothing scores 0, and the oracle
+command (run by bash, as an agent would) scores 1; the bugs' train/held-out split is by bug family, the settings
+family's by name (held-out names are in no training row and no warm-up demonstration)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from process_waits import none_running
 
 from fullasync_agents.sandbox import SandboxError, create_sandbox, score
-from fullasync_agents.swe_tasks import HELD_OUT_FAMILIES, TRAIN_FAMILIES, held_out_rows, rows, train_rows
+from fullasync_agents.swe_tasks import HELD_OUT_FAMILIES, TRAIN_FAMILIES, held_out_rows, rows, setting_rows, train_rows
+from fullasync_agents.swe_tasks.settings import WARMUP_NAMES
 
 ROWS = rows()
 
@@ -72,3 +74,39 @@ async def test_rows_without_a_repository_or_tests_say_what_is_missing():
         sandbox.remove()
 
 
+
+
+SETTINGS = setting_rows()
+
+
+def test_settings_family_holds_out_names_never_trained_on_or_demonstrated():
+    train, held_out = setting_rows("train"), setting_rows("held_out")
+    assert (len(train), len(held_out)) == (160, 40) and len({row["id"] for row in SETTINGS}) == 200
+    train_names, held_names = {row["answer"] for row in train}, {row["answer"] for row in held_out}
+    assert len(train_names) == 160 and len(held_names) == 40
+    assert not (train_names | held_names) & set(WARMUP_NAMES) and not train_names & held_names
+    for row, unhinted in zip(SETTINGS, setting_rows(hint=False), strict=True):
+        assert f"\"{row['answer']}\"`" in row["instruction"] and row["answer"].isalpha() and row["answer"].islower()
+        assert row["answer"] not in unhinted["instruction"] and unhinted["id"] == row["id"]
+        assert row["answer"] not in "".join(row["files"][path] for path in row["files"] if path.startswith("app/"))
+    assert setting_rows() == SETTINGS
+
+
+async def test_settings_tasks_fail_untouched_and_are_solved_by_their_oracle():
+    sample = SETTINGS[::10]  # 20 of 200, both splits; all are the same code with other names
+    results = await asyncio.gather(*(_gate(row, asyncio.Semaphore(4)) for row in sample))
+    assert [(visible_fails, untouched, fixed) for visible_fails, untouched, fixed in results] == [(True, 0.0, 1.0)] * 20
+
+
+async def test_the_mini_swe_warm_ups_mistakes_score_zero():
+    from examples.mini_swe.warmup import MISTAKES, fix_commands
+
+    row = SETTINGS[-1]
+    for mistake in (None, *MISTAKES):
+        sandbox = create_sandbox(row)
+        try:
+            for command in fix_commands(row["answer"], mistake):
+                await asyncio.to_thread(subprocess.run, ["bash", "-c", command], cwd=sandbox.repo, check=True)
+            assert await score(row, sandbox) == (1.0 if mistake is None else 0.0), mistake
+        finally:
+            sandbox.remove()
