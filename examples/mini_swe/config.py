@@ -47,13 +47,13 @@ class MiniSweTrainConfig(RunConfig):
     model: ModelSection = field(default_factory=lambda: ModelSection(path=BUILTIN_POLICY))
     data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
-        n=4, batch_size=2, max_running_rows=8, episode_timeout_s=400.0))
+        n=4, batch_size=4, max_running_rows=8, episode_timeout_s=400.0))
     # each episode weighs alike (seq-mean-token-mean): with token-mean the long failed turns (format errors, 96
     # tokens of noise) carried most of the gradient and the policy collapsed to empty replies; lr 5e-4 collapsed it
     # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out (README)
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
         lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7))
-    total_steps: int = 30
+    total_steps: int = 25
     val_samples_per_row: int = 4
     output_dir: str = "outputs/mini_swe"
 

@@ -4,7 +4,7 @@ Run from the repository root:
     python -m examples.mini_swe.train                                   # tiny warmed-up policy, this machine
     python -m examples.mini_swe.train total_steps=40 agent.step_limit=4 max_staleness=4
     python -m examples.mini_swe.train model.path=/models/Qwen2.5-7B-Instruct agent.action_format=tool_call \\
-        agent.hint=false agent.templates_from=<site-packages>/minisweagent/config/mini.yaml \\
+        agent.tasks=bugs agent.hint=false agent.templates_from=<site-packages>/minisweagent/config/mini.yaml \\
         agent.max_tokens=1024 agent.step_limit=30 engine.max_model_len=32768 engine.num_engines=8
     python -m examples.mini_swe.train --cfg job                         # print the merged config
     python -m examples.mini_swe.train --help                            # every field with its type, default and help
