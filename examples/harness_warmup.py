@@ -52,7 +52,8 @@ def first_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
 
 def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callable[[random.Random], list[dict]],
                             name: str, log_every: int, names: tuple[str, ...] = (),
-                            probe: Callable[[Any, Any], float] | None = None) -> Any:
+                            probe: Callable[[Any, Any], float] | None = None,
+                            copy_example: Callable[[list[dict]], list[dict]] = first_turn) -> Any:
     """Fine-tune the model in `base` on `spec.examples` conversations `demonstrate(rng)` for `spec.steps` steps
     (`spec.batch_size`, `spec.lr`, `spec.seed`) and save it with its tokenizer to `out_dir`; returns
     (model, tokenizer).
@@ -61,13 +62,16 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     `share_updates`), the loss adds the mean over the labelled names to the mean over all labelled tokens (with
     every token weighed alike, a name was 1 of ~60 and the copy did not form in 800 steps; with names alone
     labelled it formed, and the first steps on the other tokens undid it), and `spec.copy_steps` steps of
-    `spec.copy_batch_size` first turns (`first_turn`) come first at a constant rate; the rate then decays
-    linearly to 10% (gradients clipped at norm 1). Without names: a constant rate, unclipped.
+    `spec.copy_batch_size` first turns (`copy_example`: by default `first_turn`, which drops the system prompt —
+    the copy forms in a short context and carries over to the full one) come first at a constant rate; the rate
+    then decays linearly to 10% (gradients clipped at norm 1). Without names: a constant rate, unclipped.
+    The tokens a batch's examples all start with (a harness's long fixed prompt) run once per step
+    (`shared_prefix_batch`, `prefix_logits`: the same values and gradients as the padded forward).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fullasync.tasks.warmup import extend_vocabulary, share_updates
+    from fullasync.tasks.warmup import extend_vocabulary, prefix_logits, share_updates, shared_prefix_batch
 
     torch.manual_seed(spec.seed)
     tokenizer = load_tokenizer(base)
@@ -79,7 +83,7 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     rng = random.Random(spec.seed)
     conversations = [demonstrate(rng) for _ in range(spec.examples)]
     examples = [encode_turns(tokenizer, messages) for messages in conversations]
-    first_turns = [encode_turns(tokenizer, first_turn(messages)) for messages in conversations] if copy_steps else []
+    first_turns = [encode_turns(tokenizer, copy_example(messages)) for messages in conversations] if copy_steps else []
     name_ids = torch.tensor(tokenizer.convert_tokens_to_ids(list(names)), dtype=torch.long)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 if not names else min(1.0, (s + 1) / 50)
@@ -87,8 +91,9 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     started = time.monotonic()
     for step in range(copy_steps + spec.steps):
         pool, size = (first_turns, spec.copy_batch_size) if step < copy_steps else (examples, spec.batch_size)
-        input_ids, attention, labels = _pad([pool[rng.randrange(len(pool))] for _ in range(size)])
-        loss = _loss(model, input_ids, attention, labels, name_ids)
+        batch = [pool[rng.randrange(len(pool))] for _ in range(size)]
+        prefix, input_ids, attention, labels = shared_prefix_batch(batch)
+        loss = _loss(prefix_logits(model, prefix, input_ids, attention), labels, name_ids)
         optimizer.zero_grad()
         loss.backward()
         if names:
@@ -104,15 +109,12 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     return model, tokenizer
 
 
-def _loss(model, input_ids, attention, labels, name_ids):
+def _loss(logits, labels, name_ids):
     """Mean next-token loss on the labelled tokens, plus the mean on the labelled names (if any): the names weigh
     as much as all other tokens together, so the copy forms and later phases keep it."""
     import torch
 
-    if not len(name_ids):
-        return model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
-    targets = labels[:, 1:]
+    logits, targets = logits[:, :-1], labels[:, 1:]
     losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                                ignore_index=-100, reduction="none").view_as(targets)
     labelled, named = targets != -100, torch.isin(targets, name_ids)
@@ -136,17 +138,3 @@ def copy_accuracy(model, tokenizer, probes: list[tuple[list[dict[str, str]], str
             logits = model(input_ids=torch.tensor([ids[:position]])).logits[0, -1]
             hits += int(logits.argmax().item() == token)
     return hits / max(1, len(probes))
-
-
-def _pad(batch):
-    import torch
-
-    length = max(len(ids) for ids, _ in batch)
-    input_ids = torch.zeros(len(batch), length, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    labels = torch.full_like(input_ids, -100)
-    for row, (ids, targets) in enumerate(batch):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.tensor(targets)
-    return input_ids, attention, labels

@@ -53,7 +53,14 @@ from examples.deepresearch.retrieval import Bm25Index
 from examples.deepresearch.tools import SCHEMAS, format_hits
 from examples.deepresearch.world import World, WorldSpec, documents, generate_world, questions
 from fullasync.models import TinyModelSpec, load_tokenizer
-from fullasync.tasks.warmup import cached_warm_policy, extend_vocabulary, share_updates, spec_key
+from fullasync.tasks.warmup import (
+    cached_warm_policy,
+    extend_vocabulary,
+    prefix_logits,
+    share_updates,
+    shared_prefix_batch,
+    spec_key,
+)
 
 WARMUP_FORMAT = 3  # bump when the procedure changes; part of the cache key
 ASSISTANT_OPEN = "<|im_start|>assistant\n"
@@ -170,8 +177,6 @@ class _Batcher:
         Returns the prefix every conversation shares (system prompt and tools) once, then the
         right-padded rest: (prefix_ids [P], rest_ids [B, L], rest_attention [B, L], rest_labels [B, L]).
         """
-        import torch
-
         hops = sorted(self.by_hops)
         rows = self.by_hops[self.rng.choices(hops, [len(self.by_hops[h]) for h in hops])[0]]
         full = phase == "full"
@@ -184,27 +189,7 @@ class _Batcher:
             if phase == "copy":  # up to and including the first reply (the first search call)
                 messages = messages[:next(i for i, m in enumerate(messages) if m["role"] == "assistant") + 1]
             examples.append(tokenize_conversation(self.tokenizer, messages, self.tools if full else None))
-        first_label = min(next(i for i, label in enumerate(labels) if label != -100) for _, labels in examples)
-        shared = min(_common_prefix_length([ids for ids, _ in examples]), first_label) - 1  # >= 1 token per rest
-        length = max(len(ids) for ids, _ in examples) - shared
-        input_ids = torch.zeros(len(examples), length, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        labels = torch.full_like(input_ids, -100)
-        for row, (ids, row_labels) in enumerate(examples):
-            rest = len(ids) - shared
-            input_ids[row, :rest] = torch.tensor(ids[shared:])
-            attention[row, :rest] = 1
-            labels[row, :rest] = torch.tensor(row_labels[shared:])
-        return torch.tensor(examples[0][0][:shared]), input_ids, attention, labels
-
-
-def _common_prefix_length(sequences: list[list[int]]) -> int:
-    first = sequences[0]
-    length = min(len(s) for s in sequences)
-    for position in range(length):
-        if any(s[position] != first[position] for s in sequences):
-            return position
-    return length
+        return shared_prefix_batch(examples)
 
 
 def shared_prefix_loss(model: Any, prefix_ids: Any, input_ids: Any, attention: Any, labels: Any) -> Any:
@@ -212,11 +197,7 @@ def shared_prefix_loss(model: Any, prefix_ids: Any, input_ids: Any, attention: A
     is repeated for the batch, gradients included. Same value as the plain padded forward, less compute."""
     import torch
 
-    batch = input_ids.shape[0]
-    cache = model(input_ids=prefix_ids[None], use_cache=True).past_key_values
-    cache.batch_repeat_interleave(batch)
-    full_attention = torch.cat([torch.ones(batch, len(prefix_ids), dtype=attention.dtype), attention], dim=1)
-    logits = model(input_ids=input_ids, attention_mask=full_attention, past_key_values=cache).logits
+    logits = prefix_logits(model, prefix_ids, input_ids, attention)
     # the prefix's last token predicts the first rest token, which is never labelled (a user turn follows)
     return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                              labels[:, 1:].reshape(-1), ignore_index=-100)

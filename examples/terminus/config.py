@@ -17,6 +17,7 @@ from fullasync.config_fields import section, setting
 from fullasync.trainer.config import TrainerConfig
 from fullasync_agents.terminus import TerminusConfig
 
+TASK_SETS = ("settings", "commands")  # fullasync_agents.terminal_tasks: settings.setting_rows | rows
 BUILTIN_POLICY = "builtin:terminus"  # the tiny policy warmed up by examples/terminus/warmup.py (built, cached)
 CONTEXT = 4096
 
@@ -25,7 +26,7 @@ CONTEXT = 4096
 class AgentSection:
     model_name: str = setting(f"hosted_vllm/{ModelSection.served_name}", "litellm model name Terminus-2 uses "
                               "against the gateway (provider/model.served_name)")
-    temperature: float = setting(TerminusConfig.temperature, "sampling temperature of every model call")
+    temperature: float = setting(0.7, "sampling temperature of every model call (= trainer.temperature)")
     max_tokens: int = setting(192, "output budget of one model call (below engine.max_model_len, which is also "
                               "litellm's max_input_tokens)")
     max_turns: int = setting(3, "Terminus-2 turns per episode (a solved task takes two: act, then confirm)")
@@ -39,6 +40,8 @@ class AgentSection:
                                  "$FULLASYNC_HARBOR_PYTHON or .venv-harbor)")
     hint: bool = setting(True, "each task's extra instruction names the command (what a tiny policy can learn); "
                          "false for real models")
+    tasks: str = setting("settings", "settings (one name to copy: what the tiny policy learns) | commands (the 20 "
+                         "shipped tasks, a whole command to copy; for bigger models)")
 
 
 @dataclass
@@ -50,8 +53,11 @@ class TerminusTrainConfig(RunConfig):
     engine: EngineSection = field(default_factory=lambda: EngineSection(max_model_len=CONTEXT))
     data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
-        n=4, batch_size=2, max_running_rows=4, episode_timeout_s=400.0))
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-4, micro_batch_size=8))
+        n=4, batch_size=4, max_running_rows=6, episode_timeout_s=400.0))
+    # as the mini-swe example measured: each episode weighs alike, a rate that does not collapse the tiny policy,
+    # T = 0.7 for sampling and the trainer's logits alike
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7))
     total_steps: int = 20
     val_samples_per_row: int = 4
     output_dir: str = "outputs/terminus"
@@ -59,6 +65,8 @@ class TerminusTrainConfig(RunConfig):
     def validate(self) -> None:
         super().validate()
         check_run_against_agent(self)
+        if self.agent.tasks not in TASK_SETS:
+            raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
         if self.agent.max_tokens >= self.engine.max_model_len:
             raise ValueError(f"agent.max_tokens={self.agent.max_tokens} must be below engine.max_model_len="
                              f"{self.engine.max_model_len}; lower agent.max_tokens or raise engine.max_model_len")

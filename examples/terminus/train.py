@@ -3,16 +3,17 @@ Run from the repository root, after `make setup setup-terminus`:
 
     python -m examples.terminus.train                                   # tiny warmed-up policy, this machine
     python -m examples.terminus.train total_steps=40 agent.max_turns=4 max_staleness=4
-    python -m examples.terminus.train model.path=/models/Qwen2.5-7B-Instruct agent.hint=false \\
+    python -m examples.terminus.train model.path=/models/Qwen2.5-7B-Instruct agent.tasks=commands agent.hint=false \\
         agent.max_tokens=2048 agent.max_turns=30 agent.pane_width=160 agent.pane_height=40 \\
         engine.max_model_len=32768 engine.num_engines=8
     python -m examples.terminus.train --cfg job                         # print the merged config
     python -m examples.terminus.train --help                            # every field with its type, default and help
 
-Owns: wiring the terminal task set (training families for training, the held-out family for evaluation)
-and `Terminus2Generator` into `AsyncAgentTrainer`, and the summary (`<output_dir>/summary.json` and the
-closing lines): held-out solve rate before and after training with standard errors, wall time,
-episodes/s, agent turns per episode, and episodes a weight push landed in. Training itself is fullasync's.
+Owns: wiring a terminal task set (`agent.tasks`: the `settings` family, held-out names never trained on, or
+the 20 shipped `commands` tasks, a held-out family) and `Terminus2Generator` into `AsyncAgentTrainer`, and the
+summary (`<output_dir>/summary.json` and the closing lines): held-out solve rate before and after training with
+standard errors, wall time, episodes/s, agent turns per episode, and episodes a weight push landed in.
+Training itself is fullasync's.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class TrackedTerminus(harness_train.TracksWeightVersions, Terminus2Generator):
 
 async def run(config: TerminusTrainConfig) -> dict[str, Any]:
     from fullasync_agents.terminal_tasks import rows
+    from fullasync_agents.terminal_tasks.settings import setting_rows
 
     started = time.monotonic()
     if config.model.path == BUILTIN_POLICY:
@@ -49,7 +51,8 @@ async def run(config: TerminusTrainConfig) -> dict[str, Any]:
 
         config.model.path = str(build_warm_policy(TerminusWarmupSpec(pane_height=config.agent.pane_height)))
         print(f"[terminus] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s", flush=True)
-    train, held_out = rows("train", hint=config.agent.hint), rows("held_out", hint=config.agent.hint)
+    task_rows = setting_rows if config.agent.tasks == "settings" else rows
+    train, held_out = task_rows("train", hint=config.agent.hint), task_rows("held_out", hint=config.agent.hint)
     generator = TrackedTerminus(config.agent_config())
     return await harness_train.train_and_summarize(config, generator, train, held_out, started, PER_EPISODE,
                                                    lambda: generator.turns)

@@ -36,7 +36,8 @@ def cached_build(target: Path, build_into: Callable[[Path], Mapping[str, Any]]) 
         record = build_into(staging)
         for written in staging.rglob("*"):
             if not written.is_symlink():  # a link's target belongs to another build (maybe another user)
-                written.chmod(0o755 if written.is_dir() else 0o644)  # transformers writes weights owner-only
+                executable = written.is_dir() or written.stat().st_mode & 0o100  # scripts (task files) stay runnable
+                written.chmod(0o755 if executable else 0o644)  # transformers writes weights owner-only
         (staging / BUILD_MARKER).write_text(json.dumps(dict(record), indent=2, sort_keys=True, default=str) + "\n")
         _publish(staging, target)
     finally:

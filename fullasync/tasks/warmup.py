@@ -6,8 +6,9 @@ the exact format the reward wants ("7") only `exact_format_share` of the time; o
 the format is one behaviour shared by all questions, so what RL learns on the training rows
 carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a minute.
 
-Also owns what every warm-up shares: the cache (`cached_warm_policy`, `spec_key`) and single-token
-names for copying (`extend_vocabulary`, `share_updates`), used by the examples' warm-ups.
+Also owns what every warm-up shares: the cache (`cached_warm_policy`, `spec_key`), single-token
+names for copying (`extend_vocabulary`, `share_updates`), and batches whose shared prompt prefix runs
+once (`shared_prefix_batch`, `prefix_logits`), used by the examples' warm-ups.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ class WarmupSpec:
         return spec_key(WARMUP_FORMAT, self)
 
 
-def spec_key(build_format: int, spec: Any) -> str:
-    """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model."""
-    text = json.dumps([build_format, dataclasses.asdict(spec), spec.model.key()], sort_keys=True)
+def spec_key(build_format: int, spec: Any, *extra: Any) -> str:
+    """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model, and
+    anything else the build reads (`extra`, e.g. the harness version whose prompt it copies)."""
+    text = json.dumps([build_format, dataclasses.asdict(spec), spec.model.key(), *extra], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -107,6 +109,46 @@ def share_updates(rows: Any) -> Any:
         return grad.index_copy(0, rows, grad[rows].mean(dim=0, keepdim=True).expand(len(rows), -1))
 
     return hook
+
+
+def shared_prefix_batch(examples: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any, Any]:
+    """(ids, labels) examples as (prefix_ids [P], rest_ids [B, L], rest_attention [B, L], rest_labels [B, L]): the
+    tokens all of them start with (up to, not into, the first labelled token; at least one left in each rest) once,
+    then each example's rest, right-padded."""
+    import torch
+
+    first = examples[0][0]
+    first_labels = (next((i for i, label in enumerate(labels) if label != -100), len(labels)) for _, labels in examples)
+    shared = min(min(len(ids) for ids, _ in examples), min(first_labels))
+    for ids, _ in examples:
+        shared = next((i for i in range(shared) if ids[i] != first[i]), shared)
+    shared = max(0, shared - 1)
+    length = max(len(ids) for ids, _ in examples) - shared
+    input_ids = torch.zeros(len(examples), length, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, -100)
+    for row, (ids, row_labels) in enumerate(examples):
+        rest = len(ids) - shared
+        input_ids[row, :rest] = torch.tensor(ids[shared:])
+        attention[row, :rest] = 1
+        labels[row, :rest] = torch.tensor(row_labels[shared:])
+    return torch.tensor(first[:shared], dtype=torch.long), input_ids, attention, labels
+
+
+def prefix_logits(model: Any, prefix_ids: Any, input_ids: Any, attention: Any) -> Any:
+    """The logits over a `shared_prefix_batch`'s rests: the prefix runs once (batch 1) and its KV cache is repeated
+    for the batch, gradients included — the plain padded forward's values and gradients at a fraction of the cost
+    when the prefix is long (a harness's fixed prompt). The prefix's last token predicts each rest's first token,
+    which is never labelled."""
+    import torch
+
+    if not len(prefix_ids):
+        return model(input_ids=input_ids, attention_mask=attention).logits
+    batch = input_ids.shape[0]
+    cache = model(input_ids=prefix_ids[None], use_cache=True).past_key_values
+    cache.batch_repeat_interleave(batch)
+    full_attention = torch.cat([torch.ones(batch, len(prefix_ids), dtype=attention.dtype), attention], dim=1)
+    return model(input_ids=input_ids, attention_mask=full_attention, past_key_values=cache).logits
 
 
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:

@@ -120,3 +120,52 @@ async def test_a_missing_harbor_interpreter_is_named_with_its_fix(tmp_path):
         await Terminus2Generator(TerminusConfig(harbor_python=str(not_harbor))).setup()
 
 
+
+
+def test_settings_family_holds_out_names_never_trained_on_or_demonstrated(tmp_path):
+    from fullasync_agents.swe_tasks.settings import WARMUP_NAMES
+    from fullasync_agents.terminal_tasks.settings import setting_rows
+
+    rows_ = setting_rows(cache_dir=tmp_path)
+    train, held_out = setting_rows("train", cache_dir=tmp_path), setting_rows("held_out", cache_dir=tmp_path)
+    assert (len(train), len(held_out)) == (160, 40) and len({row["id"] for row in rows_}) == 200
+    train_names, held_names = {row["answer"] for row in train}, {row["answer"] for row in held_out}
+    assert len(train_names) == 160 and len(held_names) == 40
+    assert not (train_names | held_names) & set(WARMUP_NAMES) and not train_names & held_names
+    for row, unhinted in zip(rows_, setting_rows(hint=False, cache_dir=tmp_path), strict=True):
+        task = Path(row["task_dir"])
+        assert row["extra_instructions"] == [f"Hint: run `{row['oracle_command']}` in /app."]
+        assert unhinted["extra_instructions"] == [] and f"`mode={row['answer']}`" in row["instruction"]
+        assert row["oracle_command"] in (task / "solution/solve.sh").read_text()
+        assert row["answer"] not in "".join(path.read_text() for path in (task / "environment/app").iterdir())
+        assert tomllib.loads((task / "task.toml").read_text())["metadata"]["oracle_command"] == row["oracle_command"]
+        for script in ("tests/test.sh", "solution/solve.sh"):
+            assert (task / script).stat().st_mode & stat.S_IXUSR, f"{row['id']}: {script} is not executable"
+    assert setting_rows(cache_dir=tmp_path) == rows_ and len(list((tmp_path / "terminal-tasks").iterdir())) == 1
+
+
+async def test_settings_tasks_score_one_with_the_oracle_and_zero_for_nothing_and_each_warm_up_mistake(
+        harbor_agents, tmp_path):
+    """20 of the 200 tasks (both splits; all are the same code with other names) through harbor's oracle and
+    no-op agents, and the last one with each of the Terminus warm-up's mistakes run as its solution."""
+    import shutil
+
+    from examples.terminus.warmup import MISTAKES, fix_keystrokes
+    from fullasync_agents.terminal_tasks.settings import setting_rows
+
+    sample = setting_rows()[::10]
+    limit = asyncio.Semaphore(4)
+
+    async def reward(row, agent):
+        async with limit:
+            return await harbor_agents.generate(NO_GATEWAY, {**row, "harbor_agent": agent})
+
+    assert await asyncio.gather(*(reward(row, "oracle") for row in sample)) == [1.0] * 20
+    assert await asyncio.gather(*(reward(row, "nop") for row in sample)) == [0.0] * 20
+    for mistake in MISTAKES:
+        task = tmp_path / mistake
+        shutil.copytree(sample[-1]["task_dir"], task)
+        typed = "".join(fix_keystrokes(sample[-1]["answer"], mistake))
+        ran = typed if typed.endswith("\n") else ""  # keystrokes without the newline are typed, never run
+        (task / "solution/solve.sh").write_text(f"#!/bin/bash\ncd /app\n{ran}")
+        assert await reward({**sample[-1], "task_dir": str(task)}, "oracle") == 0.0, mistake

@@ -76,6 +76,8 @@ def test_the_client_serves_the_engines_context_and_top_logprobs_limit():
     (MiniSweTrainConfig(agent=MiniSweAgent(temperature=0.5)),
      r"agent.temperature=0.5 differs from trainer.temperature=.*; set both"),
     (TerminusTrainConfig(agent=TerminusAgent(temperature=0.5)), r"agent.temperature=0.5 differs from trainer"),
+    (TerminusTrainConfig(agent=TerminusAgent(tasks="bugs")),
+     r"agent.tasks='bugs'; choose one of \('settings', 'commands'\)"),
     (DeepResearchConfig(data=dataclasses.replace(RunConfig().data, task=""), agent=AgentConfig(model="other")),
      r"agent.model='other' is not the served model.served_name='policy'; set agent.model=policy"),
 ])

@@ -9,10 +9,10 @@ import random
 import torch
 from transformers import AutoModelForCausalLM
 
-from examples.harness_warmup import _loss, _pad, copy_accuracy, encode_turns, first_turn
+from examples.harness_warmup import _loss, copy_accuracy, encode_turns, first_turn
 from examples.mini_swe.warmup import MISTAKES, demonstration, sloppy_demonstration
 from fullasync.models import load_tokenizer
-from fullasync.tasks.warmup import extend_vocabulary
+from fullasync.tasks.warmup import extend_vocabulary, prefix_logits, shared_prefix_batch
 from fullasync_agents.swe_tasks.settings import ALL_NAMES, WARMUP_NAMES, oracle_command, setting_rows
 
 
@@ -48,18 +48,32 @@ def test_names_are_one_token_and_the_copy_phase_sees_the_first_turn_without_the_
     assert [m["role"] for m in first] == ["user", "assistant"] and first[1] == messages[2]
 
 
-def test_the_loss_adds_the_names_mean_to_the_mean_over_all_labels(tiny_model_path):
+def test_the_loss_adds_the_names_mean_to_the_mean_over_all_labels_and_the_shared_prefix_changes_nothing(
+        tiny_model_path):
     tokenizer, model = _policy(tiny_model_path)
-    batch = _pad([encode_turns(tokenizer, demonstration(name, None)) for name in WARMUP_NAMES[:3]])
-    plain = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss
-    assert torch.allclose(_loss(model, *batch, torch.tensor([], dtype=torch.long)), plain)
+    prefix, rest, attention, labels = shared_prefix_batch(
+        [encode_turns(tokenizer, demonstration(name, None)) for name in WARMUP_NAMES[:3]])
+    assert len(prefix) > 100  # the system prompt and the fixed words run once
+    input_ids = torch.cat([prefix[None].expand(3, -1), rest], 1)
+    full_attention = torch.cat([torch.ones(3, len(prefix), dtype=attention.dtype), attention], 1)
+    full_labels = torch.cat([torch.full((3, len(prefix)), -100), labels], 1)
+    plain = model(input_ids=input_ids, attention_mask=full_attention, labels=full_labels).loss
+    assert torch.allclose(_loss(prefix_logits(model, prefix, rest, attention), labels,
+                                torch.tensor([], dtype=torch.long)), plain, atol=1e-6)
     names = torch.tensor(tokenizer.convert_tokens_to_ids(list(WARMUP_NAMES[:3])))
-    logits = model(input_ids=batch[0], attention_mask=batch[1]).logits[:, :-1]
-    targets = batch[2][:, 1:]
+    logits = model(input_ids=input_ids, attention_mask=full_attention).logits[:, :-1]
+    targets = full_labels[:, 1:]
     at_names = torch.isin(targets, names)
     name_loss = torch.nn.functional.cross_entropy(logits[at_names], targets[at_names])
-    assert torch.allclose(_loss(model, *batch, names), plain + name_loss, atol=1e-5)
     assert name_loss > 5  # untrained: about log(vocabulary) on a name
+    (plain + name_loss).backward()
+    expected = [parameter.grad.clone() for parameter in model.parameters()]
+    model.zero_grad()
+    loss = _loss(prefix_logits(model, prefix, rest, attention), labels, names)
+    assert torch.allclose(loss, plain + name_loss, atol=1e-5)
+    loss.backward()  # the prefix ran once, and its gradients are those of the padded forward
+    for parameter, grad in zip(model.parameters(), expected, strict=True):
+        assert (parameter.grad - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-7
 
 
 def test_the_copy_probe_counts_a_name_only_when_it_is_the_most_likely_token(tiny_model_path):

@@ -24,7 +24,7 @@ from fullasync.models import (
     default_cache_root,
     load_tokenizer,
 )
-from fullasync.models.cache import _publish
+from fullasync.models.cache import _publish, cached_build
 
 ADD_TOOL = {
     "type": "function",
@@ -301,3 +301,17 @@ def test_untied_variant_builds_and_loads(tmp_path: Path, built_model_dir: Path) 
     assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, model.config.vocab_size)
+
+
+def test_a_cached_build_is_world_readable_and_its_scripts_stay_runnable(tmp_path: Path) -> None:
+    def build(staging: Path) -> dict:
+        (staging / "task").mkdir()
+        (staging / "task" / "weights").write_text("w")
+        (staging / "task" / "weights").chmod(0o600)  # as transformers writes them
+        (staging / "task" / "test.sh").write_text("#!/bin/bash\n")
+        (staging / "task" / "test.sh").chmod(0o700)
+        return {}
+
+    built = cached_build(tmp_path / "built", build)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in built.rglob("*")}
+    assert modes == {"task": 0o755, "weights": 0o644, "test.sh": 0o755, BUILD_MARKER: 0o644}
