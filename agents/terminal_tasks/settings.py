@@ -11,12 +11,11 @@ shipped task set's (`task_dir`, `extra_instructions`, `oracle_command`, `family`
 Why this shape: the fix is one command in which only the right name varies,
 `sed -i '/^mode/c mode=<right>' settings.ini` (sed's "change the line"), so a policy whose tokenizer holds
 each name as one token (the Terminus warm-up adds them) fixes a task by copying one token from the hint — a
-step a 2-layer model learns, because the token before the name (`=`) occurs nowhere else in harbor's prompt
-(with `s/^mode = .*/mode = <right>/` the tokens before the name also precede `.*`, and the copy did not
-form in 450 warm-up steps) — and what is left to learn are habits (run the command: keystrokes end in a newline; edit
-settings.ini, not defaults.ini; act before marking the task complete) that carry over from the training
-names to the held-out ones. The shipped 20 tasks (`rows`) need a whole command copied; they stay for bigger
-models.
+step a 2-layer model learns; the token before the name (`=`) occurs nowhere else in harbor's prompt (in
+`s/^mode = .*/mode = <right>/` the tokens before the name also precede `.*`) — and what is left to learn
+are habits (run the command: keystrokes end in a newline; edit settings.ini, not defaults.ini; act before
+marking the task complete) that carry over from the training names to the held-out ones. The shipped 20
+tasks (`rows`) need a whole command copied; they stay for bigger models.
 """
 
 from __future__ import annotations
