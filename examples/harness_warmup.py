@@ -11,6 +11,7 @@ its cache (each example's warm-up; `fullasync.tasks.warmup.cached_warm_policy`).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -107,6 +108,22 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return model, tokenizer
+
+
+def train_with_copy_probe(spec, base: Path, out_dir: Path, demonstrate: Callable[[random.Random], list[dict]],
+                          name: str, log_every: int, names: tuple[str, ...],
+                          probes: list[tuple[list[dict[str, str]], str]],
+                          copy_example: Callable[[list[dict]], list[dict]] = first_turn) -> None:
+    """`train_on_demonstrations` with `names`, logging `copy_accuracy` on 10 of `probes` as it goes and on all of
+    them at the end, which goes with the build's seconds to `out_dir/warmup.json`."""
+    started = time.monotonic()
+    model, tokenizer = train_on_demonstrations(
+        spec, base, out_dir, demonstrate, name=name, log_every=log_every, names=names,
+        probe=lambda model, tokenizer: copy_accuracy(model, tokenizer, probes[:10]), copy_example=copy_example)
+    accuracy = copy_accuracy(model, tokenizer, probes)
+    log.info("%s warm-up: held-out copy accuracy %.2f (%.0f s)", name, accuracy, time.monotonic() - started)
+    (out_dir / "warmup.json").write_text(json.dumps({"heldout_copy_accuracy": accuracy,
+                                                     "seconds": time.monotonic() - started}) + "\n")
 
 
 def _loss(logits, labels, name_ids):

@@ -102,12 +102,12 @@ def _tasks() -> list[tuple[str, str, dict[str, str]]]:
     return out
 
 
-def tasks_dir(cache_dir: Path | None = None) -> Path:
-    """The folder holding every task directory: `<cache>/terminal-tasks/settings-<hash of the content>`, written
-    once (`cached_build`: atomic, so a half-written folder is never read; a changed generator gets a new folder)."""
+def tasks_dir(tasks: list[tuple[str, str, dict[str, str]]], cache_dir: Path | None = None) -> Path:
+    """The folder holding every task directory of `tasks` (`_tasks()`): `<cache>/terminal-tasks/settings-<hash of
+    the content>`, written once (`cached_build`: atomic, so a half-written folder is never read; a changed
+    generator gets a new folder)."""
     from fullasync.models import cached_build, default_cache_root
 
-    tasks = _tasks()
     digest = hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest()[:16]
 
     def write(staging: Path) -> dict[str, Any]:
@@ -127,9 +127,10 @@ def setting_rows(split: str | None = None, hint: bool = True, cache_dir: Path | 
     """Rows of `split` ("train": 160, "held_out": 40 with names never in a training row, or None for both)."""
     if split is not None and split not in SPLITS:
         raise ValueError(f"split={split!r}; choose one of {SPLITS} or None")
-    root = tasks_dir(cache_dir)
+    tasks = _tasks()
+    root = tasks_dir(tasks, cache_dir)
     out = []
-    for index, (name, task_split, _) in enumerate(_tasks()):
+    for index, (name, task_split, _) in enumerate(tasks):
         if split is None or split == task_split:
             right = TASK_NAMES[2 * index + 1]
             out.append({"id": name, "task_dir": str(root / name), "instruction": instruction(right),

@@ -19,14 +19,11 @@ is the most likely token); it is logged and written to `warmup.json` in the poli
 
 from __future__ import annotations
 
-import json
-import logging
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.harness_warmup import copy_accuracy, train_on_demonstrations
+from examples.harness_warmup import train_with_copy_probe
 from fullasync.models import TinyModelSpec
 from fullasync.tasks.warmup import cached_warm_policy, spec_key
 from fullasync_agents.mini_swe.config import OBSERVATION_TEMPLATE, SUBMIT_COMMAND, SYSTEM_TEMPLATE
@@ -40,7 +37,6 @@ from fullasync_agents.swe_tasks.settings import (
     setting_rows,
 )
 
-log = logging.getLogger("fullasync")
 WARMUP_FORMAT = 4  # bump when the procedure changes; part of the cache key
 MISTAKES = ("test_file", "unquoted", "no_fix")
 
@@ -103,12 +99,6 @@ def build_warm_policy(spec: MiniSweWarmupSpec = MiniSweWarmupSpec(), cache_dir: 
 
 
 def _train(spec: MiniSweWarmupSpec, base: Path, out_dir: Path) -> None:
-    started = time.monotonic()
     probes = [(demonstration(row["answer"], None), row["answer"]) for row in setting_rows("held_out")]
-    model, tokenizer = train_on_demonstrations(
-        spec, base, out_dir, lambda rng: sloppy_demonstration(rng, spec.correct_share), name="mini-swe",
-        log_every=100, names=ALL_NAMES, probe=lambda model, tokenizer: copy_accuracy(model, tokenizer, probes[:10]))
-    accuracy = copy_accuracy(model, tokenizer, probes)
-    log.info("mini-swe warm-up: held-out copy accuracy %.2f (%.0f s)", accuracy, time.monotonic() - started)
-    (out_dir / "warmup.json").write_text(json.dumps({"heldout_copy_accuracy": accuracy,
-                                                     "seconds": time.monotonic() - started}) + "\n")
+    train_with_copy_probe(spec, base, out_dir, lambda rng: sloppy_demonstration(rng, spec.correct_share), "mini-swe",
+                          log_every=100, names=ALL_NAMES, probes=probes)

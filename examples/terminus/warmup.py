@@ -19,14 +19,12 @@ the most likely token); it is logged and written to `warmup.json` in the policy'
 from __future__ import annotations
 
 import json
-import logging
 import random
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.harness_warmup import copy_accuracy, train_on_demonstrations
+from examples.harness_warmup import train_with_copy_probe
 from fullasync.models import TinyModelSpec
 from fullasync.tasks.warmup import cached_warm_policy, spec_key
 from fullasync_agents.swe_tasks.settings import ALL_NAMES, WARMUP_NAMES
@@ -40,7 +38,6 @@ from fullasync_agents.terminal_tasks.settings import (
 )
 from fullasync_agents.terminus.interpreter import HARBOR_VERSION, harbor_python, harness_environment
 
-log = logging.getLogger("fullasync")
 WARMUP_FORMAT = 2  # bump when the procedure changes; part of the cache key
 MISTAKES = ("no_newline", "wrong_file", "nothing")
 HOSTS = ("vm", "box", "node", "ci", "dev")
@@ -132,15 +129,8 @@ def build_warm_policy(spec: TerminusWarmupSpec = TerminusWarmupSpec(), cache_dir
 
 
 def _train(spec: TerminusWarmupSpec, base: Path, out_dir: Path) -> None:
-    started = time.monotonic()
     texts = harbor_texts()
-    held_out = [row["answer"] for row in setting_rows("held_out")]
-    probes = [(demonstration(texts, name, None, "vm", spec.pane_height), name) for name in held_out]
-    model, tokenizer = train_on_demonstrations(
-        spec, base, out_dir, lambda rng: sloppy_demonstration(texts, rng, spec), name="terminus", log_every=50,
-        names=ALL_NAMES, probe=lambda model, tokenizer: copy_accuracy(model, tokenizer, probes[:10]),
-        copy_example=task_turn)
-    accuracy = copy_accuracy(model, tokenizer, probes)
-    log.info("terminus warm-up: held-out copy accuracy %.2f (%.0f s)", accuracy, time.monotonic() - started)
-    (out_dir / "warmup.json").write_text(json.dumps({"heldout_copy_accuracy": accuracy,
-                                                     "seconds": time.monotonic() - started}) + "\n")
+    probes = [(demonstration(texts, row["answer"], None, "vm", spec.pane_height), row["answer"])
+              for row in setting_rows("held_out")]
+    train_with_copy_probe(spec, base, out_dir, lambda rng: sloppy_demonstration(texts, rng, spec), "terminus",
+                          log_every=50, names=ALL_NAMES, probes=probes, copy_example=task_turn)
