@@ -29,7 +29,8 @@ size), and a (cell, seed) with a record is not run again; the run itself writes 
 lines are carried over from the page until a record of that cell exists). After every run the table
 (held-out F1 before/after, gain mean ± SE over seeds with each seed's gain ± its SE over questions,
 trained-token staleness, training wall time, trained samples/s, and a verdict against sync) is
-rewritten into docs/learning_parity.md between its markers.
+rewritten into docs/learning_parity.md between its markers, and its figure (each cell's gains; the share of
+each length decile trained) into docs/learning_parity.png.
 A benchmark, not a test: nothing is asserted. Each run takes 4–6 min on this machine (the first also
 builds the cached starting policy, ~4 min); the whole study is hours — run it in the background.
 
@@ -57,6 +58,7 @@ OUT = ROOT / "outputs" / "learning_parity"
 RECORDS = ROOT / "bench" / "results" / "learning_parity"
 ROW_FIELDS = ("outcome", "output_tokens", "calls", "episodes", "resumed_calls")  # a record's rows, in this order
 DOC = ROOT / "docs" / "learning_parity.md"
+PLOT = ROOT / "docs" / "learning_parity.png"
 BEGIN, END = "<!-- learning-parity:begin -->", "<!-- learning-parity:end -->"
 
 _BASE: dict[str, list[str]] = {
@@ -183,7 +185,12 @@ def earlier_lines(heading: str) -> dict[str, str]:
 
 def _seed_gains(line: str) -> list[float]:
     """Each seed's gain from a carried-over table line (its fifth column: "+0.276 ± 0.034, ...")."""
-    return [float(part.split("±")[0]) for part in line.split("|")[5].split(",") if "±" in part]
+    return [gain for gain, _ in _seed_gains_with_se(line)]
+
+
+def _seed_gains_with_se(line: str) -> list[tuple[float, float]]:
+    return [(float(part.split("±")[0]), float(part.split("±")[1])) for part in line.split("|")[5].split(",")
+            if "±" in part]
 
 
 def _merged(fresh: dict[str, str], carried: dict[str, str]) -> list[str]:
@@ -214,6 +221,16 @@ def render() -> str:
     return "\n".join(head + _merged(fresh, carried))
 
 
+def finished_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A cell's rows over its seeds, shortest first, without those cut off by the end of a run (not by a policy)."""
+    rows = [dict(zip(run["row_fields"], row, strict=True)) for run in runs for row in run["rows"]]
+    return sorted((r for r in rows if r["outcome"] != "unfinished"), key=lambda r: r["output_tokens"])
+
+
+def length_deciles(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [rows[len(rows) * d // 10:len(rows) * (d + 1) // 10] for d in range(10)]
+
+
 def length_bias() -> str:
     """Per cell (seeds pooled): rows that stopped running, in deciles of output tokens, and the share of each
     decile trained, dropped as too stale, and with a call resumed after a push; and the model calls per
@@ -224,12 +241,10 @@ def length_bias() -> str:
             "|---|---|---|---|---|---|---|"]
     fresh = {}
     for label, runs in records().items():
-        rows = [dict(zip(run["row_fields"], row, strict=True)) for run in runs for row in run["rows"]]
-        rows = [r for r in rows if r["outcome"] != "unfinished"]  # cut off by the end of the run, not by a policy
+        rows = finished_rows(runs)
         if len(rows) < 10:
             continue
-        rows.sort(key=lambda r: r["output_tokens"])
-        deciles = [rows[len(rows) * d // 10:len(rows) * (d + 1) // 10] for d in range(10)]
+        deciles = length_deciles(rows)
 
         def shares(test: Any, deciles: list[list[dict[str, Any]]] = deciles) -> str:
             return " ".join(f"{sum(map(test, part)) / len(part):.2f}" for part in deciles)
@@ -252,6 +267,47 @@ def _widened(line: str) -> str:
     """A carried-over length-bias line from before the calls-per-episode column: that column left empty."""
     cells = line.split("|")
     return line if len(cells) == 9 else "|".join(cells[:4] + [" — "] + cells[4:])
+
+
+def plot(path: Path = PLOT) -> None:
+    """The figure beside the tables: each cell's held-out F1 gain (every seed with its SE over questions, the
+    mean ± SE over seeds) and, per cell with records, the share of each length decile trained."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, carried = records(), earlier_lines("")
+    seeds = {label: [(r["gain"], r["gain_se"]) for r in runs] for label, runs in results.items()}
+    seeds.update({label: _seed_gains_with_se(line) for label, line in carried.items() if label not in seeds})
+    labels = sorted(seeds, key=_order)
+    figure, (gains, bias) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for x, label in enumerate(labels):
+        points = seeds[label]
+        gains.errorbar([x + 0.08 * (i - (len(points) - 1) / 2) for i in range(len(points))], [g for g, _ in points],
+                       yerr=[se for _, se in points], fmt="o", color="tab:gray", alpha=0.6, capsize=2)
+        mean, se = mean_se([g for g, _ in points])
+        gains.errorbar([x], [mean], yerr=[0 if math.isnan(se) else se], fmt="s", color="tab:blue", capsize=5, ms=8)
+    if "sync" in seeds:
+        gains.axhline(mean_se([g for g, _ in seeds["sync"]])[0], color="tab:green", ls="--", lw=1, label="sync mean")
+        gains.legend(loc="lower left")
+    gains.axhline(0, color="black", lw=0.5)
+    gains.set_xticks(range(len(labels)), labels, rotation=35, ha="right")
+    gains.set_ylabel("held-out F1 gain")
+    gains.set_title("each seed ± SE over questions (grey), mean ± SE over seeds (blue)", fontsize=10)
+    for label, runs in results.items():
+        rows = finished_rows(runs)
+        if len(rows) >= 10:
+            bias.plot(range(1, 11), [sum(r["outcome"] == "trained" for r in part) / len(part)
+                                     for part in length_deciles(rows)], marker=".", label=label)
+    bias.set_xlabel("length decile of generated rows (output tokens, shortest → longest)")
+    bias.set_ylabel("share trained")
+    bias.set_ylim(0, 1.05)
+    bias.legend(fontsize=8)
+    bias.set_title("length bias: what gets trained")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def page() -> str:
@@ -283,6 +339,7 @@ def main() -> None:
                 write_doc(page())
     table = page()
     write_doc(table)
+    plot()
     print(table)
 
 

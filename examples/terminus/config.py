@@ -32,6 +32,8 @@ class AgentSection:
     max_turns: int = setting(3, "Terminus-2 turns per episode (a solved task takes two: act, then confirm)")
     pane_width: int = setting(TerminusConfig.pane_width, "tmux pane columns")
     pane_height: int = setting(TerminusConfig.pane_height, "tmux pane rows")
+    agent_timeout_s: float = setting(TerminusConfig.agent_timeout_s, "harbor's agent timeout; the trial is verified "
+                                     "after it, so a slow machine scores 0 (0 = the task's own, 120 s for settings)")
     episode_timeout_s: float = setting(TerminusConfig.episode_timeout_s, "hard kill of the harness and everything "
                                        "it started")
     environment_type: str = setting(TerminusConfig.environment_type, "local (namespace sandbox) | docker | podman "
@@ -67,6 +69,11 @@ class TerminusTrainConfig(RunConfig):
         check_run_against_agent(self)
         if self.agent.tasks not in TASK_SETS:
             raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
+        agent = self.agent
+        if agent.agent_timeout_s >= agent.episode_timeout_s:
+            raise ValueError(f"agent.agent_timeout_s={agent.agent_timeout_s} must be below agent.episode_timeout_s="
+                             f"{agent.episode_timeout_s} (the hard kill would come first and the trial would fail "
+                             "unverified); lower agent.agent_timeout_s or raise agent.episode_timeout_s")
         if self.agent.max_tokens >= self.engine.max_model_len:
             raise ValueError(f"agent.max_tokens={self.agent.max_tokens} must be below engine.max_model_len="
                              f"{self.engine.max_model_len}; lower agent.max_tokens or raise engine.max_model_len")

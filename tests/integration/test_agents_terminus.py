@@ -98,3 +98,19 @@ async def test_a_hanging_harness_is_killed_at_the_timeout_with_every_process_it_
         await asyncio.wait([episode])
     await assert_all_killed(harness, zygote)
     assert terminus.exit_statuses["HarnessTimeoutError"] == 1
+
+
+@pytest.mark.slow  # ~40 s
+async def test_harbors_agent_timeout_comes_from_the_config_and_the_trial_is_still_verified(gateway, terminus):
+    terminus.config = dataclasses.replace(CONFIG, max_turns=1, agent_timeout_s=20.0)
+    # one turn: run the oracle command, then wait 100 s; harbor stops the agent after 20 s (the override, not the
+    # task's own 120 s) and still runs the tests: 1 if the command ran by then, 0 if the call had not come back
+    slow_solve = reply([TASK["oracle_command"] + "\n"], done=False, duration=100)
+    try:
+        reward, _ = await run_episode(gateway, terminus, {**TASK, "forced_reply": slow_solve})
+    finally:
+        terminus.config = CONFIG
+    outcome = terminus.last_outcome
+    assert outcome is not None and outcome.exception_type == "AgentTimeoutError", outcome
+    assert "timed out after 20.0 seconds" in (outcome.exception_message or ""), outcome.exception_message
+    assert outcome.reward == reward and reward in (0.0, 1.0)  # verified after the timeout

@@ -76,6 +76,8 @@ def test_the_client_serves_the_engines_context_and_top_logprobs_limit():
     (MiniSweTrainConfig(agent=MiniSweAgent(temperature=0.5)),
      r"agent.temperature=0.5 differs from trainer.temperature=.*; set both"),
     (TerminusTrainConfig(agent=TerminusAgent(temperature=0.5)), r"agent.temperature=0.5 differs from trainer"),
+    (TerminusTrainConfig(agent=TerminusAgent(agent_timeout_s=300.0)),
+     r"agent.agent_timeout_s=300.0 must be below agent.episode_timeout_s=300.0 .*; lower agent.agent_timeout_s"),
     (TerminusTrainConfig(agent=TerminusAgent(tasks="bugs")),
      r"agent.tasks='bugs'; choose one of \('settings', 'commands'\)"),
     (DeepResearchConfig(data=dataclasses.replace(RunConfig().data, task=""), agent=AgentConfig(model="other")),
@@ -91,4 +93,5 @@ def test_the_examples_check_their_harness_against_the_run(config, message):
 def test_terminus_gets_the_engines_context_as_its_own():
     config = TerminusTrainConfig()
     config.engine.max_model_len = 8192
-    assert config.agent_config().context_length == 8192
+    config.agent.agent_timeout_s = 200.0
+    assert (config.agent_config().context_length, config.agent_config().agent_timeout_s) == (8192, 200.0)
