@@ -31,8 +31,9 @@ lines are carried over from the page until a record of that cell exists). After 
 trained-token staleness, training wall time, trained samples/s, and a verdict against sync) is
 rewritten into docs/learning_parity.md between its markers, and its figure (each cell's gains; the share of
 each length decile trained) into docs/learning_parity.png.
-A benchmark, not a test: nothing is asserted. Each run takes 4–6 min on this machine (the first also
-builds the cached starting policy, ~4 min); the whole study is hours — run it in the background.
+A benchmark, not a test: nothing is asserted. Each run takes ~10–11 min on this machine idle (k2: 609–652 s),
+about twice that with the cores shared (the first also builds the cached starting policy, ~10 min); the whole
+study is hours — run it in the background.
 
     .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2            # the default, 3 seeds
     .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2 --busy     # the same, both cores busy
@@ -337,6 +338,7 @@ def main() -> None:
             for cell in cells:
                 run_one(cell, seed, args.busy)
                 write_doc(page())
+                plot()
     table = page()
     write_doc(table)
     plot()

@@ -52,11 +52,16 @@ def check_served_name(agent_model_name: str, served_name: str) -> None:
 
 def check_run_against_agent(config) -> None:
     """The harness must ask the gateway for the served model, and sample at the temperature the trainer divides
-    logits by (otherwise every trained token's log-prob is off-policy by the difference)."""
+    logits by (otherwise every trained token's log-prob is off-policy by the difference); the adapter's own
+    checks run too, before anything starts (their field names are the `agent` section's)."""
     check_served_name(config.agent.model_name, config.model.served_name)
     if config.agent.temperature != config.trainer.temperature:
         raise ValueError(f"agent.temperature={config.agent.temperature} differs from trainer.temperature="
                          f"{config.trainer.temperature}; set both (the trainer divides logits by its temperature)")
+    try:
+        config.agent_config()
+    except ValueError as error:
+        raise ValueError(f"agent.{error}") from error
 
 
 def solve_rate(mean: float | None, episodes: int) -> dict[str, float | None]:

@@ -54,6 +54,10 @@ class TerminusConfig:
             raise ValueError(f"episode_timeout_s={self.episode_timeout_s} must be > 0")
         if self.agent_timeout_s < 0 or self.verifier_timeout_s < 0:
             raise ValueError("agent_timeout_s and verifier_timeout_s must be >= 0 (0 = the task's own)")
+        if self.agent_timeout_s >= self.episode_timeout_s:
+            raise ValueError(f"agent_timeout_s={self.agent_timeout_s} must be below episode_timeout_s="
+                             f"{self.episode_timeout_s} (the hard kill would come first and the trial would fail "
+                             "unverified); lower agent_timeout_s or raise episode_timeout_s")
 
     def agent_kwargs_for(self, base_url: str, api_key: str,
                          llm_call_kwargs: dict[str, JsonValue]) -> dict[str, JsonValue]:

@@ -50,9 +50,10 @@ class MiniSweTrainConfig(RunConfig):
         n=4, batch_size=4, max_running_rows=8, episode_timeout_s=400.0))
     # each episode weighs alike (seq-mean-token-mean): with token-mean the long failed turns (format errors, 96
     # tokens of noise) carried most of the gradient and the policy collapsed to empty replies; lr 5e-4 collapsed it
-    # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out (README)
+    # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out; a KL penalty
+    # to the warm policy keeps the submit call, which the reward does not see, from drifting into noise (README)
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
-        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7))
+        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7, kl_coef=0.1))
     total_steps: int = 25
     val_samples_per_row: int = 4
     output_dir: str = "outputs/mini_swe"

@@ -66,17 +66,12 @@ class TerminusTrainConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
-        check_run_against_agent(self)
         if self.agent.tasks not in TASK_SETS:
             raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
-        agent = self.agent
-        if agent.agent_timeout_s >= agent.episode_timeout_s:
-            raise ValueError(f"agent.agent_timeout_s={agent.agent_timeout_s} must be below agent.episode_timeout_s="
-                             f"{agent.episode_timeout_s} (the hard kill would come first and the trial would fail "
-                             "unverified); lower agent.agent_timeout_s or raise agent.episode_timeout_s")
         if self.agent.max_tokens >= self.engine.max_model_len:
             raise ValueError(f"agent.max_tokens={self.agent.max_tokens} must be below engine.max_model_len="
                              f"{self.engine.max_model_len}; lower agent.max_tokens or raise engine.max_model_len")
+        check_run_against_agent(self)
 
     def agent_config(self) -> TerminusConfig:
         """The adapter's config: the `agent` section, and the engines' context length as Terminus-2's context."""

@@ -2,7 +2,9 @@
 
 Owns: engine start-up (on the nodes that offer its `ray_resources`), generation with per-token
 weight versions, pause/resume, in-place weight reload, turning a request the engine library rejects
-into `InvalidRequestError`, and the watchdog: each launched engine is probed every
+into `InvalidRequestError`, streaming (each engine's one delta channel: every streamed request's new
+tokens gathered into one Ray object per tick, handed out by the handle to each request's stream), and the
+watchdog: each launched engine is probed every
 `probe_interval_s`; an actor that is gone, an engine core that errored, or in-flight requests with
 no token for `stall_timeout_s` while not paused mark the engine dead, and every call waiting on it
 (and every later one) fails with an `EngineDiedError` that names the engine and the last request it
@@ -24,6 +26,7 @@ proximal policy must count, since neither policy v nor v+1 alone sampled them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -31,7 +34,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
@@ -73,8 +76,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fullasync")
 T = TypeVar("T")
 
-# A streamed request's new tokens go to the driver at most this often (and at once for the first token and at
-# the end): one Ray object per vLLM step cost the driver ~1.7 ms of CPU per streamed token.
+# Streamed requests' new tokens go to the driver at most this often, all of an engine's streams in one Ray object
+# (at once after a quiet spell): one Ray object per vLLM step cost the driver ~1.7 ms of CPU per streamed token,
+# and one per stream per 20 ms still ~0.8 ms at 64 streams, where a delta held about one token.
 STREAM_DELTA_S = 0.02
 
 EngineDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]  # vLLM's model dtypes
@@ -193,6 +197,9 @@ class VLLMEngineActor:
         self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
         self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
         self._last_request_id: str | None = None
+        # published requests' tokens not yet sent by `deltas()`: key -> (ids, log-probs, top log-probs)
+        self._outbox: dict[str, tuple[list[int], list[float], list[dict[int, float]]]] = {}
+        self._outbox_ready = asyncio.Event()
         self._tied_embeddings = False
         self._weights = WeightSender(config.weight_bucket_bytes)  # the shared-memory hand-off to the engine core
 
@@ -246,13 +253,29 @@ class VLLMEngineActor:
         return self._llm
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        async for item in self.generate_stream(request):
-            if isinstance(item, GenerateResult):
-                return item
-        raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a result")
+        return await self._generate(request, None)
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
-        """Token deltas as vLLM produces them, then the whole `GenerateResult` (with versions) last."""
+    async def generate_published(self, request: GenerateRequest, key: str) -> GenerateResult:
+        """`generate`, its new tokens also published under `key` to `deltas()` as vLLM produces them."""
+        return await self._generate(request, key)
+
+    async def deltas(self) -> AsyncIterator[dict[str, TokenDelta]]:
+        """The engine's one delta channel: every published request's new tokens since the last item, gathered into
+        one item (one Ray object for all streams) at most every `STREAM_DELTA_S`, at once after a quiet spell."""
+        sent_at = -math.inf
+        while True:
+            await self._outbox_ready.wait()
+            wait = sent_at + STREAM_DELTA_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            batch, self._outbox = self._outbox, {}
+            self._outbox_ready.clear()
+            sent_at = time.monotonic()
+            yield {key: TokenDelta(tuple(ids), tuple(logprobs), tuple(top))
+                   for key, (ids, logprobs, top) in batch.items()}
+
+    async def _generate(self, request: GenerateRequest, key: str | None) -> GenerateResult:
+        """Run `request` to its end; with a `key`, each output's new tokens go to the outbox `deltas()` drains."""
         output_ids: list[int] = []
         logprobs: list[float] = []
         top: list[dict[int, float]] = []
@@ -263,7 +286,6 @@ class VLLMEngineActor:
         self._progress[request.request_id] = 0
         self._last_request_id = request.request_id
         kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
-        sent, sent_at = 0, -math.inf  # tokens already yielded; when (the first token goes out at once)
         try:
             stream = self._rejections_as_invalid(request, self._started().generate(
                 {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{kv_version}"},
@@ -272,6 +294,7 @@ class VLLMEngineActor:
             async for out in stream:
                 completion = out.outputs[0]
                 new_ids = list(completion.token_ids)
+                before = len(output_ids)
                 output_ids += new_ids
                 self._progress[request.request_id] = len(output_ids)
                 self._progress_at = time.monotonic()
@@ -283,17 +306,19 @@ class VLLMEngineActor:
                 if completion.finish_reason is not None:
                     finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
                     spans = completion.weight_versions
-                now = time.monotonic()
-                if len(output_ids) > sent and (finish_reason is not None or now - sent_at >= STREAM_DELTA_S):
-                    yield TokenDelta(tuple(output_ids[sent:]), tuple(logprobs[sent:]), tuple(top[sent:]))
-                    sent, sent_at = len(output_ids), now
+                if key is not None and new_ids:
+                    pending = self._outbox.setdefault(key, ([], [], []))
+                    pending[0].extend(new_ids)
+                    pending[1].extend(logprobs[before:])
+                    pending[2].extend(top[before:])
+                    self._outbox_ready.set()
         finally:
             del self._progress[request.request_id]
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
         weight_versions = _versions_from_spans(spans, len(output_ids), self._version)
         versions = tuple(min(version, kv_version) for version in weight_versions)
-        yield GenerateResult(
+        return GenerateResult(
             request_id=request.request_id,
             output_ids=tuple(output_ids),
             output_logprobs=tuple(logprobs),
@@ -486,6 +511,10 @@ class RayEngine:
         self.calls: dict[str, int] = {}  # control calls made to the actor so far, by method (round trips)
         self._waiting: set[asyncio.Future[Any]] = set()  # calls to fail at once if the engine dies (any reply)
         self._watchdog: asyncio.Task[None] | None = None
+        self._channel: asyncio.Task[None] | None = None  # reads the actor's `deltas()`; started by the first stream
+        self._channel_actor: ActorHandle[VLLMEngineActor] | None = None
+        self._listeners: dict[str, Callable[[TokenDelta | None], None]] = {}  # stream key -> its queue's put
+        self._stream_keys = itertools.count()
 
     async def restart(self, weights: WeightsPayload | None, version: int) -> None:
         """Replace a dead engine by a fresh actor serving `weights` (None: the model's own) as `version`."""
@@ -585,15 +614,57 @@ class RayEngine:
         return await self._call("generate", request, timeout_s=self.config.generate_timeout_s)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
-        """Deltas through a Ray streaming generator; each item is awaited with the generate timeout."""
-        stream: ray.ObjectRefGenerator = self.actor.generate_stream.options(num_returns="streaming").remote(request)
-        timeout = self.config.generate_timeout_s
-        while True:
-            try:
-                ref = await self._watched(stream.__anext__(), "generate_stream", timeout)
-            except StopAsyncIteration:
-                return
-            yield await self._watched(ref, "generate_stream", timeout)
+        """Deltas from the engine's one delta channel (`_fan_out`), then the `generate_published` call's result.
+
+        The result holds every token: whatever the channel had not delivered when it came is one last delta, and
+        the channel's later items for this call are dropped (each call publishes under a key of its own, so a
+        resubmission of the same request id never receives an earlier attempt's tokens).
+        """
+        self._open_channel()
+        key = f"{request.request_id}#{next(self._stream_keys)}"
+        deltas: asyncio.Queue[TokenDelta | None] = asyncio.Queue()
+        self._listeners[key] = deltas.put_nowait
+        reply = asyncio.ensure_future(self._call("generate_published", request, key,
+                                                 timeout_s=self.config.generate_timeout_s))
+        reply.add_done_callback(lambda _: deltas.put_nowait(None))
+        sent = 0
+        try:
+            while (delta := await deltas.get()) is not None:
+                sent += len(delta.output_ids)
+                yield delta
+            result: GenerateResult = await reply
+            if len(result.output_ids) > sent:
+                yield TokenDelta(result.output_ids[sent:], result.output_logprobs[sent:], result.top_logprobs[sent:])
+            yield result
+        finally:
+            del self._listeners[key]
+            if not reply.done():
+                reply.cancel()  # the actor's call is cancelled too: vLLM aborts the request and frees its slot
+
+    def _open_channel(self) -> None:
+        """Start reading the current actor's delta channel, unless that is under way."""
+        if self._channel is None or self._channel_actor is not self.actor:
+            if self._channel is not None:
+                self._channel.cancel()
+            self._channel_actor = self.actor
+            self._channel = asyncio.create_task(self._fan_out(self.actor), name=f"deltas-{self.name}")
+
+    async def _fan_out(self, actor: ActorHandle[VLLMEngineActor]) -> None:
+        """Hand each of the channel's items out to the streams it names (those still listening)."""
+        stream: ray.ObjectRefGenerator = actor.deltas.options(num_returns="streaming").remote()
+        try:
+            async for ref in stream:
+                batch: dict[str, TokenDelta] = await ref
+                for key, delta in batch.items():
+                    listener = self._listeners.get(key)
+                    if listener is not None:
+                        listener(delta)
+        except (RayActorError, RayTaskError) as error:  # streams still get every token, from their results
+            if self.death is None:
+                log.warning("engine %s: its delta channel ended (%s)", self.name, type(error).__name__)
+        finally:
+            if self._channel_actor is actor:
+                self._channel = None
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._call("abort", request_ids)
@@ -641,6 +712,8 @@ class RayEngine:
         """Stop the watchdog, shut vLLM down (its engine core too, even when declared dead), kill the actor."""
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._channel is not None:
+            self._channel.cancel()
         try:
             await asyncio.wait_for(self.actor.shutdown.remote(), self.config.call_timeout_s)
         except (RayActorError, RayTaskError, TimeoutError, GetTimeoutError) as error:  # killed below regardless

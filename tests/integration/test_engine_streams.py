@@ -1,0 +1,68 @@
+"""Streams from a real vLLM engine through its one delta channel: every stream gets exactly its own tokens, in
+order, whatever the channel gathered with them; a resubmitted request id never sees an earlier attempt's tokens;
+a stream dropped mid-way frees its engine slot."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingOptions, TokenDelta
+
+
+def request(request_id: str, seed: int, max_tokens: int = 200) -> GenerateRequest:
+    sampling = SamplingOptions(ignore_eos=True, seed=seed, num_top_logprobs=2)
+    return GenerateRequest(request_id, (1, 2, 3 + seed % 50), max_tokens, sampling)
+
+
+async def collect(stream) -> tuple[list[TokenDelta], GenerateResult]:
+    items = [item async for item in stream]
+    *deltas, result = items
+    assert isinstance(result, GenerateResult) and all(isinstance(delta, TokenDelta) for delta in deltas)
+    return deltas, result
+
+
+def joined(deltas: list[TokenDelta]) -> tuple[tuple, tuple, tuple]:
+    return (tuple(t for d in deltas for t in d.output_ids), tuple(lp for d in deltas for lp in d.output_logprobs),
+            tuple(top for d in deltas for top in d.top_logprobs))
+
+
+async def test_concurrent_streams_each_get_exactly_their_own_tokens(engine):
+    streams = await asyncio.gather(*(collect(engine.generate_stream(request(f"s{i}", seed=i))) for i in range(16)))
+    for deltas, result in streams:
+        assert joined(deltas) == (result.output_ids, result.output_logprobs, result.top_logprobs)
+        assert len(result.output_ids) == 200
+        assert len(deltas) >= 2  # streamed as generated, not handed over whole at the end
+    assert len({result.output_ids for _, result in streams}) > 1  # different seeds, different streams
+
+
+async def stream_until_first_delta(engine, req: GenerateRequest) -> None:
+    stream = engine.generate_stream(req)
+    first = await anext(stream)
+    assert isinstance(first, TokenDelta) and first.output_ids
+    await stream.aclose()  # abandoned mid-generation: the engine aborts it
+
+
+async def wait_idle(engine, timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while await engine.num_in_flight():
+            await asyncio.sleep(0.05)
+
+
+async def test_a_resubmitted_request_id_gets_only_its_own_attempts_tokens(engine):
+    await stream_until_first_delta(engine, request("same", seed=1, max_tokens=400))
+    deltas, result = await collect(engine.generate_stream(request("same", seed=2)))
+    assert joined(deltas) == (result.output_ids, result.output_logprobs, result.top_logprobs)
+    assert len(result.output_ids) == 200
+
+
+async def test_a_dropped_stream_frees_its_engine_slot(engine):
+    await wait_idle(engine)
+    stream = engine.generate_stream(request("dropped", seed=3, max_tokens=1000))
+    assert (await anext(stream)).output_ids
+    await engine.pause(PauseMode.KEEP)  # frozen: only an abort takes it out of flight now
+    try:
+        assert await engine.num_in_flight() == 1
+        await stream.aclose()
+        await wait_idle(engine)
+    finally:
+        await engine.resume()
