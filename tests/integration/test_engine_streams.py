@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingOptions, TokenDelta
+from events import freeze_mid_generation
+
+from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 
 
 def request(request_id: str, seed: int, max_tokens: int = 200) -> GenerateRequest:
@@ -31,7 +33,6 @@ async def test_concurrent_streams_each_get_exactly_their_own_tokens(engine):
     for deltas, result in streams:
         assert joined(deltas) == (result.output_ids, result.output_logprobs, result.top_logprobs)
         assert len(result.output_ids) == 200
-        assert len(deltas) >= 2  # streamed as generated, not handed over whole at the end
     assert len({result.output_ids for _, result in streams}) > 1  # different seeds, different streams
 
 
@@ -55,14 +56,15 @@ async def test_a_resubmitted_request_id_gets_only_its_own_attempts_tokens(engine
     assert len(result.output_ids) == 200
 
 
-async def test_a_dropped_stream_frees_its_engine_slot(engine):
+async def test_a_stream_delivers_while_its_request_runs_and_a_dropped_one_frees_its_slot(engine):
     await wait_idle(engine)
     stream = engine.generate_stream(request("dropped", seed=3, max_tokens=1000))
-    assert (await anext(stream)).output_ids
-    await engine.pause(PauseMode.KEEP)  # frozen: only an abort takes it out of flight now
+    first = asyncio.create_task(anext(stream))  # sends the request
+    await freeze_mid_generation(engine, "dropped", at_least=1, budget=1000)  # paused (KEEP), the request mid-way
     try:
+        assert (await first).output_ids  # streamed as generated: delivered while the request is frozen in flight
         assert await engine.num_in_flight() == 1
-        await stream.aclose()
+        await stream.aclose()  # only an abort takes a frozen request out of flight
         await wait_idle(engine)
     finally:
         await engine.resume()
