@@ -18,13 +18,14 @@ connection (gateway) over its turns and sends its next request as soon as its la
 Asserts nothing; writes its section of docs/benchmarks.md unless --no-write.
 
     .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--seconds 4] [--episodes 1,64,256]
-                                         [--settings shared-fixed,shared-varied,split-varied]
+                                         [--settings shared-fixed,shared-varied,split-varied] [--stream-intervals 1,8]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -191,7 +192,7 @@ def split_cores(harness_pid: int) -> tuple[set[int], set[int]]:
 
 
 async def measure(max_tokens: int, rounds: int, seconds: float, concurrencies: list[int],
-                  setting: Setting) -> list[dict]:
+                  setting: Setting, intervals: list[int]) -> list[dict]:
     cores, split = sorted(os.sched_getaffinity(0)), setting.split
     if split:  # before the engine starts: its thread count follows (fullasync.engines.platform)
         os.environ["FULLASYNC_ENGINE_THREADS"] = str(len(cores) - 1)
@@ -207,12 +208,15 @@ async def measure(max_tokens: int, rounds: int, seconds: float, concurrencies: l
     rows = []
     try:
         for concurrency in concurrencies:
-            for stream in (False, True):
+            for stream, interval in [(False, 1)] + [(True, i) for i in intervals]:
+                # both paths share the service: the interval applies to both (as vLLM's --stream-interval would)
+                service.config = dataclasses.replace(service.config, stream_interval=interval)
                 row = await measure_point(service, gateway, harness, request, stream, concurrency, rounds, seconds,
                                           setting.sigma)
-                row["setting"] = setting.label
+                row["setting"], row["interval"] = setting.label, interval
                 rows.append(row)
-                print(f"{concurrency:>8} {'stream' if stream else 'json':>7} {row['client_tps']:>10.0f} "
+                body = f"stream/{interval}" if stream else "json"
+                print(f"{concurrency:>8} {body:>9} {row['client_tps']:>10.0f} "
                       f"{row['gateway_tps']:>10.0f} {row['ratio']:>6.2f} {row['client_us']:>9.0f} "
                       f"{row['gateway_us']:>9.0f} {row['harness_us']:>9.0f}", flush=True)
     finally:
@@ -223,6 +227,13 @@ async def measure(max_tokens: int, rounds: int, seconds: float, concurrencies: l
             os.environ.pop("FULLASYNC_ENGINE_THREADS")
             _pin(os.getpid(), set(cores))
     return rows
+
+
+def _body(row: dict) -> str:
+    if not row["stream"]:
+        return "JSON"
+    interval = row.get("interval", 1)
+    return "SSE stream" if interval == 1 else f"SSE stream, interval {interval}"
 
 
 def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, ...]) -> str:
@@ -237,7 +248,7 @@ def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, 
         "| setting | episodes | response | in-process tok/s | gateway tok/s | gateway ÷ in-process | driver CPU "
         "µs/token in-process | through the gateway | harness process CPU µs/token |",
         "|---|---|---|---|---|---|---|---|---|",
-        *(f"| {r['setting']} | {r['episodes']} | {'SSE stream' if r['stream'] else 'JSON'} "
+        *(f"| {r['setting']} | {r['episodes']} | {_body(r)} "
           f"| {r['client_tps']:.0f} "
           f"| {r['gateway_tps']:.0f} | {r['ratio']:.2f} | {r['client_us']:.0f} | {r['gateway_us']:.0f} "
           f"| {r['harness_us']:.0f} |" for r in rows),
@@ -268,18 +279,21 @@ def main() -> None:
                         help="comma-separated CORES-LENGTHS: cores shared (every process on every core) or split "
                         "(the engine on all but the last core, the driver and the harness on the last); lengths "
                         f"fixed (every response --max-tokens long) or varied (lognormal around it, σ {VARIED_SIGMA})")
+    parser.add_argument("--stream-intervals", default="1", help="comma-separated rollout.stream_interval values; "
+                        "each streamed row is measured at every one (both paths)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
-    print(f"{'episodes':>8} {'body':>7} {'client':>10} {'gateway':>10} {'ratio':>6} {'client':>9} {'gateway':>9} "
+    print(f"{'episodes':>8} {'body':>9} {'client':>10} {'gateway':>10} {'ratio':>6} {'client':>9} {'gateway':>9} "
           f"{'harness':>9}")
-    print(f"{'':>8} {'':>7} {'tokens/s':>21} {'':>6} {'CPU µs/token (driver, driver, harness)':>29}")
+    print(f"{'':>8} {'':>9} {'tokens/s':>21} {'':>6} {'CPU µs/token (driver, driver, harness)':>29}")
     started = time.perf_counter()
     concurrencies = [int(c) for c in args.episodes.split(",")]
     settings = sorted((Setting.parse(text) for text in args.settings.split(",")), key=lambda s: s.split)
     rows = []
     for setting in settings:  # shared cores first: split_cores pins Ray's processes for good
         print(f"{setting.label}:")
-        rows += asyncio.run(measure(args.max_tokens, args.rounds, args.seconds, concurrencies, setting))
+        rows += asyncio.run(measure(args.max_tokens, args.rounds, args.seconds, concurrencies, setting,
+                                    [int(i) for i in args.stream_intervals.split(",")]))
     if not args.no_write:
         command = "python bench/gateway_overhead.py " + " ".join(sys.argv[1:])
         write_section(DOCS, render(rows, command.strip(), time.perf_counter() - started, os.getloadavg()), BEGIN, END)

@@ -95,6 +95,9 @@ class RolloutSection:
     filter_zero_variance: bool = setting(False, "drop groups whose rewards are all equal (counted as filtered)")
     resume_timeout_s: float = setting(300.0, "how long an interrupted generation waits for the engines to resume",
                                       resume_may_change=True)
+    stream_interval: int = setting(8, "streamed calls: after the first chunk, send new tokens once at least this "
+                                   "many are there (vLLM's --stream-interval; 1 = every engine delta): fewer SSE "
+                                   "events for a harness's SDK to parse, coarser streaming", resume_may_change=True)
     join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode still "
                                             "running (a harness's retry) joins it instead of sampling again; "
                                             "false for harnesses that sample in parallel with identical requests "
@@ -234,7 +237,7 @@ class RunConfig:
         """Every start-up check of the run's settings, alone and across fields (the one place they live);
         each error names the field and the fix."""
         self._check_mode()
-        for name in ("n", "batch_size", "max_running_rows"):
+        for name in ("n", "batch_size", "max_running_rows", "stream_interval"):
             if getattr(self.rollout, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
         if self.rollout.infra_retries < 0:

@@ -57,9 +57,10 @@ class TerminusTrainConfig(RunConfig):
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
         n=4, batch_size=4, max_running_rows=6, episode_timeout_s=400.0))
     # as the mini-swe example measured: each episode weighs alike, a rate that does not collapse the tiny policy,
-    # T = 0.7 for sampling and the trainer's logits alike
+    # T = 0.7 for sampling and the trainer's logits alike, and a KL penalty to the warm policy (without it, later
+    # runs drifted into replies that overflowed the context or ran into harbor's agent timeout: README)
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
-        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7))
+        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7, kl_coef=0.1))
     total_steps: int = 20
     val_samples_per_row: int = 4
     output_dir: str = "outputs/terminus"

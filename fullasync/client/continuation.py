@@ -136,6 +136,37 @@ async def _after_engine_death(router: EngineRouter, done: StitchedGeneration, er
     done.resubmitted_tokens += len(done.output_ids)
 
 
+class _Held:
+    """Tokens received but not yet yielded (a stream interval above 1): what came from finished segments (in the
+    stitched generation already) and what the running segment sent so far."""
+
+    def __init__(self) -> None:
+        self.absorbed: list[TokenDelta] = []
+        self.segment: list[TokenDelta] = []
+        self.tokens = 0
+
+    def add(self, delta: TokenDelta) -> None:
+        self.segment.append(delta)
+        self.tokens += len(delta.output_ids)
+
+    def take(self) -> TokenDelta:
+        """All held tokens as one delta."""
+        deltas, self.absorbed, self.segment, self.tokens = self.absorbed + self.segment, [], [], 0
+        if len(deltas) == 1:
+            return deltas[0]
+        return TokenDelta(output_ids=tuple(i for d in deltas for i in d.output_ids),
+                          output_logprobs=tuple(p for d in deltas for p in d.output_logprobs),
+                          top_logprobs=tuple(t for d in deltas for t in d.top_logprobs))
+
+    def segment_ended(self, absorbed: bool) -> None:
+        """The running segment's tokens joined the stitched generation (`absorbed`), or died with their engine."""
+        if absorbed:
+            self.absorbed += self.segment
+        else:
+            self.tokens -= sum(len(d.output_ids) for d in self.segment)
+        self.segment = []
+
+
 async def stream_with_resume(
     router: EngineRouter,
     episode_id: str,
@@ -147,12 +178,17 @@ async def stream_with_resume(
     restart_wait_s: float = 0.0,
     on_versions: Callable[[tuple[int, ...]], None] | None = None,
     infra: InfraHooks = NO_HOOKS,
+    interval: int = 1,
 ) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
-    An interruption is invisible in the deltas: after the resume they simply continue.
+    An interruption is invisible in the deltas: after the resume they simply continue. `interval` > 1 (vLLM's
+    `--stream-interval`): the first delta goes out as it comes, later ones once at least `interval` new tokens are
+    there, and the rest just before the whole; tokens held back when their engine dies are generated again.
     """
     done = StitchedGeneration()
+    held = _Held()
+    first = True
     request, result = None, None
     try:
         while True:
@@ -161,22 +197,28 @@ async def stream_with_resume(
                 async for item in router.generate_stream(request, episode_id):
                     if isinstance(item, GenerateResult):
                         result = item
-                    else:
-                        sent = True
-                        yield item
+                        continue
+                    held.add(item)
+                    if first or held.tokens >= interval:
+                        first, sent = False, True
+                        yield held.take()
                 if result is None:
                     raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
                 if on_versions is not None:
                     on_versions(result.output_versions)
+                held.segment_ended(absorbed=True)
                 finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
             except EngineDiedError as error:
                 if sent and result is None:  # the consumer saw tokens no record will hold: the stream cannot go on
                     infra.failed()
                     raise
+                held.segment_ended(absorbed=False)
                 await _after_engine_death(router, done, error, restart_wait_s, infra)
                 request = None
                 continue
             if finished:
+                if held.tokens:
+                    yield held.take()
                 yield done
                 return
     except EngineResumeTimeoutError:

@@ -60,6 +60,7 @@ class ClientConfig:
     model_name: str = ModelSection.served_name  # the name callers pass as `model`
     max_model_len: int = EngineSection.max_model_len  # the engines' context length (prompt + output)
     resume_timeout_s: float = RolloutSection.resume_timeout_s
+    stream_interval: int = RolloutSection.stream_interval  # streamed calls: new tokens per chunk after the first
     tool_parser: str = ModelSection.tool_parser
     reasoning_parser: str = ModelSection.reasoning_parser  # "" = none: thinking text stays in `content`
     max_top_logprobs: int = EngineSection.max_logprobs  # the engines' max_logprobs
@@ -361,7 +362,7 @@ class RolloutClient:
             self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}",
             request.prompt_ids, request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
             self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
-            infra=self.episode.infra_hooks(),
+            infra=self.episode.infra_hooks(), interval=self.service.config.stream_interval,
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], answers: AnswerFormat,

