@@ -70,10 +70,9 @@ async def interleaved(paths: Mapping[str, Call], concurrency: int, rounds: int) 
     return {name: (r / s, t / s) for name, (r, t, s) in totals.items()}
 
 
-async def tiny_engine_service(config=None):
-    """One vLLM engine on the tiny local model, and the client service in front of it (`config`: its
-    `ClientConfig`, default the defaults)."""
-    from fullasync.client import ClientConfig, RolloutService
+async def tiny_engine_service():
+    """One vLLM engine on the tiny local model, and the client service in front of it."""
+    from fullasync.client import RolloutService
     from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
     from fullasync.models import build_tiny_model, load_tokenizer
     from fullasync.runtime import init_ray
@@ -81,4 +80,4 @@ async def tiny_engine_service(config=None):
     model_path = str(build_tiny_model())
     init_ray()
     (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path))
-    return engine, RolloutService([engine], load_tokenizer(model_path), config or ClientConfig())
+    return engine, RolloutService([engine], load_tokenizer(model_path))
