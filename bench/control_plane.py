@@ -18,14 +18,15 @@ point (C concurrent episodes on E engines) it measures over the steady-state win
 Workload: the `long-tail` response lengths (lognormal, median 256, σ 1, mean ≈ 401 tokens), P = 256,
 n = 8; E engines with C / E sequences each, C / n rows running (`running_rows_per_capacity = 1`),
 B = C / n groups per step (one step trains as many samples as are running), `fully_async` with
-partial rollout at k = 2 (every push interrupts all C generations, which the client resubmits), a
-trainer fast enough never to be the bottleneck. The simulated engines' CPU is subtracted; what
+partial rollout at k = 2 (every push interrupts all C generations: the client resubmits them, or with
+`--resume engine` each engine prefills its own again — `partial_rollout_resume`), a trainer fast enough never
+to be the bottleneck. The simulated engines' CPU is subtracted; what
 remains is the driver's, plus the simulator's `generate` bookkeeping (an upper bound).
 
 Writes a table and a plot into docs/benchmarks.md / docs/control_plane.png (the exact command is
 recorded there); `--profile C,E` prints where one point's CPU goes instead.
 
-    .venv/bin/python bench/control_plane.py [--points 64x16,1024x16,...] [--workers 1]
+    .venv/bin/python bench/control_plane.py [--points 64x16,1024x16,...] [--resume client,engine] [--workers 1]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from scheduling import write_section  # bench/ is on sys.path when run as a script
 
+from fullasync.engines.protocol import PauseMode
 from fullasync.sim.engine import DecodeCost
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.loop_lag import percentile
@@ -60,6 +62,7 @@ WARMUP_STEPS = 1  # the first step fills the pipeline (every episode starts at o
 class Point:
     concurrency: int  # C: episodes generating at once
     engines: int  # E
+    resume: str = "client"  # who resumes the generations a push interrupts (RunConfig.partial_rollout_resume)
 
 
 def point_setup(point: Point, lag_every_s: float) -> tuple[Workload, SimSpec]:
@@ -74,7 +77,8 @@ def point_setup(point: Point, lag_every_s: float) -> tuple[Workload, SimSpec]:
     window_steps = max(2, math.ceil(WINDOW_TOKENS / (point.concurrency * LONG_TAIL.mean_length())))
     spec = SimSpec("fully_async", True, 2, gen_devices=point.engines, steps=WARMUP_STEPS + window_steps,
                    warmup_steps=WARMUP_STEPS,
-                   running_rows_per_capacity=1.0, lag_sample_s=lag_every_s)
+                   running_rows_per_capacity=1.0, lag_sample_s=lag_every_s,
+                   pause_mode=(PauseMode.ABORT if point.resume == "client" else PauseMode.RECOMPUTE).value)
     return workload, spec
 
 
@@ -109,16 +113,17 @@ def render(results: list[tuple[Point, SimResult]], command: str, elapsed_s: floa
         f"Whole run: {elapsed_s:.0f} s of wall time; load average at the start {load[0]:.2f}, {load[1]:.2f}, "
         f"{load[2]:.2f} (2 cores shared).",
         "",
-        "| C (episodes) | E (engines) | driver µs / token | driver µs / episode | driver load (cores) "
+        "| C (episodes) | E (engines) | resumed by | driver µs / token | driver µs / episode | driver load (cores) "
         "| loop lag p50 ms | loop lag p99 ms | lag max ms | loop iterations / episode "
         "| simulated engines' share of CPU "
         "| tokens in window | simulated tok/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for point, r in results:
         v = row(point, r)
         lines.append(
-            f"| {point.concurrency} | {point.engines} | {v['us_per_token']:.2f} | {v['us_per_episode']:.0f} "
+            f"| {point.concurrency} | {point.engines} | {point.resume} "
+            f"| {v['us_per_token']:.2f} | {v['us_per_episode']:.0f} "
             f"| {v['load']:.2f} | {v['lag_p50_ms']:.2f} | {v['lag_p99_ms']:.1f} | {v['lag_max_ms']:.0f} "
             f"| {v['iterations_per_episode']:.1f} | {100 * v['engine_share']:.0f} % "
             f"| {v['tokens'] / 1e6:.2f} M | {v['tokens_per_s']:.0f} |"
@@ -146,11 +151,12 @@ def plot(results: list[tuple[Point, SimResult]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, (cost, lag) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for engines in sorted({p.engines for p, _ in results}):
-        points = sorted((p.concurrency, row(p, r)) for p, r in results if p.engines == engines)
+    for engines, resume in sorted({(p.engines, p.resume) for p, _ in results}):
+        points = sorted((p.concurrency, row(p, r)) for p, r in results if (p.engines, p.resume) == (engines, resume))
         xs = [c for c, _ in points]
-        cost.plot(xs, [v["us_per_token"] for _, v in points], "o-", label=f"{engines} engines")
-        lag.plot(xs, [v["lag_p99_ms"] for _, v in points], "o-", label=f"{engines} engines")
+        style, label = ("o-" if resume == "client" else "s--"), f"{engines} engines, resumed by {resume}"
+        cost.plot(xs, [v["us_per_token"] for _, v in points], style, label=label)
+        lag.plot(xs, [v["lag_p99_ms"] for _, v in points], style, label=label)
     cost.axhline(1.0, color="grey", linestyle=":", label="goal: 1 µs / token")
     concurrencies = sorted({p.concurrency for p, _ in results})
     for axis, title in ((cost, "driver CPU µs per generated token"), (lag, "event-loop lag p99 (ms, symlog)")):
@@ -175,24 +181,29 @@ def profile(point: Point, lag_every_s: float, top: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
-def parse_points(text: str) -> list[Point]:
-    return [Point(*(int(v) for v in item.split("x"))) for item in text.split(",")]
+def parse_points(text: str, resumes: str = "client") -> list[Point]:
+    return [Point(*(int(v) for v in item.split("x")), resume) for item in text.split(",")
+            for resume in resumes.split(",")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", default=POINTS, help="CxE pairs: concurrent episodes x engines")
+    parser.add_argument("--resume", default="client,engine",
+                        help="who resumes interrupted generations, each point run with each: client | engine")
     parser.add_argument("--lag-every", type=float, default=0.05, help="simulated seconds between loop-lag samples")
     parser.add_argument("--workers", type=int, default=1, help="points run in parallel (CPU times are per process)")
     parser.add_argument("--profile", metavar="CxE", help="profile one point with cProfile and print the top functions")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
     if args.profile:
-        profile(parse_points(args.profile)[0], args.lag_every, 40)
+        profile(parse_points(args.profile, args.resume.split(",")[0])[0], args.lag_every, 40)
         return
     load = os.getloadavg()
     started = time.perf_counter()
-    jobs = [(p, args.lag_every) for p in parse_points(args.points)]
+    if set(args.resume.split(",")) - {"client", "engine"}:
+        parser.error(f"--resume {args.resume}: each must be client or engine")
+    jobs = [(p, args.lag_every) for p in parse_points(args.points, args.resume)]
     if args.workers == 1:
         results = [run_point(job) for job in jobs]
     else:

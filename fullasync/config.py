@@ -22,6 +22,7 @@ from fullasync.rollout.staleness import GENERATE_AHEAD
 from fullasync.trainer.config import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
+PARTIAL_ROLLOUT_RESUME = ("client", "engine")  # who resumes an interrupted generation (RunConfig.push_mode)
 
 
 class Mode(str, enum.Enum):
@@ -158,6 +159,10 @@ class RunConfig:
                                  "(sync 0, one_step_off 1, fully_async 2)")
     partial_rollout: bool = setting(True, "fully_async: interrupt generations at a push and resume them under "
                                     "new weights")
+    partial_rollout_resume: str = setting("client", "where an interrupted generation goes on: client (the engine "
+                                          "returns it at the push, the client resubmits prompt + tokens so far) | "
+                                          "engine (the engine keeps it and prefills it again under the new weights "
+                                          "itself: nothing returns to the driver)")
     generate_ahead: str = setting("adaptive", "how far generation runs ahead of training: adaptive = as far as "
                                   "keeps the trainer fed, max_staleness the ceiling | bound = up to max_staleness")
     total_steps: int = setting(60, "train steps to run; 0 = until the rows of all epochs are consumed",
@@ -204,8 +209,8 @@ class RunConfig:
     @property
     def push_mode(self) -> PauseMode:
         """How in-flight generations meet a weight push."""
-        if Mode(self.mode) is Mode.FULLY_ASYNC and self.partial_rollout:
-            return PauseMode.ABORT  # interrupted, resumed under the new weights
+        if Mode(self.mode) is Mode.FULLY_ASYNC and self.partial_rollout:  # interrupted, resumed under new weights
+            return PauseMode.ABORT if self.partial_rollout_resume == "client" else PauseMode.RECOMPUTE
         return PauseMode.WAIT  # finished under the weights they started with
 
     @property
@@ -269,6 +274,9 @@ class RunConfig:
                              "drop max_staleness or use mode=fully_async")
         if self.max_staleness < -1:
             raise ValueError(f"max_staleness={self.max_staleness} must be >= 0 (or -1 for the mode default)")
+        if self.partial_rollout_resume not in PARTIAL_ROLLOUT_RESUME:
+            raise ValueError(f"partial_rollout_resume={self.partial_rollout_resume!r} is not a choice; use client (the "
+                             "client resubmits an interrupted generation) or engine (the engine recomputes it)")
         if self.generate_ahead not in GENERATE_AHEAD:
             raise ValueError(f"generate_ahead={self.generate_ahead!r} is not a choice; use adaptive (generate as far "
                              "ahead as keeps the trainer fed) or bound (up to max_staleness)")

@@ -80,7 +80,10 @@ def generation_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     return {
         "rollout/samples": float(sum(len(g.trajectories) for g in groups)),
         "rollout/output_tokens": float(sum(len(c.output_ids) for c in calls)),
-        "rollout/resumed_calls": float(sum(1 for c in calls if c.num_resumes)),
+        "rollout/resumed_calls": float(sum(1 for c in calls if c.num_resumes)),  # resubmitted by the client
+        # calls a push landed in (however they went on): versions never decrease along a call
+        "rollout/calls_across_pushes": float(sum(1 for c in calls if c.output_versions
+                                                 and c.output_versions[0] != c.output_versions[-1])),
         "rollout/resubmitted_tokens": float(sum(c.resubmitted_tokens for c in calls)),
     }
 

@@ -43,6 +43,9 @@ class PauseMode(str, enum.Enum):
 
     ABORT = "abort"  # return them at once with finish_reason "abort" and the tokens so far
     KEEP = "keep"  # freeze them; they continue after resume (tokens after resume carry the new version)
+    RECOMPUTE = "recompute"  # freeze them and drop their KV cache; after resume the engine prefills each again
+    # (prompt + tokens so far) under the new weights and goes on: what ABORT + a client's resubmission compute,
+    # with nothing returned or resubmitted (vLLM: a "keep" pause that clears the cache, preempting what runs)
     WAIT = "wait"  # let them finish, admit nothing new
 
 

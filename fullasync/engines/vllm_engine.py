@@ -20,7 +20,10 @@ the prefix cache cannot do that while requests frozen by a "keep" pause hold blo
 oldest version in the context of every token it samples. `output_versions` is the older of the two.
 After a "keep" push, a frozen request goes on sampling with the new weights over the old weights' KV:
 its later tokens have weight version v+1 and `output_versions` v — what the staleness bound and the
-proximal policy must count, since neither policy v nor v+1 alone sampled them.
+proximal policy must count, since neither policy v nor v+1 alone sampled them. A "recompute" push is vLLM's
+"keep" pause that clears the cache: it preempts every running request (its KV freed), and after the update the
+scheduler prefills each again — prompt + tokens so far — under the new weights, so its later tokens have v+1 in
+both (each in-flight request's KV version moves to v+1 at that push).
 """
 
 from __future__ import annotations
@@ -184,6 +187,15 @@ def _versions_from_spans(spans: list[WeightVersionSpan] | None, num_tokens: int,
     return tuple(versions)
 
 
+def _oldest_versions(weight_versions: tuple[int, ...], kv_version: int, recomputed: list[int]) -> tuple[int, ...]:
+    """Each token's version: the older of its weights' and its KV's — the KV's being the version the request was
+    submitted under, or that of the latest "recompute" push before the token was sampled."""
+    if not recomputed:
+        return tuple(min(version, kv_version) for version in weight_versions)
+    return tuple(min(version, max([kv_version, *(r for r in recomputed if r <= version)]))
+                 for version in weight_versions)
+
+
 class VLLMEngineActor:
     """Hosts one `AsyncLLM`; every method runs on the actor's event loop."""
 
@@ -195,6 +207,8 @@ class VLLMEngineActor:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
+        self._recomputed: dict[str, list[int]] = {}  # request id -> versions whose push recomputed its KV, in flight
+        self._pause_mode = PauseMode.ABORT
         self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
         self._last_request_id: str | None = None
         # published requests' tokens not yet sent by `deltas()`: key -> (ids, log-probs, top log-probs)
@@ -284,6 +298,7 @@ class VLLMEngineActor:
         if not self._progress:
             self._progress_at = time.monotonic()
         self._progress[request.request_id] = 0
+        self._recomputed[request.request_id] = recomputed = []
         self._last_request_id = request.request_id
         kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
         try:
@@ -314,10 +329,11 @@ class VLLMEngineActor:
                     self._outbox_ready.set()
         finally:
             del self._progress[request.request_id]
+            del self._recomputed[request.request_id]
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
         weight_versions = _versions_from_spans(spans, len(output_ids), self._version)
-        versions = tuple(min(version, kv_version) for version in weight_versions)
+        versions = _oldest_versions(weight_versions, kv_version, recomputed)
         return GenerateResult(
             request_id=request.request_id,
             output_ids=tuple(output_ids),
@@ -363,7 +379,11 @@ class VLLMEngineActor:
 
     async def pause(self, mode: PauseMode) -> None:
         self._resumed.clear()
-        await self._started().pause_generation(mode=PauseMode(mode).value, clear_cache=False)
+        self._pause_mode = mode = PauseMode(mode)
+        if mode is PauseMode.RECOMPUTE:  # preempts what runs: its KV is computed again after the update
+            await self._started().pause_generation(mode="keep", clear_cache=True)
+        else:
+            await self._started().pause_generation(mode=mode.value, clear_cache=False)
 
     async def resume(self) -> None:
         await self._started().resume_generation()
@@ -435,6 +455,9 @@ class VLLMEngineActor:
         verified = time.perf_counter()
         await llm.reset_prefix_cache()
         self._version = version
+        if self._pause_mode is PauseMode.RECOMPUTE:  # what is in flight prefills again under `version`
+            for versions in self._recomputed.values():
+                versions.append(version)
         return {"copy_s": copy_s, "load_s": loaded - started, "verify_s": verified - loaded,
                 "reset_s": time.perf_counter() - verified, "buckets": float(len(buckets)),
                 "shm_bytes": float(self._weights.file_bytes), "checked_tensors": float(checked)}

@@ -3,7 +3,9 @@
 Owns: the timing of generation on one device and the protocol semantics the control code relies
 on — pause with ABORT returns every in-flight request at once with finish reason `abort`, the
 tokens so far and their versions; KEEP freezes them (tokens after the push carry the new
-weights' version and, as their oldest version, the one their KV was computed with); WAIT lets
+weights' version and, as their oldest version, the one their KV was computed with); RECOMPUTE
+freezes them and, at resume, prefills each running one again (prompt + tokens so far) before it
+decodes on (tokens after the push carry the new version alone); WAIT lets
 running and queued requests finish and admits nothing new; `update_weights` needs a paused engine
 and takes `push_s`. Does not own: routing, resubmission after an abort (the
 real `RolloutClient` does that), or what the tokens mean (their ids are a constant).
@@ -79,6 +81,7 @@ class EngineTime:
     drain_tokens: float = 0.0  # of which while draining
     prefill_tokens: int = 0
     aborted_tokens: int = 0  # tokens returned by aborts (to be resubmitted by the client)
+    recomputed_tokens: int = 0  # prompt and output tokens prefilled again after a RECOMPUTE push
 
     def total_s(self) -> float:
         return self.decode_s + self.drain_s + self.prefill_s + self.paused_s + self.idle_s
@@ -90,7 +93,7 @@ class _Sequence:
     future: asyncio.Future[GenerateResult]
     target: int  # tokens to produce
     start_step: float = 0.0  # the engine's step counter when the sequence started decoding
-    spans: list[tuple[int, int]] = field(default_factory=list)  # (version, first token index) boundaries
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # (version, its KV's, first token index)
     done_at: float = 0.0  # step counter value at which it completes
 
     def produced(self, steps: float) -> int:
@@ -181,8 +184,18 @@ class SimulatedEngine:
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
         await asyncio.sleep(self.cost.push_s)
         self._advance()
-        for sequence in self._running.values():  # frozen by KEEP: later tokens get the new version
-            sequence.spans.append((version, sequence.produced(self._steps)))
+        recompute = self._pause is PauseMode.RECOMPUTE
+        if recompute:
+            self._prefill_backlog_s = 0.0  # every running sequence's KV is computed again, from the start
+        for sequence in self._running.values():  # frozen by KEEP or RECOMPUTE: later tokens get the new version
+            produced = sequence.produced(self._steps)
+            kv_version = version if recompute else sequence.spans[-1][1]
+            sequence.spans.append((version, kv_version, produced))
+            if recompute:
+                tokens = len(sequence.request.prompt_ids) + produced
+                self._prefill_backlog_s += tokens * self.cost.prefill_per_token_s
+                self.time.prefill_tokens += tokens
+                self.time.recomputed_tokens += tokens
         self._version = version
 
     async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
@@ -289,7 +302,7 @@ class SimulatedEngine:
             sequence = self._waiting.popleft()
             sequence.start_step = self._steps
             sequence.done_at = self._steps + sequence.target
-            sequence.spans.append((self._version, 0))
+            sequence.spans.append((self._version, self._version, 0))
             prompt_tokens = len(sequence.request.prompt_ids)
             self._prefill_backlog_s += prompt_tokens * self.cost.prefill_per_token_s
             self.time.prefill_tokens += prompt_tokens
@@ -323,12 +336,12 @@ class SimulatedEngine:
         self._wake.set()
 
     def _result(self, sequence: _Sequence, produced: int, finish: FinishReason) -> GenerateResult:
-        """Weight versions by span; every token's oldest version is the first span's (the KV's), as in vLLM."""
+        """Weight versions by span; a token's oldest version is its span's KV version (the first span's, unless a
+        RECOMPUTE push computed the KV again), as in vLLM."""
         weight_versions: list[int] = []
         versions: list[int] = []
-        kv_version = sequence.spans[0][0] if sequence.spans else 0
-        ends = [start for _, start in sequence.spans[1:]] + [produced] * bool(sequence.spans)  # none: never ran
-        for (version, start), end in zip(sequence.spans, ends, strict=True):  # by span: no Python per token
+        ends = [start for _, _, start in sequence.spans[1:]] + [produced] * bool(sequence.spans)  # none: never ran
+        for (version, kv_version, start), end in zip(sequence.spans, ends, strict=True):  # no Python per token
             count = min(end, produced) - min(start, produced)
             weight_versions += [version] * count
             versions += [min(version, kv_version)] * count

@@ -123,6 +123,39 @@ async def test_keep_mode_labels_tokens_after_the_push_with_the_version_of_their_
     assert max(abs(a - b) for a, b in zip(second.output_logprobs, reference)) < TOLERANCE
 
 
+async def test_recompute_mode_goes_on_inside_the_engine_over_kv_the_new_weights_computed(engine, policy, tokenizer):
+    """A RECOMPUTE push inside a request: the engine keeps it, drops its KV and prefills prompt + tokens so far
+    again under the new weights. Nothing returns to the client or is resubmitted; every later token has the new
+    version (weights and KV alike), and its log-prob is the new policy's alone — as after a resubmission."""
+    client = RolloutService([engine], tokenizer).client()
+    old = dict(policy.current)
+    task = asyncio.create_task(
+        client.completions.create(model="policy", prompt="Count: 1 2 3", max_tokens=120,
+                                  extra_body={"ignore_eos": True})
+    )
+    try:
+        async with frozen_mid_generation(engine, client.episode.id, at_least=15, budget=120):
+            timing = await policy.push(policy.perturbed(seed=8), mode=PauseMode.RECOMPUTE)
+        await task
+        (call,) = client.episode.calls
+        assert call.num_resumes == 0 and len(call.output_ids) == 120
+        segments = split_by_version(call.output_versions)
+        assert [v for v, _, _ in segments] == [timing.version - 1, timing.version]
+        assert call.output_weight_versions == ()  # the weights' and the KV's version agree on every token
+        split = segments[1][1]
+        new_alone = policy.token_logprobs(policy.current, call.prompt_ids, call.output_ids)
+        old_alone = policy.token_logprobs(old, call.prompt_ids, call.output_ids)
+        mixed = mixed_logprobs(policy, old, policy.current, call.prompt_ids, call.output_ids, split)
+        got = call.output_logprobs
+        assert max(abs(a - b) for a, b in zip(got[:split], old_alone[:split])) < TOLERANCE
+        assert max(abs(a - b) for a, b in zip(got[split:], new_alone[split:])) < TOLERANCE
+        assert max(abs(a - b) for a, b in zip(got[split:], mixed)) > 100 * TOLERANCE  # KEEP's KV would differ
+        (sequence,) = client.trajectory(1.0).to_sequences()  # the trainer sees each token's own version
+        assert [v for v, m in zip(sequence.versions, sequence.loss_mask) if m] == list(call.output_versions)
+    finally:  # later tests see the weights they always saw
+        await policy.push({name: tensor for name, tensor in old.items() if name != "lm_head.weight"})
+
+
 async def test_pushed_weights_match_torch_forward_with_tied_embeddings(engine, policy, tokenizer):
     assert policy.model.config.tie_word_embeddings
     state = policy.perturbed(seed=11)

@@ -132,8 +132,8 @@ class PushWhileGenerating:
 
     The first push must land while a generation runs. Rather than hope a generation outlasts a train step,
     the long calls start only when the first export does (`releasing`), and the export then freezes the engine
-    (pause KEEP) at a moment when one of them has tokens but is far from done; the push's own pause (ABORT)
-    interrupts it, whatever the machine's speed.
+    (pause KEEP) at a moment when one of them has tokens but is far from done; the push's own pause (ABORT, or
+    RECOMPUTE) interrupts it, whatever the machine's speed.
     """
 
     def __init__(self, trainer, engine) -> None:
@@ -165,8 +165,10 @@ class PushWhileGenerating:
             await asyncio.sleep(0.01)
 
 
-async def test_fully_async_pushes_interrupt_long_generations_which_resume_under_new_weights(stack, tmp_path):
-    """A push lands while long calls are mid-way (made so, not hoped for): they resume under the new weights."""
+@pytest.mark.parametrize("resume", ["client", "engine"])
+async def test_fully_async_pushes_interrupt_long_generations_which_resume_under_new_weights(stack, tmp_path, resume):
+    """A push lands while long calls are mid-way (made so, not hoped for): they resume under the new weights —
+    resubmitted by the client, or recomputed by the engine with nothing resubmitted."""
     engines, trainer = stack
     pushing = PushWhileGenerating(trainer, engines[0])
     rows = arithmetic.ArithmeticTask().rows("train")[:12]
@@ -181,15 +183,21 @@ async def test_fully_async_pushes_interrupt_long_generations_which_resume_under_
         return 1.0 if client.episode.id.endswith("/0") else 0.0  # a reward spread, so every group trains
 
     run = AsyncAgentTrainer(
-        config(tmp_path, mode="fully_async", partial_rollout=True, max_staleness=2, total_steps=0,
-               data=DataSection(task="", epochs=1), rollout=RolloutSection(n=4, batch_size=4, max_running_rows=8)),
+        config(tmp_path, mode="fully_async", partial_rollout=True, partial_rollout_resume=resume, max_staleness=2,
+               total_steps=0, data=DataSection(task="", epochs=1),
+               rollout=RolloutSection(n=4, batch_size=4, max_running_rows=8)),
         rollout_fn=rollout, train_dataset=rows, val_dataset=None)
     result = await asyncio.wait_for(run.train_async(engines=engines, trainer=pushing), 600)
     assert pushing.frozen_mid_generation  # the first push met long calls mid-way ...
     assert all(4 < tokens < LONG_TOKENS for tokens in pushing.frozen_mid_generation.values())
     assert result.steps == 3 and result.outcomes == {"trained": len(rows)}
-    assert sum(step["rollout/resumed_calls"] for step in result.history) >= 1  # ... which resumed and trained
-    assert sum(step["rollout/resubmitted_tokens"] for step in result.history) > 4
+    total = {key: sum(step[key] for step in result.history)
+             for key in ("rollout/calls_across_pushes", "rollout/resumed_calls", "rollout/resubmitted_tokens")}
+    assert total["rollout/calls_across_pushes"] >= 1  # ... which went on under the new weights and trained
+    if resume == "client":
+        assert total["rollout/resumed_calls"] >= 1 and total["rollout/resubmitted_tokens"] > 4
+    else:
+        assert total["rollout/resumed_calls"] == total["rollout/resubmitted_tokens"] == 0
     assert result.max_token_staleness <= 2
     assert len({step["version"] for step in result.history}) == 3
 

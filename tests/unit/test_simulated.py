@@ -80,6 +80,31 @@ def test_keep_freezes_and_labels_later_tokens_with_the_new_version():
     assert finished_at == pytest.approx(0.305 + 5.0 + 0.25 + 0.695, abs=0.011)
 
 
+def test_recompute_freezes_prefills_again_after_the_push_and_labels_later_tokens_new():
+    """What ABORT + a resubmission of prompt + 30 tokens would cost (one prefill of 33 tokens, then decoding on),
+    with the request never leaving the engine; later tokens read KV the new weights computed."""
+    prefilling = dataclasses.replace(STEADY, prefill_per_token_s=0.001)
+
+    async def main():
+        engine = SimulatedEngine("e", prefilling)
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(engine.generate(request("a")))
+        await asyncio.sleep(0.003 + 0.305)  # its prompt's prefill, then 30 decode steps
+        await engine.pause(PauseMode.RECOMPUTE)
+        await asyncio.sleep(5.0)  # frozen: no progress while paused
+        await engine.update_weights({}, version=1)
+        await engine.resume()
+        result = await task
+        await engine.shutdown()
+        return result, loop.time(), engine.time
+
+    result, finished_at, time = run_virtual(main)
+    assert result.finish_reason is FinishReason.LENGTH and len(result.output_ids) == 100
+    assert result.output_versions == (0,) * 30 + (1,) * 70 and result.output_weight_versions == ()
+    assert time.recomputed_tokens == 3 + 30 and time.aborted_tokens == 0
+    assert finished_at == pytest.approx(0.308 + 5.0 + 0.25 + 0.033 + 0.695, abs=0.011)
+
+
 def test_wait_drains_in_flight_requests_and_admits_nothing_new():
     async def main():
         engine = SimulatedEngine("e", STEADY)
