@@ -1,11 +1,13 @@
-"""KEEP versus ABORT at a push, on the simulated long-tail workload (fully_async with partial rollout).
+"""KEEP, ABORT and RECOMPUTE at a push, on the simulated long-tail workload (fully_async with partial rollout).
 
 ABORT returns every in-flight request with its tokens so far; the client resubmits prompt + tokens
 and the engine prefills them again under the new weights. KEEP freezes the requests in the engine
 and continues them after the push over their old KV cache: no re-prefill, but every token they
 sample afterwards reads KV computed by the old weights, so it counts with the old version (the
 version of its KV; `fullasync/engines/vllm_engine.py`): a long request frozen across several pushes
-ages like one that was never interrupted, and more groups are dropped as too stale.
+ages like one that was never interrupted, and more groups are dropped as too stale. RECOMPUTE
+(`partial_rollout_resume=engine`) freezes them and the engine prefills prompt + tokens again itself after the
+push: ABORT's computation and versions, with nothing resubmitted.
 
 For each max_staleness k and pause mode: samples/s and its share of the workload's bound, the share
 of prefill tokens that are re-prefills, mean staleness of trained tokens, rows dropped as too stale
@@ -49,13 +51,15 @@ def render(workload: Workload, results: list[SimResult], command: str, elapsed: 
     ]
     for r in results:
         prefill = r.engine.prefill_tokens
-        reprefill = (prefill - r.fresh_prefill_tokens) / prefill if prefill else 0.0
+        # fresh prompts count at submission, prefills at admission: a few still queued at the end make KEEP's < 0
+        reprefill = max(0.0, (prefill - r.fresh_prefill_tokens) / prefill) if prefill else 0.0
         lines.append(f"| {r.spec.run_config().staleness} | {r.spec.pause_mode} | {r.samples_per_s:.2f} | "
                      f"{token_fraction(workload, r, bound):.0%} | {reprefill:.1%} | {r.mean_staleness:.2f} | "
                      f"{r.dropped_rows} | "
                      f"{r.wasted_tokens} | {r.resumed_calls} |")
     lines += ["", "% of bound (tokens): trained tokens/s against the bound's tokens/s (as in the scheduling table). "
-              "Re-prefill share: prefill tokens that were resubmitted outputs (ABORT) among all prefill tokens. "
+              "Re-prefill share: prefill tokens that were resubmitted (ABORT) or recomputed (RECOMPUTE) among all "
+              "prefill tokens. "
               "Mean staleness: trainer version − the version of each trained token (KEEP: its KV's version)."]
     return "\n".join(lines)
 
@@ -72,12 +76,12 @@ def main() -> None:
     args = parser.parse_args()
     workload = PRESETS[args.preset]
     specs = [SimSpec("fully_async", True, int(k), gen_devices=args.split, steps=args.steps, warmup_steps=args.warmup,
-                     pause_mode=mode) for k in args.staleness.split(",") for mode in ("abort", "keep")]
+                     pause_mode=mode) for k in args.staleness.split(",") for mode in ("abort", "recompute", "keep")]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(_run, [(workload, spec) for spec in specs]))
     command = "python " + " ".join(["bench/pause_modes.py", *sys.argv[1:]])
-    section = (f"## Pause modes at a push: KEEP vs ABORT (simulated, `{workload.name}`)\n\n"
+    section = (f"## Pause modes at a push: KEEP, ABORT, RECOMPUTE (simulated, `{workload.name}`)\n\n"
                + render(workload, results, command, time.perf_counter() - started))
     print(section)
     if not args.no_write:

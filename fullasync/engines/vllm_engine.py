@@ -298,7 +298,8 @@ class VLLMEngineActor:
         if not self._progress:
             self._progress_at = time.monotonic()
         self._progress[request.request_id] = 0
-        self._recomputed[request.request_id] = recomputed = []
+        recomputed: list[int] = []  # versions of "recompute" pushes while it runs (appended by update_weights)
+        self._recomputed[request.request_id] = recomputed
         self._last_request_id = request.request_id
         kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
         try:
