@@ -71,8 +71,8 @@ def render(results: dict[tuple[str, int], list[SimResult]], workloads: dict[str,
         f"at the start {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (2 cores shared).",
         "",
         "| workload | bound k | policy | samples/s | ours ÷ it | % of bound X(G) | mean staleness | max staleness "
-        "| dropped rows | gen idle |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| dropped rows | tokens thrown away | gen idle |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, k), runs in results.items():
         ours = runs[0]
@@ -81,7 +81,7 @@ def render(results: dict[tuple[str, int], list[SimResult]], workloads: dict[str,
             lines.append(
                 f"| {name} | {k} | {label} | {r.samples_per_s:.2f} | {ours.samples_per_s / r.samples_per_s:.2f} "
                 f"| {100 * r.samples_per_s / r.bound_samples_per_s:.0f} | {r.mean_staleness:.2f} | {r.max_staleness} "
-                f"| {r.dropped_rows} | {r.gen_idle_fraction:.2f} |"
+                f"| {r.dropped_rows} | {100 * r.thrown_away_share:.1f} % | {r.gen_idle_fraction:.2f} |"
             )
     for name, workload in workloads.items():
         bound, best_g = analytic_bound(workload)
@@ -92,9 +92,19 @@ def render(results: dict[tuple[str, int], list[SimResult]], workloads: dict[str,
         "ours ÷ it: our samples/s over the policy's (> 1: ours is faster). % of bound: against X(G) of "
         "`fullasync/sim/workload.py`. Max staleness: the oldest trained token's trainer version − its version "
         "over the whole run (ours drops groups beyond k at hand-over; the peers' bounds are aggregate). "
-        "Dropped rows: inside the window (ours: too stale; verl: evicted by its drop-oldest queue). "
+        "Dropped rows: inside the window (ours: too stale, stopped while generating or at hand-over; verl: evicted "
+        "by its drop-oldest queue). Tokens thrown away: what the engines decoded for those rows, as a share of all "
+        "they decoded in the window. "
         "Gen idle: share of generation-device time idle or paused for a push.",
+        "",
+        "Ours, share of rows dropped as too stale in each tenth of the rows trained or dropped over the whole run, "
+        "by the output tokens their episodes were to generate (shortest → longest):",
+        "",
+        "| workload | k | dropped share per length decile |",
+        "|---|---|---|",
     ]
+    for (name, k), runs in results.items():
+        lines.append(f"| {name} | {k} | {' '.join(f'{share:.2f}' for share in runs[0].dropped_share_by_length)} |")
     return "\n".join(lines)
 
 

@@ -88,6 +88,13 @@ def generation_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     }
 
 
+def step_stats(groups: Sequence[TrajectoryGroup], trainer_version: int) -> dict[str, float]:
+    """What a train step reports of its groups: rewards, token staleness, generation and the harness's metrics
+    (pure: the training loop computes it in a worker thread)."""
+    return {**reward_stats(groups), **token_staleness(groups, trainer_version), **generation_stats(groups),
+            **harness_stats(groups)}
+
+
 def format_line(step: int, metrics: Mapping[str, float]) -> str:
     def get(key: str, spec: str = ".3f") -> str:
         value = metrics.get(key)

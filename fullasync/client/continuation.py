@@ -39,14 +39,20 @@ class StitchedGeneration:
 
 
 def _request(request_id: str, prompt_ids: list[int], done: StitchedGeneration, max_tokens: int,
-             sampling: SamplingOptions) -> GenerateRequest:
-    """The next engine request of a logical generation: prompt + tokens so far, remaining budget."""
+             sampling: SamplingOptions, priority: Callable[[], int]) -> GenerateRequest:
+    """The next engine request of a logical generation: prompt + tokens so far, remaining budget, and the
+    priority its episode has now (a resubmission after a push is served by the row's age then)."""
     return GenerateRequest(
         request_id=f"{request_id}-{done.num_resumes}",
         prompt_ids=tuple(prompt_ids) + tuple(done.output_ids),
         max_tokens=max_tokens - len(done.output_ids),
         sampling=sampling,
+        priority=priority(),
     )
+
+
+def no_priority() -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -99,12 +105,13 @@ async def generate_with_resume(
     restart_wait_s: float = 0.0,
     on_versions: Callable[[tuple[int, ...]], None] | None = None,
     infra: InfraHooks = NO_HOOKS,
+    priority: Callable[[], int] = no_priority,
 ) -> StitchedGeneration:
     """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts; `on_versions` gets the
     versions of every segment's tokens as it comes back (interrupted segments too)."""
     done = StitchedGeneration()
     while True:
-        request = _request(request_id, prompt_ids, done, max_tokens, sampling)
+        request = _request(request_id, prompt_ids, done, max_tokens, sampling, priority)
         try:
             result = await router.generate(request, episode_id)
             if on_versions is not None:
@@ -179,6 +186,7 @@ async def stream_with_resume(
     on_versions: Callable[[tuple[int, ...]], None] | None = None,
     infra: InfraHooks = NO_HOOKS,
     interval: int = 1,
+    priority: Callable[[], int] = no_priority,
 ) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
@@ -192,7 +200,7 @@ async def stream_with_resume(
     request, result = None, None
     try:
         while True:
-            request, result, sent = _request(request_id, prompt_ids, done, max_tokens, sampling), None, False
+            request, result, sent = _request(request_id, prompt_ids, done, max_tokens, sampling, priority), None, False
             try:
                 async for item in router.generate_stream(request, episode_id):
                     if isinstance(item, GenerateResult):

@@ -33,7 +33,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from fullasync.client import responses
 from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
-from fullasync.client.continuation import InfraHooks, StitchedGeneration, generate_with_resume, stream_with_resume
+from fullasync.client.continuation import (
+    InfraHooks,
+    StitchedGeneration,
+    generate_with_resume,
+    no_priority,
+    stream_with_resume,
+)
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.reasoning import ReasoningSplitter
 from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
@@ -140,6 +146,8 @@ class Episode:
         self.fault: FailureKind | None = None
         # set by the rollouter: wraps a wait for a dead engine's restart, during which the episode's deadline stops
         self.deadline_paused: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+        # set by the rollouter: the engine priority of the episode's next request (its row's oldest token version)
+        self.priority: Callable[[], int] = no_priority
 
     def infra_hooks(self) -> InfraHooks:
         return InfraHooks(waiting=lambda: self.deadline_paused(), failed=self.infra_failed)
@@ -321,6 +329,7 @@ class RolloutClient:
                 service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
                 request.max_tokens, request.sampling, service.config.resume_timeout_s, service.config.restart_wait_s,
                 on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
+                priority=self.episode.priority,
             )
             for i in range(request.n)
         )
@@ -363,6 +372,7 @@ class RolloutClient:
             request.prompt_ids, request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
             self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
             infra=self.episode.infra_hooks(), interval=self.service.config.stream_interval,
+            priority=self.episode.priority,
         )
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], answers: AnswerFormat,

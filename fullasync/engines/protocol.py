@@ -98,6 +98,9 @@ class GenerateRequest:
     prompt_ids: tuple[int, ...]
     max_tokens: int
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    # lower is served first when an engine has more requests than slots (vLLM's priority scheduling): the row's
+    # oldest token version, so the rows nearest the staleness bound get slots before younger ones
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if type(self.max_tokens) is not int or self.max_tokens <= 0:

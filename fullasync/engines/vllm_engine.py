@@ -241,6 +241,7 @@ class VLLMEngineActor:
             seed=cfg.seed,
             max_logprobs=cfg.max_logprobs,
             tensor_parallel_size=cfg.tensor_parallel_size,
+            scheduling_policy="priority",  # GenerateRequest.priority: the rows nearest the staleness bound first
             weight_transfer_config=WeightTransferConfig(backend=vllm_transfer.BACKEND),
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
         )
@@ -305,7 +306,7 @@ class VLLMEngineActor:
         try:
             stream = self._rejections_as_invalid(request, self._started().generate(
                 {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{kv_version}"},
-                _sampling_params(request), request.request_id,
+                _sampling_params(request), request.request_id, priority=request.priority,
             ))
             async for out in stream:
                 completion = out.outputs[0]

@@ -145,7 +145,9 @@ class RunningRow:
     oldest_finished: int | None = None  # oldest token version of its finished episodes
     released: Fraction = Fraction(0)  # share of its concurrency slot that its ended episodes gave back
     stopping_stale: bool = False  # cancelled because its group could only be dropped
+    holds_slot: bool = False  # stopped so: its admission slot is released at the next version, not when it ends
     unfinished_calls: list[ModelCall] = field(default_factory=list)  # completed calls of episodes that were stopped
+    admitted_version: int = 0  # the trainer's version when the row was admitted
 
     def __post_init__(self) -> None:
         for trajectory in self.finished.values():
@@ -167,6 +169,12 @@ class RunningRow:
         calls += [c for client in self.running.values() for c in client.episode.calls]
         return RowSize(len(self.finished), len(calls), sum(len(c.output_ids) for c in calls),
                        sum(1 for c in calls if c.num_resumes))
+
+    def priority(self) -> int:
+        """Its episodes' engine priority (lower first): the oldest token version it holds, else the version it was
+        admitted at — the row whose group the staleness bound will drop first is served first."""
+        oldest = self.oldest_token_version()
+        return self.admitted_version if oldest is None else oldest
 
     def oldest_token_version(self) -> int | None:
         """The oldest weight version of any token the row holds, finished or running episodes (None: none yet)."""

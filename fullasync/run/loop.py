@@ -19,26 +19,30 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol
+from typing import Generic, Protocol, TypeVar
 
 from fullasync.logs import progress
-from fullasync.metrics import (
-    MetricsSink,
-    format_line,
-    generation_stats,
-    harness_stats,
-    reward_stats,
-    token_staleness,
-)
+from fullasync.metrics import MetricsSink, format_line, step_stats
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import BatchT, GroupQueue, Trainer
 from fullasync.types import JsonValue, TrajectoryGroup
 from fullasync.weight_sync import WeightSync
 
+T = TypeVar("T")
 QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crash elsewhere is noticed within seconds
 
 step_log = logging.getLogger("fullasync.steps")
+
+
+async def off_loop(function: Callable[..., T], *args: object) -> T:
+    """`function(*args)` in a worker thread, so that the loop serves every episode meanwhile: building and sharding
+    the train batch of 8,192 trajectories held the loop 5.9–6.8 s, a stall of every reply and gateway request; in a
+    thread the longest stall was 0.42–0.44 s (`bench/step_off_loop.py`). A loop that must run it in place says so
+    (`runs_blocking_inline`: the simulator's virtual clock, whose order of events must not hang on a thread)."""
+    if getattr(asyncio.get_running_loop(), "runs_blocking_inline", False):
+        return function(*args)
+    return await asyncio.to_thread(function, *args)
 
 
 def _now() -> float:
@@ -59,6 +63,8 @@ class RolloutControl(Protocol):
     def on_dropped(self, row_ids: Sequence[str]) -> None: ...  # too stale: never trained, slots freed
 
     def on_version(self) -> None: ...  # admission may open
+
+    def on_batch_taken(self, version: int) -> None: ...  # rows that only the batch just taken could train stop
 
     def on_batch_request(self, ready: int) -> None: ...  # the trainer asked for a batch; `ready` groups waited
 
@@ -224,17 +230,17 @@ class TrainingLoop(Generic[BatchT]):
     async def _step(self, groups: list[TrajectoryGroup], started: float) -> None:
         result = self.result
         version = self.weight_sync.version
-        batch = self.trainer.build_batch(groups)
+        self.rollouter.on_batch_taken(version)
+        # the work in proportion to the batch runs off the loop, the statistics beside the train step
+        batch = await off_loop(self.trainer.build_batch, groups)
+        batch_stats = asyncio.ensure_future(off_loop(step_stats, groups, version))
         metrics = dict(await self.trainer.train_step(batch, version))
         timing = await self.weight_sync.push(await self.trainer.export_weights())
         self.rollouter.on_trained(groups)
         self.rollouter.on_version()
         result.steps += 1
         result.trained_samples += sum(len(g.trajectories) for g in groups)
-        metrics.update(reward_stats(groups))
-        metrics.update(token_staleness(groups, version))
-        metrics.update(generation_stats(groups))
-        metrics.update(harness_stats(groups))
+        metrics.update(await batch_stats)
         result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
         stats = await self.queue.stats()
         report = self.rollouter.report()

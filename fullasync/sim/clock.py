@@ -81,6 +81,9 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self._now = 0.0
         self.work: LoopWork | None = None  # each iteration's simulated time and CPU cost, once `record_work()`
         self.executor_jobs = 0  # calls running in worker threads (`asyncio.to_thread`): the clock waits for them
+        # `fullasync.run.loop.off_loop` runs its work in place here: which callbacks run while a worker thread
+        # holds the clock depends on the thread's real timing, and a simulation must replay the same way each time
+        self.runs_blocking_inline = True
         super().__init__(_VirtualSelector(selectors.DefaultSelector(), self))
 
     def time(self) -> float:

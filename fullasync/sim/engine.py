@@ -30,7 +30,7 @@ import heapq
 import itertools
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -100,6 +100,10 @@ class _Sequence:
         return min(self.target, int(math.floor(steps - self.start_step + 1e-9)))
 
 
+def _priority(sequence: _Sequence) -> int:
+    return sequence.request.priority
+
+
 class SimulatedEngine:
     """One simulated device serving requests; implements `fullasync.engines.protocol.Engine`."""
 
@@ -123,6 +127,9 @@ class SimulatedEngine:
         self._wake = asyncio.Event()
         self._last = asyncio.get_running_loop().time()
         self.cpu_s = 0.0  # real CPU seconds of this engine's event handling: the simulator's cost, not the driver's
+        # tokens decoded per row (finished, aborted or cancelled segments), by the part of the request id before
+        # its first "/" (the rollouter's episode ids are "<row id>/<index>"): what a dropped row cost
+        self.decoded_by_row: Counter[str] = Counter()
         self._task = asyncio.create_task(self._serve(), name=f"sim-engine-{name}")
 
     # -- Engine protocol ---------------------------------------------------------------------
@@ -299,7 +306,8 @@ class SimulatedEngine:
         if self._pause is not None and self._pause is not PauseMode.WAIT:
             return
         while self._waiting and len(self._running) < self.cost.max_num_seqs:
-            sequence = self._waiting.popleft()
+            sequence = min(self._waiting, key=_priority)  # the first of the lowest priority: FIFO among equals
+            self._waiting.remove(sequence)
             sequence.start_step = self._steps
             sequence.done_at = self._steps + sequence.target
             sequence.spans.append((self._version, self._version, 0))
@@ -331,9 +339,14 @@ class SimulatedEngine:
         sequence.future.set_result(self._result(sequence, produced, FinishReason.ABORT))
 
     def _drop(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
+        sequence = self._running.pop(request_id, None)
+        if sequence is not None:
+            self._count_decoded(sequence, sequence.produced(self._steps))
         self._waiting = deque(s for s in self._waiting if s.request.request_id != request_id)
         self._wake.set()
+
+    def _count_decoded(self, sequence: _Sequence, produced: int) -> None:
+        self.decoded_by_row[sequence.request.request_id.split("/", 1)[0]] += produced
 
     def _result(self, sequence: _Sequence, produced: int, finish: FinishReason) -> GenerateResult:
         """Weight versions by span; a token's oldest version is its span's KV version (the first span's, unless a
@@ -341,6 +354,7 @@ class SimulatedEngine:
         weight_versions: list[int] = []
         versions: list[int] = []
         ends = [start for _, _, start in sequence.spans[1:]] + [produced] * bool(sequence.spans)  # none: never ran
+        self._count_decoded(sequence, produced)
         for (version, kv_version, start), end in zip(sequence.spans, ends, strict=True):  # no Python per token
             count = min(end, produced) - min(start, produced)
             weight_versions += [version] * count

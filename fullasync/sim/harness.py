@@ -17,6 +17,7 @@ Devices: `sync` generates on all N devices, then trains on all N (colocated, alt
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import itertools
 import math
@@ -113,7 +114,7 @@ class SimResult:
     mean_staleness: float
     max_staleness: int
     dropped_rows: int  # inside the window
-    wasted_tokens: int  # generated for rows dropped as too stale inside the window
+    wasted_tokens: int  # decoded for the rows dropped as too stale inside the window (stopped rows: until stopped)
     engine: EngineTime  # summed over generation devices, over the window
     fresh_prefill_tokens: int
     train_s: float
@@ -131,6 +132,9 @@ class SimResult:
     stopped_stale_rows: int = 0  # whole run: rows stopped while generating because their group could only be dropped
     staleness_histogram: Mapping[int, float] = dataclasses.field(default_factory=dict)  # gap -> share of trained tokens
     final_lead_batches: float = 0.0  # how far admission ran ahead of training at the last step, in batches
+    # whole run, rows trained or dropped as too stale, in deciles of their planned output tokens (shortest first):
+    # the share of each decile that was dropped
+    dropped_share_by_length: tuple[float, ...] = ()
 
     @property
     def samples_per_s(self) -> float:
@@ -139,6 +143,11 @@ class SimResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.window_s
+
+    @property
+    def thrown_away_share(self) -> float:
+        """Share of the window's decoded tokens that went to rows dropped as too stale."""
+        return self.wasted_tokens / self.engine.tokens if self.engine.tokens else 0.0
 
     @property
     def gen_idle_fraction(self) -> float:
@@ -278,15 +287,17 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
     finally:
         await asyncio.gather(*(e.shutdown() for e in engines))
     history = sink.history[spec.warmup_steps * per_sync:]
+    decoded = sum((engine.decoded_by_row for engine in engines), collections.Counter[str]())
     measured = _window_result(workload, spec, marks[spec.warmup_steps * per_sync], marks[spec.steps * per_sync],
-                              history, work, gen_devices=gen_devices, train_devices=train_devices,
+                              history, work, decoded, gen_devices=gen_devices, train_devices=train_devices,
                               wall_s=loop.time() - started, cpu_s=time.process_time() - cpu_start, loop_result=result)
-    return dataclasses.replace(measured, stopped_stale_rows=run.rollouter.rows_stopped_stale)
+    return dataclasses.replace(measured, stopped_stale_rows=run.rollouter.rows_stopped_stale,
+                               dropped_share_by_length=_dropped_by_length(workload, run.rollouter.outcomes))
 
 
 def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark, window: list[dict[str, float]],
-                   work: LoopWork | None, *, gen_devices: int, train_devices: int, wall_s: float, cpu_s: float,
-                   loop_result: Any) -> SimResult:
+                   work: LoopWork | None, decoded: Mapping[str, int], *, gen_devices: int, train_devices: int,
+                   wall_s: float, cpu_s: float, loop_result: Any) -> SimResult:
     """The run's measurements between two step marks."""
     dropped = last.dropped - first.dropped  # rows dropped as too stale inside the window
     sync = Mode(spec.run_config().mode) is Mode.SYNC
@@ -303,8 +314,7 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
         final_lead_batches=window[-1]["rollout/lead_batches"],
         max_staleness=loop_result.max_token_staleness,
         dropped_rows=len(dropped),
-        wasted_tokens=sum(workload.output_tokens(f"{row_id}/{i}") for row_id in dropped
-                          for i in range(workload.group_size)),
+        wasted_tokens=sum(decoded.get(row_id, 0) for row_id in dropped),
         engine=_minus(last.engine, first.engine),
         fresh_prefill_tokens=last.counters.fresh_prefill_tokens - first.counters.fresh_prefill_tokens,
         train_s=last.train_s - first.train_s,
@@ -320,6 +330,19 @@ def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark,
                          if work is not None else ()),
         loop_iterations=last.loop_iterations - first.loop_iterations,
     )
+
+
+def _dropped_by_length(workload: Workload, outcomes: Mapping[str, RowOutcome],
+                       deciles: int = 10) -> tuple[float, ...]:
+    """Of the rows trained or dropped as too stale, sorted by the output tokens their episodes were to generate, the
+    share dropped in each tenth (the length bias of the staleness bound)."""
+    ended = sorted((sum(workload.output_tokens(f"{row_id}/{i}") for i in range(workload.group_size)),
+                    outcome is RowOutcome.TOO_STALE)
+                   for row_id, outcome in outcomes.items() if outcome in (RowOutcome.TRAINED, RowOutcome.TOO_STALE))
+    if len(ended) < deciles:
+        return ()
+    bounds = [len(ended) * d // deciles for d in range(deciles + 1)]
+    return tuple(sum(dropped for _, dropped in ended[lo:hi]) / (hi - lo) for lo, hi in itertools.pairwise(bounds))
 
 
 def _staleness_histogram(window: list[dict[str, float]]) -> dict[int, float]:

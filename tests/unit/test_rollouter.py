@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import httpx
+import pytest
 
 from fullasync.client import ClientConfig, RolloutService
+from fullasync.engines.protocol import PauseMode
 from fullasync.metrics import MetricsSink
 from fullasync.queue import MessageQueue
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
@@ -234,7 +237,8 @@ def test_what_a_harness_logs_reaches_the_step_metrics(tmp_path):
         assert step["harness/submitted/mean"] == 1.0 and step["harness/submitted/count"] == 4
 
 
-def test_every_row_that_ran_is_accounted_with_what_it_generated():
+@pytest.mark.parametrize("stop_stale_rows", [True, False])
+def test_every_row_that_ran_is_accounted_with_what_it_generated(stop_stale_rows):
     async def varied(client, row) -> float:  # long and short episodes: some rows outlast the bound and are dropped
         await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=row["length"],
                                         extra_body={"ignore_eos": True})
@@ -243,7 +247,8 @@ def test_every_row_that_ran_is_accounted_with_what_it_generated():
     async def main():
         engines = [SimulatedEngine("sim-0", DecodeCost(step_base_s=1e-3, step_per_seq_s=0.0, max_num_seqs=4,
                                                        push_s=1e-3))]
-        settings = RunSettings(max_staleness=1, batch_size=2, total_steps=6, queue_in_process=True, rollout=SETTINGS)
+        settings = RunSettings(max_staleness=1, batch_size=2, total_steps=6, queue_in_process=True,
+                               rollout=dataclasses.replace(SETTINGS, stop_stale_rows=stop_stale_rows))
         run = await assemble(engines=engines, trainer=SimulatedTrainer(TrainCost(1e-4, 1e-3), 1),
                              service=service_on(engines), rollout_fn=varied, settings=settings,
                              sink=MetricsSink(None))
@@ -261,5 +266,93 @@ def test_every_row_that_ran_is_accounted_with_what_it_generated():
     assert len(trained) == 6 * 2 and all(r["episodes"] == SETTINGS.n and r["calls"] == SETTINGS.n for r in trained)
     assert sum(r["output_tokens"] for r in trained) == sum(step["rollout/output_tokens"] for step in result.history)
     stale = [r for r in records.values() if r["outcome"] == "too_stale"]
-    # a group dropped at hand-over keeps what it generated; a row stopped mid-call counts its completed calls only
-    assert any(r["episodes"] == SETTINGS.n and r["output_tokens"] > 0 for r in stale)
+    assert stale
+    if stop_stale_rows:  # stopped in their one call, once no later batch could take them: no completed call
+        assert all(r["calls"] == 0 and r["output_tokens"] == 0 for r in stale)
+    else:  # a group dropped at hand-over keeps what it generated
+        assert any(r["episodes"] == SETTINGS.n and r["output_tokens"] > 0 for r in stale)
+
+
+async def two_calls(client, row) -> float:
+    """A one-token call (its version is then known), then a long one."""
+    for max_tokens in (1, row["length"]):
+        await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=max_tokens,
+                                        extra_body={"ignore_eos": True})
+    return float(client.episode.id.endswith("/0"))
+
+
+class RecordingEngine(SimulatedEngine):
+    """A simulated engine that keeps every request it is given (to read their priorities)."""
+
+    def __init__(self, name: str, cost: DecodeCost) -> None:
+        super().__init__(name, cost)
+        self.requests = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return await super().generate(request)
+
+
+@pytest.mark.parametrize("taken_at, stopped", [(0, False), (1, True)])
+def test_a_row_only_the_batch_just_taken_could_train_stops_when_that_batch_is_taken(taken_at, stopped):
+    # k = 1, trainer at version 1: rows holding version-0 tokens are still trainable by the batch of version 1;
+    # once that batch is taken the next trains at version 2, which cannot take them
+    version = [0]
+
+    async def main():
+        engines = [SimulatedEngine("sim-0", COST)]
+        staleness = StalenessManager(1, 2, 4, version=lambda: version[0])
+        rollouter = Rollouter(two_calls, service_on(engines), MessageQueue(100), staleness, SETTINGS)
+        rollouter.start(rows(2, length=4000))
+        await asyncio.sleep(0.1)  # both rows are in their long call, with version-0 tokens on record
+        version[0] = 1
+        rollouter.on_version()  # the bound at version 1 still takes version 0: nothing stops
+        assert rollouter.rows_stopped_stale == 0
+        rollouter.on_batch_taken(taken_at)
+        await asyncio.sleep(0.01)
+        in_flight = await engines[0].num_in_flight()
+        outcomes = dict(rollouter.outcomes)
+        await rollouter.stop()
+        await engines[0].shutdown()
+        return rollouter, in_flight, outcomes
+
+    rollouter, in_flight, outcomes = run_virtual(main)
+    if stopped:
+        assert rollouter.rows_stopped_stale == 2 and in_flight == 0  # their engine slots are free at once
+        assert outcomes == {"row-0": RowOutcome.TOO_STALE, "row-1": RowOutcome.TOO_STALE}
+    else:
+        assert rollouter.rows_stopped_stale == 0 and in_flight == 2 * SETTINGS.n and outcomes == {}
+
+
+def test_each_request_carries_its_rows_oldest_token_version_as_its_priority():
+    version = [0]
+
+    async def main():
+        engines = [RecordingEngine("sim-0", COST)]
+        # k = 0, B = 2: rows 0 and 1 are admitted at version 0, rows 2 and 3 once the version moves
+        staleness = StalenessManager(0, 2, 4, version=lambda: version[0])
+        settings = dataclasses.replace(SETTINGS, stop_stale_rows=False)  # rows 0 and 1 go on generating
+        rollouter = Rollouter(two_calls, service_on(engines), MessageQueue(100), staleness, settings)
+        rollouter.start(rows(4, length=4000))
+        await asyncio.sleep(0.1)  # rows 0 and 1 are in their long calls
+        version[0] = 3  # admission opens for rows 2 and 3 at version 3, whose first call runs at version 0 still
+        rollouter.on_version()
+        await asyncio.sleep(0.01)  # they start: their one-token calls run on the engine's version-0 weights
+        await engines[0].pause(PauseMode.ABORT)  # a push: every call is resubmitted, its row older than it
+        await engines[0].update_weights({}, version=3)
+        await engines[0].resume()
+        await asyncio.sleep(0.1)
+        requests = list(engines[0].requests)
+        await rollouter.stop()
+        await engines[0].shutdown()
+        return requests
+
+    priorities: dict[str, list[int]] = {}
+    for request in run_virtual(main):
+        priorities.setdefault(request.request_id.split("/")[0], []).append(request.priority)
+    # rows 0 and 1: admitted at 0, then holding version-0 tokens; rows 2 and 3: admitted at version 3, their first
+    # calls sampled at version 0 (the engine had not been pushed yet), so their resubmissions rank by that
+    assert set(priorities) == {"row-0", "row-1", "row-2", "row-3"}
+    assert all(set(p) == {0} for row, p in priorities.items() if row in ("row-0", "row-1"))
+    for row in ("row-2", "row-3"):
+        assert priorities[row][:SETTINGS.n] == [3] * SETTINGS.n and set(priorities[row][SETTINGS.n:]) == {0}

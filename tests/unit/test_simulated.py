@@ -105,6 +105,29 @@ def test_recompute_freezes_prefills_again_after_the_push_and_labels_later_tokens
     assert finished_at == pytest.approx(0.308 + 5.0 + 0.25 + 0.033 + 0.695, abs=0.011)
 
 
+def test_a_freed_slot_goes_to_the_lowest_priority_value_first_in_arrival_order_among_equals():
+    one_slot = dataclasses.replace(STEADY, max_num_seqs=1)
+
+    async def main():
+        engine = SimulatedEngine("e", one_slot)
+        ended: list[str] = []
+
+        async def run(request_id: str, priority: int, max_tokens: int) -> None:
+            await engine.generate(GenerateRequest(request_id, (1, 2, 3), max_tokens, priority=priority))
+            ended.append(request_id)
+
+        tasks = [asyncio.create_task(run("holder", 0, 50))]
+        await asyncio.sleep(0.1)  # the holder runs; the others wait for its slot, in this order
+        for request_id, priority in (("young-1", 5), ("old", 1), ("young-2", 5), ("older", 0)):
+            tasks.append(asyncio.create_task(run(request_id, priority, 5)))
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        await engine.shutdown()
+        return ended
+
+    assert run_virtual(main) == ["holder", "older", "old", "young-1", "young-2"]
+
+
 def test_wait_drains_in_flight_requests_and_admits_nothing_new():
     async def main():
         engine = SimulatedEngine("e", STEADY)
@@ -268,6 +291,9 @@ def test_rows_whose_group_could_only_be_dropped_stop_generating_and_free_their_s
     assert stopping.max_staleness <= 1 and finishing.max_staleness <= 1
     # the slots of rows that could only be dropped go to fresh rows (simulated time: deterministic)
     assert stopping.samples_per_s > finishing.samples_per_s
+    for run in (stopping, finishing):  # the rows dropped are the long ones: the bound's length bias, measured
+        shares = run.dropped_share_by_length
+        assert len(shares) == 10 and sum(shares[:5]) == 0 < shares[-1]
 
 
 def test_when_training_is_the_bottleneck_generation_runs_only_as_far_ahead_as_keeps_it_fed():

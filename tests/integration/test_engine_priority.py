@@ -1,0 +1,61 @@
+"""The engine serves waiting requests by `GenerateRequest.priority` (vLLM's priority scheduling; real engine, tiny
+model): when every slot is taken, the slot freed next goes to the lowest value, not to the request that came first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+
+LONG = 1500  # tokens: the slot holders outlast the test (they are aborted at its end)
+
+
+def request(request_id: str, max_tokens: int, priority: int) -> GenerateRequest:
+    return GenerateRequest(request_id, (1, 2, 3), max_tokens, SamplingOptions(ignore_eos=True), priority=priority)
+
+
+async def wait_running(engine, request_ids: list[str], timeout_s: float = 120.0) -> None:
+    """Until each request has generated a token (it holds a slot)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        progress = await engine.in_flight_tokens()
+        if all(progress.get(request_id, 0) > 0 for request_id in request_ids):
+            return
+        assert time.monotonic() < deadline, f"the slot holders did not all start in {timeout_s:.0f} s"
+        await asyncio.sleep(0.05)
+
+
+async def wait_waiting(engine, request_id: str, timeout_s: float = 60.0) -> None:
+    """Until the engine holds the request (without a token: no slot is free)."""
+    deadline = time.monotonic() + timeout_s
+    while request_id not in (progress := await engine.in_flight_tokens()):
+        assert time.monotonic() < deadline, f"{request_id} never reached the engine"
+        await asyncio.sleep(0.01)
+    assert progress[request_id] == 0, f"{request_id} found a free slot: every slot should be held"
+
+
+async def test_a_freed_slot_goes_to_the_lowest_priority_value_not_to_the_first_come(engine):
+    slots = engine.config.max_num_seqs
+    # every slot held; one holder ends after 300 tokens, the others only when aborted
+    holders = [request(f"prio-hold-{i}", 300 if i == 0 else LONG, 0) for i in range(slots)]
+    holding = [asyncio.create_task(engine.generate(r)) for r in holders]
+    ended: list[str] = []
+
+    async def waiter(r: GenerateRequest) -> None:
+        await engine.generate(r)
+        ended.append(r.request_id)
+
+    try:
+        await wait_running(engine, [r.request_id for r in holders])
+        young = asyncio.create_task(waiter(request("prio-young", 4, 7)))  # first come, a younger row's
+        await wait_waiting(engine, "prio-young")
+        old = asyncio.create_task(waiter(request("prio-old", 4, 2)))  # after it, an older row's
+        await wait_waiting(engine, "prio-old")
+        assert not holding[0].done(), "the short holder ended before both waiters were queued: make it longer"
+        await asyncio.wait([young, old], return_when=asyncio.FIRST_COMPLETED, timeout=120)
+    finally:
+        await engine.abort([r.request_id for r in holders])
+        await asyncio.gather(*holding, return_exceptions=True)
+    await asyncio.wait_for(asyncio.gather(young, old), 120)
+    assert ended == ["prio-old", "prio-young"]
