@@ -5,7 +5,8 @@ of n = 8 trajectories with the `long-tail` lengths (P = 256 prompt tokens, respo
 at 2,048), while a ticker task on the same loop sleeps 5 ms at a time and records how much later than asked it
 wakes: the wait every reply and every gateway request would see — reported as the longest stall and the time spent
 in stalls over 20 ms (a percentile over ticks would hide a stall: a loop held for 6 s ticks once in those 6 s). Each
-mode runs twice, alternating, in one process.
+mode runs twice, alternating, in one process, with the garbage collector set as a run's driver sets it
+(`settled_heap`).
 
     .venv/bin/python bench/step_off_loop.py [--groups 128,1024]
 """
@@ -19,7 +20,8 @@ import random
 import time
 from collections.abc import Callable
 
-from fullasync.run.loop import off_loop
+from fullasync.offload import off_loop
+from fullasync.run.assemble import settled_heap
 from fullasync.trainer.batch import build_batch, shard_batch
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
@@ -79,7 +81,8 @@ def main() -> None:
     for count in (int(g) for g in args.groups.split(",")):
         groups = groups_of(count)
         for in_thread in (False, True, False, True):
-            took, waits = asyncio.run(measure(functools.partial(prepare, groups), in_thread))
+            with settled_heap():
+                took, waits = asyncio.run(measure(functools.partial(prepare, groups), in_thread))
             where = "worker thread (off_loop)" if in_thread else "on the loop"
             stalled = sum(wait for wait in waits if wait > STALL_S)
             print(f"| {count} × 8 | {where} | {took:.2f} | {1e3 * waits[-1]:.0f} | {stalled:.2f} | {len(waits)} |",

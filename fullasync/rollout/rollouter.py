@@ -40,9 +40,12 @@ from fullasync.types import Trajectory, TrajectoryGroup
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
 # loop iteration and hold every engine reply and gateway request behind them; the dispatcher rests this long
 # after each this many episodes started back to back, so the loop serves what is waiting in between
-# (bench/control_plane.py: loop lag at 8,192 episodes). Episodes wait for engine slots anyway.
-ADMISSION_BURST_EPISODES = 64
-ADMISSION_REST_S = 0.01
+# (bench/control_plane.py: loop lag at 8,192 episodes). Episodes wait for engine slots anyway. At most ~2,100
+# starts a second: an episode's first step costs the driver ~0.2 ms, so admission takes under half a core and the
+# loop keeps up with the replies beside it (6,400 a second took 1.2 cores for as long as 8,192 episodes were
+# admitted: a backlog of 0.2–0.7 s).
+ADMISSION_BURST_EPISODES = 32
+ADMISSION_REST_S = 0.015
 
 __all__ = ["EpisodeFailure", "RolloutCrashedError", "RolloutFn", "RolloutReport", "RolloutSettings", "Rollouter",
            "RowOutcome", "failure_reason"]

@@ -19,30 +19,20 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol
 
 from fullasync.logs import progress
 from fullasync.metrics import MetricsSink, format_line, step_stats
+from fullasync.offload import drop_piecewise, off_loop
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import BatchT, GroupQueue, Trainer
 from fullasync.types import JsonValue, TrajectoryGroup
 from fullasync.weight_sync import WeightSync
 
-T = TypeVar("T")
 QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crash elsewhere is noticed within seconds
 
 step_log = logging.getLogger("fullasync.steps")
-
-
-async def off_loop(function: Callable[..., T], *args: object) -> T:
-    """`function(*args)` in a worker thread, so that the loop serves every episode meanwhile: building and sharding
-    the train batch of 8,192 trajectories held the loop 5.9–6.8 s, a stall of every reply and gateway request; in a
-    thread the longest stall was 0.42–0.44 s (`bench/step_off_loop.py`). A loop that must run it in place says so
-    (`runs_blocking_inline`: the simulator's virtual clock, whose order of events must not hang on a thread)."""
-    if getattr(asyncio.get_running_loop(), "runs_blocking_inline", False):
-        return function(*args)
-    return await asyncio.to_thread(function, *args)
 
 
 def _now() -> float:
@@ -274,3 +264,5 @@ class TrainingLoop(Generic[BatchT]):
         self.sink.samples(result.steps, groups, version)
         step_log.info(format_line(result.steps, metrics),
                       extra=progress("steps", result.steps, self.total_steps) if self.total_steps else None)
+        del batch  # a trainer's batch may hold the groups (the simulated trainer's does)
+        await off_loop(drop_piecewise, groups)  # the step's trajectories freed beside the loop: ~0.1 s at 8,192

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
@@ -81,9 +82,6 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self._now = 0.0
         self.work: LoopWork | None = None  # each iteration's simulated time and CPU cost, once `record_work()`
         self.executor_jobs = 0  # calls running in worker threads (`asyncio.to_thread`): the clock waits for them
-        # `fullasync.run.loop.off_loop` runs its work in place here: which callbacks run while a worker thread
-        # holds the clock depends on the thread's real timing, and a simulation must replay the same way each time
-        self.runs_blocking_inline = True
         super().__init__(_VirtualSelector(selectors.DefaultSelector(), self))
 
     def time(self) -> float:
@@ -98,6 +96,18 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def _executor_job_done(self, _: asyncio.Future[Any]) -> None:
         self.executor_jobs -= 1
+
+    def run_blocking_inline(self, function: Callable[..., T], *args: object) -> T:
+        """`fullasync.offload.off_loop` on this loop: in place, because which callbacks would run while a worker thread
+        holds the clock depends on the thread's real timing, and a simulation must replay the same way each time. Its
+        CPU time is recorded as a worker thread's (`LoopWork.offload`), not as the iteration's."""
+        if self.work is None:
+            return function(*args)
+        started = time.thread_time()
+        try:
+            return function(*args)
+        finally:
+            self.work.offload(time.thread_time() - started)
 
     def advance(self, seconds: float) -> None:
         self._now += max(seconds, 0.0)

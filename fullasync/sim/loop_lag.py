@@ -21,10 +21,22 @@ without bound (the driver cannot keep up in real time). CPU time, not wall time:
 loop never blocks while work is pending, so the thread's CPU clock measures the callbacks' cost
 and leaves out the time other processes on a shared machine held the core. The record includes
 the simulated engines' callbacks (they run on the same loop): an upper bound on the driver's own.
+
+Work the driver hands to a worker thread (`fullasync.offload.off_loop`: the train batch, the step's statistics, the
+release of a trained batch) runs in place on the virtual clock but is recorded apart (`LoopWork.offload`) and
+replayed as a second job stream on the same interpreter lock: while both have work, each gets half the lock
+(the lock changes hands at the switch interval), and an event that becomes ready while the worker holds the lock
+waits one switch interval more. With loop backlog L and worker backlog W at time t, that is
+
+    lag(t)  = L + min(L, W) + (switch interval if W > 0)
+
+— the loop's backlog served at half speed for as long as the worker has work. No other core speeds either up:
+a conservative model of a thread whose long C calls release the lock.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from array import array
 
@@ -39,10 +51,16 @@ class LoopWork:
     def __init__(self) -> None:
         self.arrivals = array("d")  # simulated time each iteration ran at
         self.stamps = array("d")  # the thread's CPU clock at the start of each iteration's callbacks
+        self.offloaded: dict[int, float] = {}  # iteration → CPU seconds of its work that a worker thread would run
 
     def tick(self, now: float) -> None:
         self.arrivals.append(now)
         self.stamps.append(time.thread_time())
+
+    def offload(self, cpu_s: float) -> None:
+        """Part of the current iteration's CPU time was work a real run does in a worker thread."""
+        iteration = len(self.stamps) - 1
+        self.offloaded[iteration] = self.offloaded.get(iteration, 0.0) + cpu_s
 
     def mark(self) -> int:
         """Iterations completed so far (to cut a window out of the record)."""
@@ -59,22 +77,40 @@ def tick_cost_s(samples: int = 20_000) -> float:
     return (time.thread_time() - started) / samples
 
 
-def replayed_lag(work: LoopWork, first: int, last: int, every_s: float) -> list[float]:
-    """`lag(t)` of the module docstring, at every `every_s` of simulated time over iterations first..last."""
-    arrivals, stamps = work.arrivals, work.stamps
+def replayed_lag(work: LoopWork, first: int, last: int, every_s: float,
+                 switch_s: float | None = None) -> list[float]:
+    """`lag(t)` of the module docstring, at every `every_s` of simulated time over iterations first..last
+    (`switch_s`: the interpreter's switch interval, `sys.getswitchinterval()` unless given)."""
+    arrivals, stamps, offloaded = work.arrivals, work.stamps, work.offloaded
     if last <= first:
         return []
+    switch_s = sys.getswitchinterval() if switch_s is None else switch_s
     samples: list[float] = []
     t, end = arrivals[first], arrivals[last - 1]
-    free = arrivals[first]
+    now, loop, worker = arrivals[first], 0.0, 0.0
     i = first
     while t < end:
         while i < last and arrivals[i] <= t:
-            free = max(arrivals[i], free) + stamps[i + 1] - stamps[i]
+            loop, worker = _served(loop, worker, arrivals[i] - now)
+            now = arrivals[i]
+            off = offloaded.get(i, 0.0)
+            loop += max(0.0, stamps[i + 1] - stamps[i] - off)
+            worker += off
             i += 1
-        samples.append(max(0.0, free - t))
+        loop, worker = _served(loop, worker, t - now)
+        now = t
+        samples.append(loop + min(loop, worker) + (switch_s if worker > 0.0 else 0.0))
         t += every_s
     return samples
+
+
+def _served(loop: float, worker: float, seconds: float) -> tuple[float, float]:
+    """Backlogs after `seconds` on one lock: shared half and half while both have work, then whole."""
+    both = min(seconds, 2.0 * min(loop, worker))
+    loop, worker, seconds = loop - both / 2.0, worker - both / 2.0, seconds - both
+    if loop > 0.0:
+        return max(0.0, loop - seconds), worker
+    return 0.0, max(0.0, worker - seconds)
 
 
 def percentile(samples: list[float], fraction: float) -> float:

@@ -38,6 +38,44 @@ def test_replay_queues_iterations_on_one_server_and_samples_the_backlog():
     assert replayed_lag(record, 2, 2, 0.1) == []
 
 
+def test_work_a_run_hands_to_a_worker_thread_shares_the_lock_with_the_loop():
+    # 0.2 s of worker-thread work at t = 0, a 0.05 s loop iteration at t = 0.1, switch interval 5 ms
+    record = work([0.0, 0.1, 1.0], [0.2, 0.05, 0.01])
+    record.offloaded[0] = 0.2
+    lags = replayed_lag(record, 0, 3, every_s=0.1, switch_s=0.005)
+    # t = 0: nothing of the loop's, one switch interval behind the worker; t = 0.1: the 0.05 s at half speed
+    # (the worker still has 0.1 s), then a switch; t = 0.2: both half-served for 0.1 s, the worker has 0.05 s left
+    assert lags[:4] == pytest.approx([0.005, 0.105, 0.005, 0.0])
+    assert lags[4:] == pytest.approx([0.0] * (len(lags) - 4))
+    whole = work([0.0, 0.1, 1.0], [0.2, 0.05, 0.01])  # the same work on the loop: 0.2 s behind it at t = 0
+    assert replayed_lag(whole, 0, 3, every_s=0.1, switch_s=0.005)[:3] == pytest.approx([0.2, 0.15, 0.05])
+
+
+def test_off_loop_runs_in_place_on_the_virtual_loop_and_records_its_cpu_as_a_workers():
+    from fullasync.offload import off_loop
+
+    async def main() -> tuple[LoopWork, int]:
+        record = asyncio.get_running_loop().record_work()
+        await asyncio.sleep(1.0)
+        total = await off_loop(sum, range(300_000))
+        await asyncio.sleep(1.0)
+        return record, total
+
+    record, total = run_virtual(main)
+    assert total == sum(range(300_000))
+    [(iteration, cpu_s)] = record.offloaded.items()
+    assert cpu_s > 0 and record.arrivals[iteration] == pytest.approx(1.0)
+    assert record.stamps[iteration + 1] - record.stamps[iteration] >= cpu_s
+
+
+def test_drop_piecewise_empties_every_list_it_is_given():
+    from fullasync.offload import drop_piecewise
+
+    first, second = [object() for _ in range(5)], [[1, 2], [3]]
+    drop_piecewise(first, second)
+    assert first == [] and second == []
+
+
 def test_the_virtual_loop_records_each_iteration_at_its_simulated_time():
     async def main() -> LoopWork:
         record = asyncio.get_running_loop().record_work()
