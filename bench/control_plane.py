@@ -13,7 +13,8 @@ point (C concurrent episodes on E engines) it measures over the steady-state win
                       up with the engines in real time (> 1: it cannot)
     loop lag p99    = 99th percentile over time of how long a callback that becomes ready waits,
                       replaying each loop iteration's measured CPU time at its simulated time
-                      (`fullasync.sim.loop_lag`), sampled every `--lag-every` simulated seconds
+                      (`fullasync.sim.loop_lag`; work handed to a worker thread shares the
+                      interpreter lock beside it), sampled every `--lag-every` simulated seconds
 
 Workload: the `long-tail` response lengths (lognormal, median 256, σ 1, mean ≈ 401 tokens), P = 256,
 n = 8; E engines with C / E sequences each, C / n rows running (`running_rows_per_capacity = 1`),
@@ -133,6 +134,9 @@ def render(results: list[tuple[Point, SimResult]], command: str, elapsed_s: floa
         "Driver CPU: process CPU time in the window less the simulated engines' own event handling. "
         "Driver load: driver CPU per simulated second (the cores it needs to keep pace in real time). "
         "Loop lag: each loop iteration's CPU time replayed at its simulated time on a single server (the loop), "
+        "the work a run hands to a worker thread (the train batch, the step's statistics, the release of a trained "
+        "batch) on the same interpreter lock beside it (half the lock each while both have work, one switch interval "
+        "more for an event that becomes ready meanwhile), "
         f"the wait of an event becoming ready, sampled every {results[0][1].spec.lag_sample_s:g} simulated seconds "
         f"({min(row(p, r)['lag_samples'] for p, r in results)}+ samples per point); it includes the simulated "
         "engines' callbacks.",

@@ -1,8 +1,9 @@
-"""Work in proportion to a batch, kept off the driver's event loop.
+"""Keeping the driver's event loop responsive: work in proportion to a batch off the loop, bursts spread.
 
 Owns: `off_loop` (run a function in a worker thread, or in place on a loop that must, such as the simulator's
-virtual clock) and `drop_piecewise` (release a large structure an item at a time). Does not own: what the work is
-(the training loop, the trainer's batch).
+virtual clock), `drop_piecewise` (release a large structure an item at a time) and `Pacer` (at most so many starts
+per interval, however many tasks ask at once). Does not own: what the work is (the training loop, the trainer's
+batch, admission, resubmission).
 
 Why both: a worker thread shares the interpreter lock with the loop, and the lock changes hands only between
 bytecodes, at the switch interval. A single C call that runs long keeps it: freeing the sequences of 8,192
@@ -37,3 +38,34 @@ def drop_piecewise(*collections: list[Any]) -> None:
     for items in collections:
         while items:
             items.pop()
+
+
+class Pacer:
+    """At most `burst` units of work start per `rest_s` of the loop's clock, across every task that asks: a burst of
+    thousands (episodes admitted after a push, generations resubmitted after one) is spread over windows instead of
+    running in one loop iteration ahead of every reply. Each caller sleeps once, until its window (no polling); the
+    units past a full window carry over to the next."""
+
+    def __init__(self, burst: int, rest_s: float) -> None:
+        if burst < 1 or rest_s <= 0:
+            raise ValueError(f"Pacer(burst={burst}, rest_s={rest_s}): needs burst >= 1 and rest_s > 0")
+        self.burst, self.rest_s = burst, rest_s
+        self._window = float("-inf")  # start of the window being filled
+        self._used = 0  # units started in it
+
+    def delay(self, units: int = 1) -> float:
+        """Seconds until `units` more may start (0.0: now); reserves them."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._window + self.rest_s:  # the last window is over: a new one opens now
+            self._window, self._used = now, 0
+        while self._used >= self.burst:
+            self._window += self.rest_s
+            self._used -= self.burst
+        self._used += units
+        return max(0.0, self._window - now)
+
+    async def turn(self, units: int = 1) -> None:
+        """Wait for the window in which `units` more may start."""
+        wait = self.delay(units)
+        if wait > 0.0:
+            await asyncio.sleep(wait)

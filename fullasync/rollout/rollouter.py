@@ -30,6 +30,7 @@ from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
 from fullasync.errors import FailureKind
 from fullasync.metrics import HARNESS_METRICS_KEY
+from fullasync.offload import Pacer
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
@@ -305,21 +306,17 @@ class Rollouter:
     async def _dispatch(self, rows: Iterator[tuple[str, Any]], row_tasks: asyncio.TaskGroup) -> None:
         """Admit rows in dataset order, each as soon as admission allows it, and start its task; a burst of
         admissions is spread out (`ADMISSION_BURST_EPISODES`)."""
-        burst = 0  # episodes started since the dispatcher last waited or rested
+        pacer = Pacer(ADMISSION_BURST_EPISODES, ADMISSION_REST_S)
         for row_id, row in rows:
             if self.ledger.skip(row_id):
                 continue
+            await pacer.turn(self.settings.n)
             while not (self._admitting and self.staleness.try_start()):
                 self._wake.clear()
-                burst = 0
                 await self._wake.wait()
             record = self.ledger.add(row_id, row)
             record.admitted_version = self.staleness.version()
             record.task = row_tasks.create_task(self._run_row(record), name=f"row-{row_id}")
-            burst += self.settings.n - len(record.finished)
-            if burst >= ADMISSION_BURST_EPISODES:
-                burst = 0
-                await asyncio.sleep(ADMISSION_REST_S)
         left = self.ledger.unstarted_resumed()
         if left:
             raise ValueError(f"{len(left)} row(s) the checkpoint had running are not in the dataset "

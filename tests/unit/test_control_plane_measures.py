@@ -68,14 +68,6 @@ def test_off_loop_runs_in_place_on_the_virtual_loop_and_records_its_cpu_as_a_wor
     assert record.stamps[iteration + 1] - record.stamps[iteration] >= cpu_s
 
 
-def test_drop_piecewise_empties_every_list_it_is_given():
-    from fullasync.offload import drop_piecewise
-
-    first, second = [object() for _ in range(5)], [[1, 2], [3]]
-    drop_piecewise(first, second)
-    assert first == [] and second == []
-
-
 def test_the_virtual_loop_records_each_iteration_at_its_simulated_time():
     async def main() -> LoopWork:
         record = asyncio.get_running_loop().record_work()
