@@ -12,7 +12,8 @@ trainer + install in the engine), and the hop of one trajectory group through th
 
     .venv/bin/python bench/e2e_cpu.py [--steps 16] [--rounds 2] [--modes MODE,...]
 
-MODE is one of sync, one_step_off, fully_async, fully_async+partial (default: all of them).
+MODE is one of sync, one_step_off, fully_async, fully_async+partial, fully_async+partial+engine (default: all
+of them).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ MODES = {
     "one_step_off": dict(mode="one_step_off"),
     "fully_async": dict(mode="fully_async", partial_rollout=False),
     "fully_async+partial": dict(mode="fully_async", partial_rollout=True),
+    # the same, an interrupted generation prefilled again by the engine under the new weights (nothing resubmitted)
+    "fully_async+partial+engine": dict(mode="fully_async", partial_rollout=True, partial_rollout_resume="engine"),
 }
 
 
@@ -103,10 +106,13 @@ async def run(args: argparse.Namespace) -> dict:
     rows = {}
     try:
         # one unrecorded short run first, so that no mode pays the first-use costs (compilation, allocators)
-        warm = RunConfig(total_steps=2, output_dir="outputs/bench-e2e/warm-up", **MODES["fully_async+partial"])
+        # a fresh output directory for every run: a run resumes from the checkpoint it finds in its directory, so a
+        # second round (or invocation) in the same one would return the first's result without training
+        runs_dir = f"outputs/bench-e2e/{time.strftime('%Y%m%d-%H%M%S')}"
+        warm = RunConfig(total_steps=2, output_dir=f"{runs_dir}/warm-up", **MODES["fully_async+partial"])
         await AsyncAgentTrainer(warm, val_dataset=[]).train_async(engines=[engine], trainer=trainer)
         for round_, name in ((r, m) for r in range(args.rounds) for m in args.modes):  # interleaved: drift hits all
-            config = RunConfig(total_steps=args.steps, output_dir=f"outputs/bench-e2e/{name}", **MODES[name])
+            config = RunConfig(total_steps=args.steps, output_dir=f"{runs_dir}/{name}-{round_}", **MODES[name])
             run_ = AsyncAgentTrainer(config, val_dataset=[])
             result = await run_.train_async(engines=[engine], trainer=trainer)
             history = result.history

@@ -189,6 +189,7 @@ class RowLedger:
 
     def __init__(self, keep_tracebacks: int) -> None:
         self.outcomes: dict[str, RowOutcome] = {}
+        self._counts: Counter[RowOutcome] = Counter()  # of `outcomes`, kept as they change: read every step
         self.sizes: dict[str, RowSize] = {}  # what each row generated, set when it stops running
         self.running: dict[str, RunningRow] = {}
         self.trained_twice: list[str] = []  # must stay empty: a row's group is trained at most once
@@ -230,8 +231,12 @@ class RowLedger:
             self._busy_since = None
 
     def mark(self, row_id: str, outcome: RowOutcome) -> None:
-        if outcome is RowOutcome.TRAINED and self.outcomes.get(row_id) is RowOutcome.TRAINED:
+        previous = self.outcomes.get(row_id)
+        if outcome is RowOutcome.TRAINED and previous is RowOutcome.TRAINED:
             self.trained_twice.append(row_id)
+        if previous is not None:
+            self._counts[previous] -= 1
+        self._counts[outcome] += 1
         self.outcomes[row_id] = outcome
 
     def unstarted_resumed(self) -> list[str]:
@@ -254,7 +259,8 @@ class RowLedger:
                 for row_id, size in self.sizes.items() if row_id in self.outcomes]
 
     def outcome_counts(self) -> dict[str, int]:
-        return dict(Counter(outcome.value for outcome in self.outcomes.values()))
+        """Rows per outcome (O(outcomes), not O(rows): the training loop reads it every step)."""
+        return {outcome.value: count for outcome, count in self._counts.items() if count}
 
     def idle_fraction(self) -> float:
         """Share of the time since the ledger was made with no row generating."""
@@ -282,6 +288,7 @@ class RowLedger:
     def restore(self, state: RolloutState) -> None:
         """Take over `state`'s ledger and failure counts; its running rows wait to be reached in the stream."""
         self.outcomes = {row_id: RowOutcome(outcome) for row_id, outcome in state.outcomes.items()}
+        self._counts = Counter(self.outcomes.values())
         self.failures.count = state.episode_failures
         self.failures.reasons = Counter(state.failure_reasons)
         self.failures.kinds = Counter(state.failure_kinds)

@@ -79,7 +79,7 @@ class RolloutReport:
     """The rollouter's account so far: the row ledger, failures by reason, and how busy it was."""
 
     outcome_counts: dict[str, int]
-    row_outcomes: dict[str, str]
+    row_outcomes: dict[str, str]  # row id -> RowOutcome value; empty in a report asked for without rows
     trained_twice: list[str]  # must stay empty: a row's group is trained at most once
     episode_failures: int
     failure_reasons: dict[str, int]
@@ -247,11 +247,13 @@ class Rollouter:
             self.staleness.release()
         self._wake.set()
 
-    def report(self) -> RolloutReport:
+    def report(self, rows: bool = True) -> RolloutReport:
+        """The account so far; `rows=False` leaves out the outcome of every row (`row_outcomes` empty), which grows
+        with the run: the training loop reports every step without it."""
         ledger = self.ledger
         return RolloutReport(
             outcome_counts=ledger.outcome_counts(),
-            row_outcomes={row_id: outcome.value for row_id, outcome in ledger.outcomes.items()},
+            row_outcomes={row_id: outcome.value for row_id, outcome in ledger.outcomes.items()} if rows else {},
             trained_twice=list(ledger.trained_twice),
             episode_failures=ledger.failures.count,
             failure_reasons=dict(ledger.failures.reasons), failure_kinds=dict(ledger.failures.kinds),

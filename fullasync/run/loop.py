@@ -58,7 +58,7 @@ class RolloutControl(Protocol):
 
     def on_batch_request(self, ready: int) -> None: ...  # the trainer asked for a batch; `ready` groups waited
 
-    def report(self) -> RolloutReport: ...
+    def report(self, rows: bool = True) -> RolloutReport: ...  # rows=False: without the per-row outcomes
 
 
 @dataclass
@@ -233,7 +233,7 @@ class TrainingLoop(Generic[BatchT]):
         metrics.update(await batch_stats)
         result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
         stats = await self.queue.stats()
-        report = self.rollouter.report()
+        report = self.rollouter.report(rows=False)  # every step: the per-row map grows with the run
         elapsed = _now() - started
         metrics.update({
             "version": float(timing.version),

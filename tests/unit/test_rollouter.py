@@ -8,6 +8,7 @@ and an episode context that records what it was asked for.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 
@@ -356,3 +357,20 @@ def test_each_request_carries_its_rows_oldest_token_version_as_its_priority():
     assert all(set(p) == {0} for row, p in priorities.items() if row in ("row-0", "row-1"))
     for row in ("row-2", "row-3"):
         assert priorities[row][:SETTINGS.n] == [3] * SETTINGS.n and set(priorities[row][SETTINGS.n:]) == {0}
+
+
+def test_outcome_counts_follow_every_change_of_a_rows_outcome_and_a_restore():
+    from fullasync.rollout.ledger import RowLedger
+
+    ledger = RowLedger(keep_tracebacks=1)
+    for i in range(5):
+        ledger.mark(f"row-{i}", RowOutcome.QUEUED)
+    ledger.mark("row-0", RowOutcome.TRAINED)
+    ledger.mark("row-1", RowOutcome.TOO_STALE)
+    ledger.mark("row-0", RowOutcome.TRAINED)  # twice: counted once, reported as trained twice
+    expected = {"queued": 3, "trained": 1, "too_stale": 1}
+    assert ledger.outcome_counts() == expected and ledger.trained_twice == ["row-0"]
+    assert ledger.outcome_counts() == dict(collections.Counter(o.value for o in ledger.outcomes.values()))
+    restored = RowLedger(keep_tracebacks=1)
+    restored.restore(ledger.snapshot({}))
+    assert restored.outcome_counts() == expected
