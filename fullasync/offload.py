@@ -3,10 +3,10 @@
 Owns: `off_loop` (run a function in a worker thread, or in place on a loop that must, such as the simulator's
 virtual clock), `drop_piecewise` (release a large structure an item at a time) and `Pacer` (at most so many starts
 per interval, however many tasks ask at once). Does not own: what the work is (the training loop, the trainer's
-batch, admission, resubmission).
+batch, the rollouter's admission).
 
-Why both: a worker thread shares the interpreter lock with the loop, and the lock changes hands only between
-bytecodes, at the switch interval. A single C call that runs long keeps it: freeing the sequences of 8,192
+Why release piecewise: a worker thread shares the interpreter lock with the loop, and the lock changes hands only
+between bytecodes, at the switch interval. A single C call that runs long keeps it: freeing the sequences of 8,192
 trajectories with their list is ~20 M references released in one call (~0.1 s). Emptying the list one pop at a time
 lets the thread hand the lock over between pops (`bench/step_off_loop.py`: the loop's longest stall beside a
 1,024 × 8 batch build, 10–11 ms).
@@ -42,8 +42,8 @@ def drop_piecewise(*collections: list[Any]) -> None:
 
 class Pacer:
     """At most `burst` units of work start per `rest_s` of the loop's clock, across every task that asks: a burst of
-    thousands (episodes admitted after a push, generations resubmitted after one) is spread over windows instead of
-    running in one loop iteration ahead of every reply. Each caller sleeps once, until its window (no polling); the
+    thousands (the episodes a push admits at once) is spread over windows instead of running in one loop iteration
+    ahead of every reply. Each caller sleeps once, until its window (no polling); the
     units past a full window carry over to the next."""
 
     def __init__(self, burst: int, rest_s: float) -> None:

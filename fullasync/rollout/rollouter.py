@@ -39,8 +39,8 @@ from fullasync.rollout.state import RolloutState
 from fullasync.types import Trajectory, TrajectoryGroup
 
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
-# loop iteration and hold every engine reply and gateway request behind them; the dispatcher rests this long
-# after each this many episodes started back to back, so the loop serves what is waiting in between
+# loop iteration and hold every engine reply and gateway request behind them; the dispatcher starts at most this
+# many episodes per this interval (`Pacer`), so the loop serves what is waiting in between
 # (bench/control_plane.py: loop lag at 8,192 episodes). Episodes wait for engine slots anyway. At most ~2,100
 # starts a second: an episode's first step costs the driver ~0.2 ms, so admission takes under half a core and the
 # loop keeps up with the replies beside it (6,400 a second took 1.2 cores for as long as 8,192 episodes were

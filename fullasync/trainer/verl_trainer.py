@@ -13,7 +13,6 @@ logical GPU is needed. On GPU each rank reserves one GPU.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -25,6 +24,7 @@ import torch
 
 from fullasync.engines.platform import is_cpu_platform
 from fullasync.engines.protocol import NamedTensors
+from fullasync.offload import off_loop
 from fullasync.trainer.batch import TrainBatch, build_batch, shard_batch
 from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
@@ -91,8 +91,8 @@ class VerlTrainer:
         divided by `config.temperature`, as the rollout sampled.
         """
         workers = self._require_started()
-        sharded = await asyncio.to_thread(shard_batch, batch, len(workers.actors), 1, self.config.micro_batch_size,
-                                          self._pad_token_id)  # off the loop: ~0.6 s at 8,192 trajectories
+        sharded = await off_loop(shard_batch, batch, len(workers.actors), 1, self.config.micro_batch_size,
+                                 self._pad_token_id)  # off the loop: ~0.6 s at 8,192 trajectories
         results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in sharded.shards]), "log_probs")
         logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
         for shard, shard_logprobs in zip(sharded.shards, results, strict=True):
@@ -121,8 +121,8 @@ class VerlTrainer:
             warnings.warn("VerlTrainer.train_step without trainer_version: version gaps are counted from the "
                           "newest sampled token, which underestimates them for the loglinear proximal; pass "
                           "the weight version the trainer holds", UserWarning, stacklevel=2)
-        sharded = await asyncio.to_thread(shard_batch, batch, len(workers.actors), config.mini_batches,
-                                          config.micro_batch_size, self._pad_token_id)
+        sharded = await off_loop(shard_batch, batch, len(workers.actors), config.mini_batches,
+                                 config.micro_batch_size, self._pad_token_id)
         per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version) for s in sharded.shards]
         results = await workers.wait(workers.submit_each("train", per_rank), "train")
         self.step += 1
