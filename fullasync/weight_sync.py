@@ -3,8 +3,9 @@
 Owns: which engines get which version, and the push's timing. A push is one transaction of its
 `WeightTransport` (`start_weight_update` → `update_weights` per engine → `finish_weight_update`); with
 the default `ObjectStoreTransport` each engine runs pause → update → resume itself in one call
-(`Engine.install`, one round trip per engine per push); engines install concurrently and each resumes as soon
-as it holds the new weights, checked by checksums of a sample of the pushed tensors against what it serves
+(`Engine.install`, one round trip per engine per push); engines install concurrently (an ABORT push starts them
+paced by the requests each interrupts, which all come back to the driver) and each resumes as soon as it holds the
+new weights, checked by checksums of a sample of the pushed tensors against what it serves
 (`engines/weight_digests.py`). An engine never serves from a failed load: it stays paused until a retry
 succeeds or it restarts. The version is published only when every live engine holds it: an engine whose
 install fails twice is declared dead and restarts from scratch with the new version (or, without restarts, the
@@ -26,10 +27,17 @@ from dataclasses import dataclass, field
 from fullasync.engines.protocol import Engine, InstallTiming, PauseMode, WeightsPayload
 from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
 from fullasync.errors import EngineDiedError, WeightPushError
+from fullasync.offload import Pacer
 
 log = logging.getLogger("fullasync")
 
 INSTALL_ATTEMPTS = 2  # a failed install is tried once more before its engine is replaced (or the push fails)
+# An ABORT push returns every interrupted generation to the driver, which takes it in and, once its engine resumes,
+# sends it again (~70-90 µs of the loop each, bench/control_plane.py): 2,400 of them at one instant stalled the loop
+# 0.1-0.2 s at the pause and again at the resume. Engines start their install at most this many interrupted requests
+# per window (an engine with more takes the windows it needs), so both bursts are spread by engine.
+ABORT_BURST_REQUESTS = 64
+ABORT_REST_S = 0.010
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class WeightSync:
     """Installs successive weight versions on a fixed set of engines."""
 
     def __init__(self, engines: Sequence[Engine], mode: PauseMode = PauseMode.ABORT, version: int = 0,
-                 restart_on_failure: bool = False, transport: WeightTransport | None = None) -> None:
+                 restart_on_failure: bool = False, transport: WeightTransport | None = None,
+                 in_flight: Callable[[str], int] | None = None) -> None:
         if not engines:
             raise ValueError("WeightSync needs at least one engine")
         self.engines = list(engines)
@@ -63,6 +72,7 @@ class WeightSync:
         self.restarts = 0  # engines restarted so far
         self.failed_installs = 0  # engines declared dead because they could not install a push
         self.transport: WeightTransport = transport if transport is not None else ObjectStoreTransport()
+        self.in_flight = in_flight  # requests running on an engine, by name: paces the installs of an ABORT push
         self._latest: WeightsPayload | None = None  # the weights of `version` (None: the engines' own initial weights)
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None  # a restart that failed ends the run
@@ -94,7 +104,9 @@ class WeightSync:
             live = [e for e in self.engines if e.death is None]
             start = clock()
             await self.transport.start_weight_update(weights, new_version)
-            timings = await self._on_each(live, lambda e: self._install_on(e, new_version))
+            pacer = (Pacer(ABORT_BURST_REQUESTS, ABORT_REST_S)
+                     if self.mode is PauseMode.ABORT and self.in_flight is not None else None)
+            timings = await self._on_each(live, lambda e: self._install_on(e, new_version, pacer))
             await self.transport.finish_weight_update(new_version)
             self.version, self._latest = new_version, weights  # published: every live engine holds it
             wall = clock() - start
@@ -104,11 +116,14 @@ class WeightSync:
                                 max((t.update_s for t in timings), default=0.0),
                                 max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases))
 
-    async def _install_on(self, engine: Engine, version: int) -> InstallTiming | None:
-        """Install the started push on `engine`. A failure other than its death (a transfer that broke off, tensors
-        served otherwise than pushed) is tried once more — the engine stays paused in between, serving nothing
+    async def _install_on(self, engine: Engine, version: int, pacer: Pacer | None = None) -> InstallTiming | None:
+        """Install the started push on `engine`, in its turn of `pacer` (as many units as the requests it interrupts).
+        A failure other than its death (a transfer that broke off, tensors served otherwise than pushed) is tried
+        once more — the engine stays paused in between, serving nothing
         loaded in part; failing again, the engine is declared dead so that it restarts from scratch with this
         version (`restart_on_failure`), or the push fails naming it. None: the engine is left to its restart."""
+        if pacer is not None and self.in_flight is not None:
+            await pacer.turn(max(1, self.in_flight(engine.name)))
         for attempt in range(1, INSTALL_ATTEMPTS + 1):
             try:
                 return await self.transport.update_weights(engine, version, self.mode)

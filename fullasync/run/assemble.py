@@ -305,7 +305,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
     """Wire one run on engines and a trainer that the caller started (and will stop)."""
     check_rollout_fn(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
-                             restart_on_failure=settings.restart_engines)
+                             restart_on_failure=settings.restart_engines, in_flight=service.router.load)
     # admission counts the versions of this run only (a resumed run: from its first run's start)
     staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
                                  version=lambda: weight_sync.version - weight_sync.start_version,

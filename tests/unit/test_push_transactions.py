@@ -5,6 +5,11 @@ fail its installs (the edge)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
+from fullasync import weight_sync
 from fullasync.engines.protocol import PauseMode
 from fullasync.errors import WeightPushError
 from fullasync.sim.clock import run_virtual
@@ -100,3 +105,37 @@ def test_a_tensor_parallel_engine_on_cpu_binds_each_worker_to_its_own_cores():
     assert cpu_tensor_parallel_binding(2, cpus=[0, 1]) == "0|1"
     assert cpu_tensor_parallel_binding(2, cpus=[4, 5, 6, 7, 8]) == "4,5|6,7"  # equal groups; the odd core idle
     assert cpu_tensor_parallel_binding(4, cpus=[0, 1]) == "nobind"  # fewer cores than workers: they share them
+
+
+class RecordsPause(SimulatedEngine):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, COST)
+        self.paused_at: float | None = None
+
+    async def pause(self, mode: PauseMode) -> None:
+        self.paused_at = asyncio.get_running_loop().time()
+        await super().pause(mode)
+
+
+def pause_times(mode: PauseMode, in_flight: dict[str, int]) -> list[float | None]:
+    """When each engine paused for one push, with `in_flight` requests running on each (as the router counts)."""
+    async def main():
+        engines = [RecordsPause(name) for name in in_flight]
+        await WeightSync(engines, mode, in_flight=in_flight.__getitem__).push({"w": 1})
+        return [e.paused_at for e in engines]
+
+    return run_virtual(main)
+
+
+def test_an_abort_push_starts_engines_window_by_window_by_the_requests_it_interrupts():
+    burst, rest = weight_sync.ABORT_BURST_REQUESTS, weight_sync.ABORT_REST_S
+    # the first engine alone fills more than a window (its excess counts in the next); the next three start in the
+    # following window, which the fourth overfills, so the fifth starts in the window after
+    counts = {"a": burst + 10, "b": 1, "c": burst // 2, "d": burst, "e": 0}
+    assert pause_times(PauseMode.ABORT, counts) == pytest.approx([0.0, rest, rest, rest, 2 * rest])
+
+
+def test_a_push_that_interrupts_nothing_on_the_driver_starts_every_engine_at_once():
+    counts = {name: 10 * weight_sync.ABORT_BURST_REQUESTS for name in "abc"}
+    assert pause_times(PauseMode.RECOMPUTE, counts) == [0.0, 0.0, 0.0]  # the engine resumes them itself
+    assert pause_times(PauseMode.WAIT, counts) == [0.0, 0.0, 0.0]
