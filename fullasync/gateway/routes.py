@@ -35,7 +35,8 @@ def _error(message: str, status: int, param: str | None = None, code: str | None
     return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
 
 
-async def _read_json(gateway: Gateway, request: Request) -> Any:
+async def _read_json(gateway: Gateway, request: Request) -> tuple[bytes, Any]:
+    """The body as sent, and parsed."""
     raw = await request.body()
     if len(raw) > gateway.max_body_bytes:
         raise OverflowError(f"request body of {len(raw)} bytes exceeds the gateway limit of {gateway.max_body_bytes}")
@@ -47,7 +48,7 @@ async def _read_json(gateway: Gateway, request: Request) -> Any:
         raise InvalidRequestError("the request body nests objects or lists too deeply") from None
     if not isinstance(body, dict):
         raise InvalidRequestError(f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return raw, body
 
 
 def _json(obj: Any) -> str:
@@ -115,7 +116,7 @@ def build_app(gateway: Gateway) -> Starlette:
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found")
         try:
-            body = await _read_json(gateway, request)
+            raw, body = await _read_json(gateway, request)
         except OverflowError as error:
             return _error(str(error), 413, code="request_too_large")
         except InvalidRequestError as error:
@@ -139,7 +140,7 @@ def build_app(gateway: Gateway) -> Starlette:
             else:
                 production.add(_json(result).encode())
 
-        request_key = Deliveries.request_key(kind, body, request.headers.get("idempotency-key"))
+        request_key = Deliveries.request_key(kind, raw, stream, request.headers.get("idempotency-key"))
         production = gateway.deliveries.production(key, episode.client, request_key, produce)
         if stream:
             started = await production.started()

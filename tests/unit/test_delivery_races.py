@@ -57,3 +57,14 @@ def test_a_request_still_running_when_its_episode_ends_is_stopped_counted_as_end
     assert answer is not None and answer.finished and answer.chunks == []  # the route answers "episode ended"
     assert production.task.cancelled()
     assert (deliveries.ended_calls, deliveries.abandoned_calls) == (1, 0)  # not a call a harness walked away from
+
+
+def test_requests_are_the_same_by_their_idempotency_key_else_by_their_bytes():
+    body = b'{"model": "policy", "messages": [{"role": "user", "content": "hi"}]}'
+    key = Deliveries.request_key
+    assert key("chat", body, False, None) == key("chat", bytes(body), False, None)  # a retry sends the same bytes
+    assert key("chat", body, False, None) != key("chat", body.replace(b"hi", b"ho"), False, None)
+    assert key("chat", body, False, None) != key("completions", body, False, None)
+    # the header decides alone, but a streamed and a JSON request are never one production
+    assert key("chat", body, False, "k1") == key("chat", b"{}", False, "k1") != key("chat", body, True, "k1")
+    assert key("chat", body, False, "k1") != key("chat", body, False, None)
