@@ -104,9 +104,8 @@ class WeightSync:
             live = [e for e in self.engines if e.death is None]
             start = clock()
             await self.transport.start_weight_update(weights, new_version)
-            pacer = (Pacer(ABORT_BURST_REQUESTS, ABORT_REST_S)
-                     if self.mode is PauseMode.ABORT and self.in_flight is not None else None)
-            timings = await self._on_each(live, lambda e: self._install_on(e, new_version, pacer))
+            turn = self._abort_turns()
+            timings = await self._on_each(live, lambda e: self._install_on(e, new_version, turn))
             await self.transport.finish_weight_update(new_version)
             self.version, self._latest = new_version, weights  # published: every live engine holds it
             wall = clock() - start
@@ -116,14 +115,24 @@ class WeightSync:
                                 max((t.update_s for t in timings), default=0.0),
                                 max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases))
 
-    async def _install_on(self, engine: Engine, version: int, pacer: Pacer | None = None) -> InstallTiming | None:
-        """Install the started push on `engine`, in its turn of `pacer` (as many units as the requests it interrupts).
-        A failure other than its death (a transfer that broke off, tensors served otherwise than pushed) is tried
-        once more — the engine stays paused in between, serving nothing
-        loaded in part; failing again, the engine is declared dead so that it restarts from scratch with this
-        version (`restart_on_failure`), or the push fails naming it. None: the engine is left to its restart."""
-        if pacer is not None and self.in_flight is not None:
-            await pacer.turn(max(1, self.in_flight(engine.name)))
+    def _abort_turns(self) -> Callable[[Engine], Awaitable[None]] | None:
+        """For an ABORT push with in-flight counts: waits for each engine's turn, one pacer unit per request it
+        interrupts (`ABORT_BURST_REQUESTS`); None: every engine starts at once."""
+        in_flight = self.in_flight
+        if self.mode is not PauseMode.ABORT or in_flight is None:
+            return None
+        pacer = Pacer(ABORT_BURST_REQUESTS, ABORT_REST_S)
+        return lambda engine: pacer.turn(max(1, in_flight(engine.name)))
+
+    async def _install_on(self, engine: Engine, version: int,
+                          turn: Callable[[Engine], Awaitable[None]] | None = None) -> InstallTiming | None:
+        """Install the started push on `engine`, after its `turn` when given. A failure other than its death (a
+        transfer that broke off, tensors served otherwise than pushed) is tried once more — the engine stays paused
+        in between, serving nothing loaded in part; failing again, the engine is declared dead so that it restarts
+        from scratch with this version (`restart_on_failure`), or the push fails naming it. None: the engine is left
+        to its restart."""
+        if turn is not None:
+            await turn(engine)
         for attempt in range(1, INSTALL_ATTEMPTS + 1):
             try:
                 return await self.transport.update_weights(engine, version, self.mode)
