@@ -72,6 +72,17 @@ class MessageQueue:
             self._total_put += 1
             self._changed.notify_all()
 
+    async def give_back(self, groups: list[TrajectoryGroup]) -> None:
+        """Return groups a `get` handed over and the trainer did not take (a step binding its last groups late
+        keeps the oldest it was offered). They go back at once, past `max_size` if the rollouter filled the
+        room meanwhile: the trainer must never wait on its own queue."""
+        async with self._changed:
+            for group in groups:
+                self._groups.append((oldest_version(group), self._arrivals, group))
+                self._arrivals += 1
+            self._total_got -= len(groups)
+            self._changed.notify_all()
+
     def _drop_too_stale(self, oldest_allowed: int, dropped_row_ids: list[str]) -> None:
         if any(oldest < oldest_allowed for oldest, _, _ in self._groups):
             for oldest, _, group in self._groups:

@@ -201,6 +201,11 @@ class Rollouter:
         if self.settings.stop_stale_rows:
             self._stop_stale_rows(version + 1 - self.staleness.max_staleness, hold_slots=True)
 
+    def last_chance_rows(self, version: int) -> int:
+        """Running rows that only the batch trained at `version` can take (a token of theirs is older than the
+        next batch accepts): a step that binds its last groups late leaves them this many places."""
+        return len(self.ledger.stale_rows(version + 1 - self.staleness.max_staleness))
+
     def _stop_stale_rows(self, oldest_allowed: int, hold_slots: bool = False) -> None:
         """Cancel the running rows holding a token older than `oldest_allowed`: the bound only moves forward,
         so their groups could only be dropped; the engine slots they hold go to other rows. `hold_slots`: their

@@ -92,6 +92,7 @@ class RunSettings:
     admission: str = "episodes"  # how a running row counts toward max_running_rows (see StalenessManager)
     hand_over: str = "oldest"  # queue hand-over order (see MessageQueue)
     generate_ahead: str = RunConfig.generate_ahead  # adaptive lead or the bound's (see StalenessManager)
+    bind_late: bool = RunConfig.bind_late  # a step takes its last groups when the trainer reaches them (TrainingLoop)
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
     restart_engines: bool = False  # restart engines declared dead, with the current weights
     engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
@@ -111,7 +112,8 @@ class RunSettings:
         return cls(
             max_staleness=config.staleness, batch_size=config.rollout.batch_size, total_steps=config.total_steps,
             rollout=RolloutSettings(**shared_settings(config.rollout, RolloutSettings)),
-            push_mode=config.push_mode, generate_ahead=config.generate_ahead, val_every=config.val_every,
+            push_mode=config.push_mode, generate_ahead=config.generate_ahead, bind_late=config.bind_late,
+            val_every=config.val_every,
             val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
             join_identical_requests=config.rollout.join_identical_requests,
@@ -165,7 +167,7 @@ class Run:
             checkpoint_every=checkpoints.every if checkpoints is not None else 0,
             save_model=self.save_model if checkpoints is not None and checkpoints.hf_every else None,
             save_model_every=checkpoints.hf_every if checkpoints is not None else 0,
-            more_stats=gateway.stats if gateway is not None else None,
+            more_stats=gateway.stats if gateway is not None else None, bind_late=settings.bind_late,
         )
 
     def request_stop(self, reason: str) -> None:

@@ -11,7 +11,7 @@ Does not own: the queue's logic (`fullasync.queue`) or training (`fullasync.trai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast, runtime_checkable
 
 from fullasync.engines.protocol import WeightsPayload
@@ -33,6 +33,8 @@ class GroupQueue(Protocol):
 
     async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch: ...
 
+    async def give_back(self, groups: list[TrajectoryGroup]) -> None: ...  # handed over, not taken: back at once
+
     async def stats(self) -> QueueStats: ...
 
     async def snapshot(self) -> list[TrajectoryGroup]: ...  # the queued groups, left in place
@@ -50,7 +52,12 @@ class Trainer(Protocol[BatchT]):
 
     def build_batch(self, groups: Sequence[TrajectoryGroup]) -> BatchT: ...
 
-    async def train_step(self, batch: BatchT, trainer_version: int | None = None) -> Mapping[str, float]: ...
+    @property
+    def binds_late(self) -> bool: ...  # whether `train_step` can take the last part of its batch when it reaches it
+
+    async def train_step(self, batch: BatchT, trainer_version: int | None = None,
+                         late: Callable[[], Awaitable[BatchT]] | None = None) -> Mapping[str, float]: ...
+    # `late`: the rest of the batch, asked for (once) after `batch` is worked through; one update over both
 
     async def export_weights(self) -> WeightsPayload: ...  # the current policy, for `WeightSync.push`
 
@@ -89,6 +96,9 @@ class RayGroupQueue:
     async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
         return await self._bounded(self.actor.get.remote(count, trainer_version, max_staleness, timeout_s), "get",
                                    timeout_s + self.call_timeout_s)
+
+    async def give_back(self, groups: list[TrajectoryGroup]) -> None:
+        await self._bounded(self.actor.give_back.remote(groups), "give_back", self.call_timeout_s)
 
     async def stats(self) -> QueueStats:
         return await self._bounded(self.actor.stats.remote(), "stats", self.call_timeout_s)

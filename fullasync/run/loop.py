@@ -9,6 +9,7 @@ and the trainer through `Trainer`. Does not own: generation, storage, the update
     while not done:
         batch = await queue.get(B, version, k)        # trainer idle while waiting
         metrics = await trainer.train_step(trainer.build_batch(batch.groups), version)
+        # (a last-chance step trains its oldest groups first and takes its last ones when it reaches them)
         await weight_sync.push(await trainer.export_weights())   # version += 1
         rollouter.on_trained(batch.groups); rollouter.on_version()
 """
@@ -24,6 +25,7 @@ from typing import Generic, Protocol
 from fullasync.logs import progress
 from fullasync.metrics import MetricsSink, format_line, step_stats
 from fullasync.offload import drop_piecewise, off_loop
+from fullasync.queue import oldest_version
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import BatchT, GroupQueue, Trainer
@@ -55,6 +57,8 @@ class RolloutControl(Protocol):
     def on_version(self) -> None: ...  # admission may open
 
     def on_batch_taken(self, version: int) -> None: ...  # rows that only the batch just taken could train stop
+
+    def last_chance_rows(self, version: int) -> int: ...  # running rows only the batch at `version` can train
 
     def on_batch_request(self, ready: int) -> None: ...  # the trainer asked for a batch; `ready` groups waited
 
@@ -107,11 +111,14 @@ class TrainingLoop(Generic[BatchT]):
                  validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
                  checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object]] | None = None,
                  checkpoint_every: int = 0, save_model: Callable[[int], Awaitable[object]] | None = None,
-                 save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None) -> None:
+                 save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None,
+                 bind_late: bool = True) -> None:
         """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained); it runs
         every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`.
         `save_model(step)` writes the policy for use elsewhere (a Hugging Face folder) every `save_model_every`
-        steps. `more_stats()`: counts of other components for each step's metrics (the gateway's)."""
+        steps. `more_stats()`: counts of other components for each step's metrics (the gateway's). `bind_late`: a
+        step whose batch is the last chance for rows still running trains its oldest groups first and takes its
+        last ones when the trainer reaches them (`_late_places`), where the trainer can (`Trainer.binds_late`)."""
         self.trainer = trainer
         self.rollouter = rollouter
         self.queue = queue
@@ -127,6 +134,7 @@ class TrainingLoop(Generic[BatchT]):
         self.save_model = save_model
         self.save_model_every = save_model_every
         self.more_stats = more_stats
+        self.bind_late = bind_late
         self.result = LoopResult()
         self.stop_requested = False
         self._idle_s = 0.0
@@ -217,20 +225,57 @@ class TrainingLoop(Generic[BatchT]):
         self._idle_s += _now() - waited
         return groups
 
+    def _late_places(self, version: int, batch_groups: int) -> int:
+        """How many of this step's groups to take only when the trainer reaches them: as many as rows still
+        running can be trained by no later batch, at most half the batch. Those rows get the time the trainer
+        spends on the first part to finish in, instead of being dropped at the next hand-over."""
+        if not (self.bind_late and self.trainer.binds_late) or batch_groups < 2:
+            return 0
+        return min(self.rollouter.last_chance_rows(version), batch_groups // 2)
+
+    async def _bind_late(self, held: list[TrajectoryGroup], version: int) -> list[TrajectoryGroup]:
+        """The step's last `len(held)` groups: the oldest of `held` and of what finished meanwhile (the rows
+        that only this batch can train come first); the others go back to the queue for the next step."""
+        got = await self.queue.get(len(held), version, self.max_staleness, 0.0)
+        if got.dropped_row_ids:
+            self.rollouter.on_dropped(got.dropped_row_ids)
+        offered = sorted(held + got.groups, key=oldest_version)  # stable: the held ones came first
+        taken, back = offered[: len(held)], offered[len(held):]
+        if back:
+            await self.queue.give_back(back)
+        return taken
+
     async def _step(self, groups: list[TrajectoryGroup], started: float) -> None:
         result = self.result
         version = self.weight_sync.version
-        self.rollouter.on_batch_taken(version)
-        # the work in proportion to the batch runs off the loop, the statistics beside the train step
-        batch = await off_loop(self.trainer.build_batch, groups)
-        batch_stats = asyncio.ensure_future(off_loop(step_stats, groups, version))
-        metrics = dict(await self.trainer.train_step(batch, version))
+        late = self._late_places(version, len(groups))
+        batch_stats: list[asyncio.Future[dict[str, float]]] = []  # computed beside the train step, off the loop
+
+        def taken(final: list[TrajectoryGroup]) -> None:
+            self.rollouter.on_batch_taken(version)
+            batch_stats.append(asyncio.ensure_future(off_loop(step_stats, final, version)))
+
+        if late:
+            groups, held = groups[:-late], groups[-late:]  # handed over oldest first: the youngest wait
+
+            async def take_late() -> BatchT:
+                second = await self._bind_late(held, version)
+                groups.extend(second)
+                taken(groups)
+                return await off_loop(self.trainer.build_batch, second)
+
+            batch = await off_loop(self.trainer.build_batch, groups)  # in proportion to the batch: off the loop
+            metrics = dict(await self.trainer.train_step(batch, version, take_late))
+        else:
+            taken(groups)
+            batch = await off_loop(self.trainer.build_batch, groups)
+            metrics = dict(await self.trainer.train_step(batch, version))
         timing = await self.weight_sync.push(await self.trainer.export_weights())
         self.rollouter.on_trained(groups)
         self.rollouter.on_version()
         result.steps += 1
         result.trained_samples += sum(len(g.trajectories) for g in groups)
-        metrics.update(await batch_stats)
+        metrics.update(await batch_stats[0])
         result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
         stats = await self.queue.stats()
         report = self.rollouter.report(rows=False)  # every step: the per-row map grows with the run

@@ -78,6 +78,7 @@ class SimSpec:
     peer: PeerPolicy | None = None  # another framework's admission/queue/push rules instead of ours (sim.peers)
     lag_sample_s: float = 0.0  # > 0: record the loop's work; sample its replayed lag every this many simulated s
     stop_stale_rows: bool = True  # RolloutSettings.stop_stale_rows (peers turn it off: they train those rows)
+    bind_late: bool = True  # RunSettings.bind_late (peers turn it off: their batches are taken whole)
 
     def run_config(self) -> RunConfig:
         # RunConfig.validate() would also resolve the (real) trainer's registry names against verl;
@@ -274,7 +275,8 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
         PauseMode(spec.pause_mode) if spec.pause_mode else config.push_mode,
         rollout=RolloutSettings(n=n, max_running_rows=max_running, episode_timeout_s=1e9,
                                 stop_stale_rows=spec.stop_stale_rows),
-        admission=spec.admission, hand_over=spec.hand_over, generate_ahead=spec.generate_ahead, queue_in_process=True)
+        admission=spec.admission, hand_over=spec.hand_over, generate_ahead=spec.generate_ahead, queue_in_process=True,
+        bind_late=spec.bind_late)
     run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=_rollout_fn(workload, counters),
                          settings=settings, sink=sink)
     if peer is not None:

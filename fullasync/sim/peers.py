@@ -302,6 +302,7 @@ def install(run: Any, policy: PeerPolicy, batch: int) -> None:
         run.loop.weight_sync = SyncEvery(run.weight_sync, policy.steps_per_sync)
     admission, queue = policy.components(run, batch)
     run.rollouter.settings = replace(run.rollouter.settings, stop_stale_rows=False)  # they train those
+    run.loop.bind_late = False  # their batches are taken whole
     run.rollouter.staleness = admission
     run.queue = run.rollouter.queue = run.loop.queue = queue
 

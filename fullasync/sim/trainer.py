@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,15 +84,28 @@ class SimulatedTrainer:
             tokens=sum(sequence_tokens(t) for g in groups for t in g.trajectories),
         )
 
-    async def train_step(self, batch: SimulatedBatch, trainer_version: int | None = None) -> dict[str, float]:
-        seconds = self.cost.step_s(batch.tokens, self.num_devices)
-        await asyncio.sleep(seconds)
+    @property
+    def binds_late(self) -> bool:
+        return True
+
+    async def train_step(self, batch: SimulatedBatch, trainer_version: int | None = None,
+                         late: Callable[[], Awaitable[SimulatedBatch]] | None = None) -> dict[str, float]:
+        """`batch`'s share of the step's time, then (with `late`) the rest's; the fixed overhead once, at the end
+        (the optimizer step)."""
+        parts = [batch]
+        await asyncio.sleep(self.cost.per_token_device_s * batch.tokens / self.num_devices)
+        if late is not None:
+            parts.append(await late())
+            await asyncio.sleep(self.cost.per_token_device_s * parts[-1].tokens / self.num_devices)
+        await asyncio.sleep(self.cost.step_overhead_s)
+        tokens = sum(part.tokens for part in parts)
+        seconds = self.cost.step_s(tokens, self.num_devices)
         self.step += 1
-        self.trained_rows += [group.row_id for group in batch.groups]
+        self.trained_rows += [group.row_id for part in parts for group in part.groups]
         self.time.train_s += seconds
         self.time.steps += 1
-        self.time.tokens += batch.tokens
-        return {"train/tokens": float(batch.tokens), "train/step_s": seconds}
+        self.time.tokens += tokens
+        return {"train/tokens": float(tokens), "train/step_s": seconds}
 
     async def export_weights(self) -> NamedTensors:
         return {}  # simulated engines hold no weights: a push only moves the version

@@ -155,6 +155,16 @@ def build_batch(
     return batch
 
 
+def loss_normaliser(batch: TrainBatch, loss_agg_mode: str) -> float:
+    """What verl's loss divides `batch`'s summed loss by (one update over it, every rank together): its trained
+    tokens for token-mean, its sequences for the seq-mean modes, nothing (1) for token-sum."""
+    if loss_agg_mode == "token-mean":
+        return float(batch.num_trained_tokens)
+    if loss_agg_mode.startswith("seq-mean"):
+        return float(batch.num_sequences)
+    return 1.0
+
+
 def trajectory_advantages(
     per_trajectory: Sequence[Sequence[TrainingSequence]],
     rewards: Sequence[float],

@@ -19,6 +19,7 @@ from fullasync.config_fields import section, setting
 from fullasync.placement import check_ray_resources
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+GROUP_LOCAL_ESTIMATORS = ("grpo", "rloo", "grpo_passk")  # advantages from the group alone: a batch may come in parts
 MODEL_DTYPES = ("fp32", "bf16")
 PADDING_FREE = ("auto", "on", "off")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed

@@ -279,7 +279,7 @@ class CorrectedPolicyLoss:
     recomputed proximal log-probs, or the behaviour ones when nothing is recomputed), and the
     non-tensor `trainer_version`; without it the newest sampled version of the micro-batch is
     taken (exact on-policy; an underestimate of every gap otherwise). While `recording` is set,
-    statistics accumulate in `stats` until `drain()`.
+    statistics accumulate in `stats` until `drain()`. The loss is multiplied by `scale`.
     """
 
     def __init__(self, config: TrainerConfig, actor_config: Any) -> None:
@@ -289,6 +289,7 @@ class CorrectedPolicyLoss:
         self._ppo_loss = partial(ppo_loss, config=actor_config)
         self.recording = False
         self.stats = CorrectionStats()
+        self.scale = 1.0  # the loss is multiplied by this (a step in parts, `worker.StepPart.loss_scale`)
 
     def __call__(self, model_output: dict[str, torch.Tensor], data: Any, dp_group: Any = None) -> tuple[Any, dict]:
         from verl.utils import tensordict_utils as tu
@@ -313,7 +314,8 @@ class CorrectedPolicyLoss:
         patched["old_log_probs"] = corrected.old_log_probs
         if corrected.weights is not None:
             patched["rollout_is_weights"] = corrected.weights
-        return self._ppo_loss(model_output=model_output, data=patched, dp_group=dp_group)
+        loss, metrics = self._ppo_loss(model_output=model_output, data=patched, dp_group=dp_group)
+        return (loss * self.scale if self.scale != 1.0 else loss), metrics
 
     def drain(self) -> CorrectionStats:
         """The statistics recorded since the last drain (and a fresh accumulator)."""

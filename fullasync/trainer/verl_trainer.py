@@ -17,7 +17,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -25,10 +25,10 @@ import torch
 from fullasync.engines.platform import is_cpu_platform
 from fullasync.engines.protocol import NamedTensors
 from fullasync.offload import off_loop
-from fullasync.trainer.batch import TrainBatch, build_batch, shard_batch
-from fullasync.trainer.config import TrainerConfig
+from fullasync.trainer.batch import TrainBatch, build_batch, loss_normaliser, shard_batch
+from fullasync.trainer.config import GROUP_LOCAL_ESTIMATORS, TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
-from fullasync.trainer.worker import RankStepResult, WorkerSpec
+from fullasync.trainer.worker import WHOLE_STEP, RankStepResult, StepPart, WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
 
@@ -100,7 +100,8 @@ class VerlTrainer:
             logprobs[shard.row_index[real]] = shard_logprobs[real]
         return logprobs
 
-    async def train_step(self, batch: TrainBatch, trainer_version: int | None = None) -> dict[str, float]:
+    async def train_step(self, batch: TrainBatch, trainer_version: int | None = None,
+                         late: Callable[[], Awaitable[TrainBatch]] | None = None) -> dict[str, float]:
         """One training step on `batch`: proximal (and reference) log-probs, then corrected verl updates.
 
         `trainer_version` is the weight version the trainer holds now (the version the engines
@@ -112,7 +113,7 @@ class VerlTrainer:
         correction's statistics (`correction/...`, see `corrections.CorrectionStats`), plus
         batch and timing figures.
         """
-        workers = self._require_started()
+        self._require_started()
         started = time.perf_counter()
         config = self.config
         version = _trainer_version(batch, trainer_version)
@@ -121,14 +122,42 @@ class VerlTrainer:
             warnings.warn("VerlTrainer.train_step without trainer_version: version gaps are counted from the "
                           "newest sampled token, which underestimates them for the loglinear proximal; pass "
                           "the weight version the trainer holds", UserWarning, stacklevel=2)
-        sharded = await off_loop(shard_batch, batch, len(workers.actors), config.mini_batches,
-                                 config.micro_batch_size, self._pad_token_id)
-        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version) for s in sharded.shards]
-        results = await workers.wait(workers.submit_each("train", per_rank), "train")
+        if late is None:
+            results = [await self._train_part(batch, version, WHOLE_STEP)]
+            parts, weights = [batch], [1.0]
+        else:
+            if not self.binds_late:
+                raise ValueError("this trainer makes several updates per step (ppo_epochs × mini_batches) or whitens "
+                                 "advantages over the batch: it cannot take its batch in parts")
+            first = await self._train_part(batch, version, StepPart(last=False))
+            second_batch = await late()
+            n1, n2 = (loss_normaliser(part, config.loss_agg_mode) for part in (batch, second_batch))
+            total = n1 + n2
+            summed = config.loss_agg_mode == "token-sum"  # a sum: the parts' gradients simply add up
+            second = await self._train_part(second_batch, _trainer_version(second_batch, trainer_version), StepPart(
+                first=False, earlier_scale=1.0 if summed else n1 / total, loss_scale=1.0 if summed else n2 / total))
+            results, parts, weights = [first, second], [batch, second_batch], [n1 / total, n2 / total]
         self.step += 1
-        metrics = _combine_rank_metrics(results)
-        metrics.update(_batch_metrics(batch), step=float(self.step), step_time_s=time.perf_counter() - started)
+        metrics = _combine_parts(results, weights)
+        metrics.update(_batch_metrics(parts), step=float(self.step), step_time_s=time.perf_counter() - started)
         return metrics
+
+    @property
+    def binds_late(self) -> bool:
+        """Whether `train_step` can take the last part of its batch late: one update per step, and advantages
+        that need only their own group (a batch-wide whitening would see half a batch)."""
+        config = self.config
+        return (config.ppo_epochs == 1 and config.mini_batches == 1
+                and config.advantage_estimator in GROUP_LOCAL_ESTIMATORS)
+
+    async def _train_part(self, batch: TrainBatch, version: int, part: StepPart) -> list[RankStepResult]:
+        workers = self._require_started()
+        config = self.config
+        sharded = await off_loop(shard_batch, batch, len(workers.actors), config.mini_batches,
+                                 config.micro_batch_size, self._pad_token_id)  # off the loop: ~0.6 s at 8,192
+        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version, part)
+                    for s in sharded.shards]
+        return list(await workers.wait(workers.submit_each("train", per_rank), "train"))
 
     async def export_weights(self) -> ObjectRef[NamedTensors]:
         """A Ray object reference to {HF name: CPU tensor} of the current policy, `lm_head.weight` included.
@@ -202,32 +231,49 @@ def _trainer_version(batch: TrainBatch, trainer_version: int | None) -> int:
     return int(trainer_version)
 
 
-def _combine_rank_metrics(results: list[RankStepResult]) -> dict[str, float]:
-    """verl's loss metrics are already reduced over ranks (rank 0's copy); log-prob gaps and correction sums here."""
-    ranks = [r.metrics for r in results]
-    metrics = {k: v for k, v in ranks[0].items() if not k.startswith("logprob_gap_")}
+LAST_PART_METRICS = ("grad_norm", "grad_norm_max", "lr", "num_updates")  # of the update, made by the last part
+SUMMED_METRICS = ("logprob_time_s", "update_time_s")
+
+
+def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> dict[str, float]:
+    """One step's metrics from its parts' rank results (one part unless the batch was taken in two).
+
+    verl's loss metrics are already reduced over ranks (rank 0's copy); a part's weight is its share of the
+    loss normaliser. Log-prob gaps and the correction's statistics are summed over every rank and part."""
+    per_part = [{k: v for k, v in results[0].metrics.items() if not k.startswith("logprob_gap_")} for results in parts]
+    metrics: dict[str, float] = {}
+    for name in {name for part in per_part for name in part}:
+        values = [(part[name], weight) for part, weight in zip(per_part, weights, strict=True) if name in part]
+        if name in LAST_PART_METRICS:
+            metrics[name] = values[-1][0]
+        elif name in SUMMED_METRICS:
+            metrics[name] = sum(max(r.metrics[name] for r in results) for results in parts)
+        else:
+            metrics[name] = sum(value * weight for value, weight in values) / sum(weight for _, weight in values)
+    results = [result for part in parts for result in part]
     stats = CorrectionStats()
     for result in results:
         stats.merge(result.correction_stats)
     metrics.update(stats.metrics())
+    ranks = [r.metrics for r in results]
     tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in ranks)
     if tokens:
         metrics["logprob_gap_mean"] = sum(r["logprob_gap_sum"] for r in ranks) / tokens
         metrics["logprob_gap_max"] = max(r["logprob_gap_max"] for r in ranks)
-    metrics["logprob_time_s"] = max(r["logprob_time_s"] for r in ranks)
-    metrics["update_time_s"] = max(r["update_time_s"] for r in ranks)
     return metrics
 
 
-def _batch_metrics(batch: TrainBatch) -> dict[str, float]:
-    mask = batch.response_mask.bool()
-    sampled_versions = batch.versions[mask]
+def _batch_metrics(parts: list[TrainBatch]) -> dict[str, float]:
+    masks = [part.response_mask.bool() for part in parts]
+    sampled_versions = torch.cat([part.versions[mask] for part, mask in zip(parts, masks, strict=True)])
+    advantages = torch.cat([part.advantages[mask] for part, mask in zip(parts, masks, strict=True)])
+    rewards = torch.cat([part.rewards for part in parts])
     return {
-        "num_sequences": float(batch.num_sequences),
-        "num_trained_tokens": float(batch.num_trained_tokens),
-        "reward_mean": float(batch.rewards.mean()),
-        "advantage_abs_mean": float(batch.advantages[mask].abs().mean()) if mask.any() else 0.0,
-        "min_sampled_version": float(sampled_versions.min()) if mask.any() else -1.0,
+        "num_sequences": float(sum(part.num_sequences for part in parts)),
+        "num_trained_tokens": float(sum(part.num_trained_tokens for part in parts)),
+        "reward_mean": float(rewards.mean()),
+        "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+        "min_sampled_version": float(sampled_versions.min()) if sampled_versions.numel() else -1.0,
     }
 
 

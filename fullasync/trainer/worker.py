@@ -66,6 +66,24 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class StepPart:
+    """Where a `train` call stands in its step. A step whose batch is taken in two parts (the last groups bound
+    when the trainer reaches them, `TrainingLoop._late_places`) makes one update over both: the first part zeroes
+    the gradients and does not step; the second first rescales what the first accumulated and steps. With N the
+    step's loss normaliser (tokens for token-mean, sequences for the seq-mean modes) and N₁, N₂ the parts', the
+    first part's gradient (normalised by N₁) is scaled by N₁/N and the second's loss by N₂/N: the sum is the
+    gradient of the whole batch normalised by N, the same update as one call on both parts."""
+
+    first: bool = True  # zero the gradients before it
+    last: bool = True  # clip, step the optimizer (and the LR scheduler) after it
+    earlier_scale: float = 1.0  # the gradients accumulated by the earlier part are multiplied by this first
+    loss_scale: float = 1.0  # this part's loss is multiplied by this
+
+
+WHOLE_STEP = StepPart()
+
+
+@dataclass(frozen=True)
 class RankStepResult:
     """What one rank's `train` returns: its metrics and its share of the correction's statistics."""
 
@@ -160,8 +178,9 @@ class TrainerWorker:
         return self._infer(self._set_up()[0], shard)
 
     def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int],
-              trainer_version: int) -> RankStepResult:
-        """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates.
+              trainer_version: int, part: StepPart = WHOLE_STEP) -> RankStepResult:
+        """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates (with
+        `part` not whole: its share of one update, which needs one epoch of one mini-batch).
 
         Block j of `shard` (rows_per_block rows) is this rank's part of mini-batch j;
         `sequences_per_mini_batch[j]` is mini-batch j's real size over all ranks (the
@@ -179,6 +198,9 @@ class TrainerWorker:
         prepared = time.perf_counter()
         updates = []
         num_updates = config.ppo_epochs * config.mini_batches
+        if part != WHOLE_STEP and num_updates != 1:
+            raise ValueError(f"a step in parts makes one update; this trainer makes {num_updates} per step "
+                             "(ppo_epochs × mini_batches)")
         loss.drain()
         for update in range(num_updates):
             block = update % config.mini_batches
@@ -186,7 +208,7 @@ class TrainerWorker:
             loss.recording = update < config.mini_batches  # each sampled token counted once
             updates.append(self._update(policy, shard.select(rows), {k: v[rows] for k, v in extra.items()},
                                         sequences_per_mini_batch[block], trainer_version,
-                                        last=update == num_updates - 1))
+                                        last=update == num_updates - 1, part=part))
         loss.recording = False
         metrics = _mean_over_updates(updates)
         metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
@@ -257,22 +279,62 @@ class TrainerWorker:
         return response_logprobs(output, data)
 
     def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int,
-                trainer_version: int, last: bool) -> dict[str, float]:
+                trainer_version: int, last: bool, part: StepPart) -> dict[str, float]:
+        """verl's `TrainingWorker.train_batch` for one update (or its `part`): zero the gradients, forward and
+        backward over the micro-batches, clip and step, the LR scheduler after the step's last update."""
         from verl.utils import tensordict_utils as tu
 
         from fullasync.trainer.verl_setup import to_tensordict
 
-        data = to_tensordict(
-            block,
-            self.spec.config.temperature,
-            extra,
-            calculate_entropy=True,
-            global_batch_size=sequences,
-            update_lr_scheduler=last,
-            trainer_version=trainer_version,
-        )
-        output = policy.train_batch(data)
-        return _reduce_metrics(tu.get(output, "metrics"))
+        data = to_tensordict(block, self.spec.config.temperature, extra, calculate_entropy=True,
+                             global_batch_size=sequences, trainer_version=trainer_version,
+                             **_engine_keys(policy))
+        engine = policy.engine
+        tu.maybe_fix_3d_position_ids(data)
+        started = time.perf_counter()
+        loss = self._set_up()[1]
+        loss.scale = part.loss_scale
+        try:
+            with engine.train_mode(zero_grad_on_exit=part.last):  # a first part's gradients wait for the second
+                if part.first:
+                    engine.optimizer_zero_grad()
+                else:
+                    _scale_gradients(_fsdp_module(policy), part.earlier_scale)
+                output = engine.forward_backward_batch(data, loss_function=loss, forward_only=False)
+                if part.last:
+                    output["metrics"]["grad_norm"] = engine.optimizer_step()
+        finally:
+            loss.scale = 1.0
+        if last and part.last:
+            output["metrics"]["lr"] = engine.lr_scheduler_step()
+        output.pop("model_output", None)
+        reported = policy._postprocess_output(output, global_token_num=tu.get(data, key="global_token_num"),
+                                              delta_time=time.perf_counter() - started, forward_only=False,
+                                              images_seqlens=None)
+        metrics = _reduce_metrics(tu.get(reported, "metrics"))
+        if "loss" in metrics:
+            metrics["loss"] /= part.loss_scale  # the part's own loss; the trainer weighs the parts
+        return metrics
+
+
+def _engine_keys(policy: TrainingWorker) -> dict[str, Any]:
+    """The engine settings verl's `TrainingWorker.train_batch` puts on a batch that does not carry them."""
+    engine_config = policy.engine_config
+    return {
+        "use_remove_padding": policy.model_config.get("use_remove_padding", False),
+        "use_dynamic_bsz": engine_config.use_dynamic_bsz,
+        "max_token_len_per_gpu": engine_config.max_token_len_per_gpu,
+        "micro_batch_size_per_gpu": engine_config.micro_batch_size_per_gpu,
+        "use_fused_kernels": engine_config.use_fused_kernels,
+    }
+
+
+def _scale_gradients(module: torch.nn.Module, factor: float) -> None:
+    """Multiply every accumulated gradient (this rank's shards) by `factor`."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.grad is not None:
+                parameter.grad.mul_(factor)
 
 
 def _fsdp_module(policy: TrainingWorker) -> torch.nn.Module:

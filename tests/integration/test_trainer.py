@@ -197,3 +197,44 @@ async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tin
         assert torch.allclose(await trainer.compute_logprobs(batch), batch_hf_logprobs(trained, batch), atol=1e-5)
     finally:
         await trainer.shutdown()
+
+
+@pytest.mark.parametrize(("loss_agg_mode", "num_workers"), [("token-mean", 2), ("seq-mean-token-sum", 1)])
+async def test_a_batch_taken_in_two_parts_makes_the_same_update_as_taken_whole(ray_cluster, tiny_model_path, tmp_path,
+                                                                               loss_agg_mode, num_workers):
+    """The loop binds a step's last groups late (`TrainingLoop._late_places`): the trainer works through the first
+    part, then takes the rest; the one update over both must be the update of the whole batch. The parts are
+    unequal (10 and 5 tokens, 4 and 2 sequences), so a part left unscaled would move the gradient."""
+    config = TrainerConfig(lr=1e-2, micro_batch_size=1, num_workers=num_workers, worker_num_cpus=0.25,
+                           worker_threads=1, loss_agg_mode=loss_agg_mode, kl_coef=0.05, correction="decoupled",
+                           proximal="recompute", call_timeout_s=120)
+    trainer = VerlTrainer(tiny_model_path, config)
+    await trainer.start()
+    try:
+        assert trainer.binds_late
+        groups = groups_for(None, rewards=((1.0, 0.0), (0.0, 1.0), (0.25, 0.75)))  # stale behaviour log-probs
+        start = await (await trainer.export_weights())
+        await trainer.save_state(str(tmp_path / "start"))
+        whole = await trainer.train_step(trainer.build_batch(groups), trainer_version=1)
+        whole_weights = await (await trainer.export_weights())
+        await trainer.load_state(str(tmp_path / "start"))
+        assert torch.equal((await (await trainer.export_weights()))["model.norm.weight"], start["model.norm.weight"])
+        asked = []
+
+        async def rest():
+            asked.append(True)
+            return trainer.build_batch(groups[2:])
+
+        parts = await trainer.train_step(trainer.build_batch(groups[:2]), trainer_version=1, late=rest)
+        parts_weights = await (await trainer.export_weights())
+        assert asked == [True] and trainer.step == 1
+        assert parts["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+        assert parts["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+        assert parts["num_sequences"] == whole["num_sequences"] == 6
+        assert parts["correction/tokens_frac/gap_1"] == whole["correction/tokens_frac/gap_1"] == 1.0
+        assert any(not torch.equal(start[name], whole_weights[name]) for name in start)
+        for name in start:  # Adam's first step moves a weight by ~lr·sign(g): elements with |g| near its eps
+            # differ by float rounding (1e-5 seen); a part's gradient of the wrong sign would move one by 2·lr
+            torch.testing.assert_close(parts_weights[name], whole_weights[name], rtol=0, atol=config.lr / 100)
+    finally:
+        await trainer.shutdown()

@@ -26,7 +26,7 @@ EXAMPLES = {DeepResearchConfig: "deepresearch", MiniSweTrainConfig: "mini_swe", 
 CONFIGS = (RunConfig, *EXAMPLES)
 # What a resumed run may set differently from its checkpoint (fields, or whole sections ending in ".").
 RESUME_MAY_CHANGE = (
-    "total_steps", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint",
+    "total_steps", "bind_late", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint",
     "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
     "rollout.resume_timeout_s", "rollout.stream_interval", "rollout.join_identical_requests", "rollout.infra_retries",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads",

@@ -1,0 +1,141 @@
+"""A step whose batch is the last chance for rows still generating takes its last groups when the trainer reaches
+them (`TrainingLoop._late_places`, `_bind_late`).
+
+Real: the training loop, the queue, the simulated trainer (time in proportion to tokens) on the virtual clock.
+Edge fakes: a rollouter whose running rows are scripted (how many only the batch at a version can train) and a
+weight sync that only moves the version. The groups arrive at chosen times, so which batch each one joins is decided
+by the code under test, not by how fast anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fullasync.engines.protocol import WeightsPayload
+from fullasync.metrics import MetricsSink
+from fullasync.queue import MessageQueue
+from fullasync.rollout.rollouter import RolloutReport
+from fullasync.run.loop import TrainingLoop
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.trainer import SimulatedTrainer, TrainCost
+from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
+from fullasync.weight_sync import WeightPushTiming
+
+
+def group(row_id: str, version: int, tokens: int = 4) -> TrajectoryGroup:
+    call = ModelCall((1, 2, 3), (7,) * tokens, (-1.0,) * tokens, (version,) * tokens, FinishReason.STOP)
+    return TrajectoryGroup(row_id, (Trajectory((call,), reward=1.0),))
+
+
+class ScriptedRows:
+    """Edge fake of the rollouter (`RolloutControl`): `last_chance[v]` rows running that only batch v can train."""
+
+    exhausted = False
+
+    def __init__(self, last_chance: dict[int, int]) -> None:
+        self.last_chance = last_chance
+        self.trained: list[list[str]] = []
+        self.dropped: list[str] = []
+        self.taken_at: list[tuple[int, float]] = []
+
+    def check(self) -> None:
+        return None
+
+    def on_trained(self, groups) -> None:
+        self.trained.append([g.row_id for g in groups])
+
+    def on_dropped(self, row_ids) -> None:
+        self.dropped += row_ids
+
+    def on_version(self) -> None:
+        return None
+
+    def on_batch_taken(self, version: int) -> None:
+        self.taken_at.append((version, asyncio.get_running_loop().time()))
+
+    def last_chance_rows(self, version: int) -> int:
+        return self.last_chance.get(version, 0)
+
+    def on_batch_request(self, ready: int) -> None:
+        return None
+
+    def report(self, rows: bool = True) -> RolloutReport:
+        return RolloutReport(outcome_counts={}, row_outcomes={}, trained_twice=[], episode_failures=0,
+                             failure_reasons={})
+
+
+class VersionOnly:
+    """Edge fake of `WeightSync`: a push moves the version and takes no time."""
+
+    restarts = 0
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def check_engines(self) -> None:
+        return None
+
+    async def push(self, weights: WeightsPayload) -> WeightPushTiming:
+        self.version += 1
+        return WeightPushTiming(self.version, 0.0, 0.0, 0.0)
+
+
+def run_steps(bind_late: bool, arrivals: list[tuple[float, TrajectoryGroup]]):
+    """k = 1, B = 2, trainer at version 1 holding A (version 0, 100 tokens: ~1 s of training) and B (version 1);
+    one row with version-0 tokens is still running at the first step (`last_chance={1: 1}`)."""
+
+    async def main():
+        queue = MessageQueue(16)
+        for ready in (group("A", 0, tokens=100), group("B", 1)):
+            await queue.put(ready)
+        rows = ScriptedRows({1: 1})
+        loop = TrainingLoop(trainer=SimulatedTrainer(TrainCost(per_token_device_s=1e-2, step_overhead_s=0.1), 1),
+                            rollouter=rows, queue=queue, weight_sync=VersionOnly(1), max_staleness=1, batch_size=2,
+                            total_steps=2, val_every=0, validate=None, sink=MetricsSink(None), bind_late=bind_late)
+
+        async def arrive():
+            for at, finished in arrivals:
+                await asyncio.sleep(at - asyncio.get_running_loop().time())
+                await queue.put(finished)
+
+        producer = asyncio.ensure_future(arrive())
+        result = await loop.run()
+        await producer
+        return rows, result, await queue.stats(), [g.row_id for g in await queue.snapshot()]
+
+    return run_virtual(main)
+
+
+LATER = [(1.5, group("D", 1)), (1.6, group("E", 2))]
+
+
+def test_a_last_chance_row_finishing_while_the_trainer_works_on_the_first_part_joins_its_batch():
+    rows, result, stats, left = run_steps(True, [(0.5, group("C", 0)), *LATER])
+    # C (version 0) finished at 0.5 s, while the trainer worked through A (~1 s): it takes B's place, B goes back
+    assert rows.trained == [["A", "C"], ["B", "D"]] and rows.dropped == []
+    assert rows.taken_at[0][0] == 1 and rows.taken_at[0][1] > 0.5  # the batch was complete only after C came
+    assert result.max_token_staleness == 1 and result.trained_samples == 4
+    assert left == ["E"] and (stats.total_put, stats.total_got) == (5, 4)  # B given back once, counted once
+
+
+def test_taken_whole_the_same_row_is_dropped_at_the_next_hand_over():
+    rows, result, _, left = run_steps(False, [(0.5, group("C", 0)), *LATER])
+    assert rows.trained == [["A", "B"], ["D", "E"]] and rows.dropped == ["C"]
+    assert rows.taken_at[0] == (1, 0.0) and left == []
+
+
+def test_a_last_chance_row_finishing_after_the_late_places_are_bound_is_still_dropped():
+    rows, _, _, _ = run_steps(True, [(1.2, group("C", 0)), *LATER])  # after the first part (A: ~1.03 s)
+    assert rows.trained == [["A", "B"], ["D", "E"]] and rows.dropped == ["C"]
+
+
+@pytest.mark.parametrize("last_chance", [0, 5])
+def test_late_places_are_the_last_chance_rows_up_to_half_the_batch(last_chance):
+    loop = TrainingLoop(trainer=SimulatedTrainer(TrainCost(), 1), rollouter=ScriptedRows({3: last_chance}),
+                        queue=MessageQueue(4), weight_sync=VersionOnly(3), max_staleness=1, batch_size=8,
+                        total_steps=1, val_every=0, validate=None, sink=MetricsSink(None))
+    assert loop._late_places(3, 8) == min(last_chance, 4)
+    loop.bind_late = False
+    assert loop._late_places(3, 8) == 0
