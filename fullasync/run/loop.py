@@ -257,19 +257,24 @@ class TrainingLoop(Generic[BatchT]):
 
         if late:
             groups, held = groups[:-late], groups[-late:]  # handed over oldest first: the youngest wait
+            joined: list[int] = []  # groups that finished while the trainer worked through the first part
 
             async def take_late() -> BatchT:
                 second = await self._bind_late(held, version)
+                joined.append(sum(1 for g in second if all(g is not h for h in held)))
                 groups.extend(second)
                 taken(groups)
                 return await off_loop(self.trainer.build_batch, second)
 
             batch = await off_loop(self.trainer.build_batch, groups)  # in proportion to the batch: off the loop
             metrics = dict(await self.trainer.train_step(batch, version, take_late))
+            metrics["batch/late_joined"] = float(joined[0])
         else:
             taken(groups)
             batch = await off_loop(self.trainer.build_batch, groups)
             metrics = dict(await self.trainer.train_step(batch, version))
+        metrics["batch/late_places"] = float(late)
+        metrics.setdefault("batch/late_joined", 0.0)
         timing = await self.weight_sync.push(await self.trainer.export_weights())
         self.rollouter.on_trained(groups)
         self.rollouter.on_version()

@@ -117,18 +117,21 @@ def test_a_last_chance_row_finishing_while_the_trainer_works_on_the_first_part_j
     assert rows.trained == [["A", "C"], ["B", "D"]] and rows.dropped == []
     assert rows.taken_at[0][0] == 1 and rows.taken_at[0][1] > 0.5  # the batch was complete only after C came
     assert result.max_token_staleness == 1 and result.trained_samples == 4
+    assert [(step["batch/late_places"], step["batch/late_joined"]) for step in result.history] == [(1, 1), (0, 0)]
     assert left == ["E"] and (stats.total_put, stats.total_got) == (5, 4)  # B given back once, counted once
 
 
 def test_taken_whole_the_same_row_is_dropped_at_the_next_hand_over():
     rows, result, _, left = run_steps(False, [(0.5, group("C", 0)), *LATER])
     assert rows.trained == [["A", "B"], ["D", "E"]] and rows.dropped == ["C"]
+    assert [step["batch/late_places"] for step in result.history] == [0, 0]
     assert rows.taken_at[0] == (1, 0.0) and left == []
 
 
 def test_a_last_chance_row_finishing_after_the_late_places_are_bound_is_still_dropped():
-    rows, _, _, _ = run_steps(True, [(1.2, group("C", 0)), *LATER])  # after the first part (A: ~1.03 s)
+    rows, result, _, _ = run_steps(True, [(1.2, group("C", 0)), *LATER])  # after the first part (A: ~1.03 s)
     assert rows.trained == [["A", "B"], ["D", "E"]] and rows.dropped == ["C"]
+    assert (result.history[0]["batch/late_places"], result.history[0]["batch/late_joined"]) == (1, 0)
 
 
 @pytest.mark.parametrize("last_chance", [0, 5])
