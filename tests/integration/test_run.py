@@ -66,6 +66,30 @@ def test_components_satisfy_their_contracts(ray_cluster):
         queue.shutdown()
 
 
+async def test_the_queue_actor_takes_groups_back_past_its_capacity_and_hands_them_over_oldest_first(ray_cluster):
+    """A step that binds its last groups late gives back the ones it did not take (`MessageQueue.give_back`),
+    through the actor: at once, even when the rollouter filled the room meanwhile."""
+    from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
+
+    def group(row_id: str, version: int) -> TrajectoryGroup:
+        call = ModelCall((1,), (2,), (-1.0,), (version,), FinishReason.STOP)
+        return TrajectoryGroup(row_id, (Trajectory((call,), 1.0),))
+
+    queue = RayGroupQueue(2)
+    try:
+        for row_id, version in (("a", 1), ("b", 2)):
+            await queue.put(group(row_id, version))
+        taken = await queue.get(2, 2, 1, 1.0)
+        for row_id, version in (("c", 2), ("d", 2)):
+            await queue.put(group(row_id, version))  # full again
+        await asyncio.wait_for(queue.give_back([taken.groups[0]]), 10)
+        stats = await queue.stats()
+        assert (stats.size, stats.total_put, stats.total_got) == (3, 4, 1)
+        assert [g.row_id for g in (await queue.get(3, 2, 1, 1.0)).groups] == ["a", "c", "d"]
+    finally:
+        queue.shutdown()
+
+
 def test_a_sync_rollout_fn_is_refused_at_start_up():
     def rollout_fn(client, row):  # forgot `async`
         return 1.0
