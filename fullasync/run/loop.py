@@ -261,7 +261,7 @@ class TrainingLoop(Generic[BatchT]):
 
             async def take_late() -> BatchT:
                 second = await self._bind_late(held, version)
-                joined.append(sum(1 for g in second if all(g is not h for h in held)))
+                joined.append(len({id(g) for g in second} - {id(h) for h in held}))
                 groups.extend(second)
                 taken(groups)
                 return await off_loop(self.trainer.build_batch, second)

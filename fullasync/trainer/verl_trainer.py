@@ -239,7 +239,8 @@ def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> d
     """One step's metrics from its parts' rank results (one part unless the batch was taken in two).
 
     verl's loss metrics are already reduced over ranks (rank 0's copy); a part's weight is its share of the
-    loss normaliser. Log-prob gaps and the correction's statistics are summed over every rank and part."""
+    loss normaliser (token-sum has none: its parts weigh half each, so its loss reads as the parts' mean, not
+    their sum). Log-prob gaps and the correction's statistics are summed over every rank and part."""
     per_part = [{k: v for k, v in results[0].metrics.items() if not k.startswith("logprob_gap_")} for results in parts]
     metrics: dict[str, float] = {}
     for name in {name for part in per_part for name in part}:
