@@ -41,6 +41,9 @@ def test_the_step_line_shows_progress_and_the_time_left():
     line = format_line(3, {"progress/total_steps": 60.0, "progress/eta_s": 125.4, "rollout/lead_batches": 2.5})
     assert line.startswith("step    3/60 |") and line.endswith("| eta 2m05s") and "ahead 2.50" in line
     assert format_line(3, {}).startswith("step    3 |") and "eta" not in format_line(3, {})  # total_steps = 0
+    assert "ahead 2.50 late 3/5 |" in format_line(3, {"rollout/lead_batches": 2.5, "batch/late_places": 5.0,
+                                                       "batch/late_joined": 3.0})
+    assert "late" not in format_line(3, {"batch/late_places": 0.0, "batch/late_joined": 0.0})  # the batch taken whole
 
 
 def test_harness_metrics_aggregate_logged_values_and_numeric_metadata():
