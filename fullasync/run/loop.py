@@ -225,13 +225,16 @@ class TrainingLoop(Generic[BatchT]):
         self._idle_s += _now() - waited
         return groups
 
-    def _late_places(self, version: int, batch_groups: int) -> int:
+    def _late_places(self, version: int, groups: list[TrajectoryGroup]) -> int:
         """How many of this step's groups to take only when the trainer reaches them: as many as rows still
-        running can be trained by no later batch, at most half the batch. Those rows get the time the trainer
-        spends on the first part to finish in, instead of being dropped at the next hand-over."""
-        if not (self.bind_late and self.trainer.binds_late) or batch_groups < 2:
+        running can be trained by no later batch, at most half the batch, and no more than the batch holds groups
+        a later batch can still take (a held place can only go to a straggler if its group can wait). Those rows
+        get the time the trainer spends on the first part to finish in, instead of being dropped at the next
+        hand-over."""
+        if not (self.bind_late and self.trainer.binds_late) or len(groups) < 2:
             return 0
-        return min(self.rollouter.last_chance_rows(version), batch_groups // 2)
+        can_wait = sum(oldest_version(g) > version - self.max_staleness for g in groups)
+        return min(self.rollouter.last_chance_rows(version), can_wait, len(groups) // 2)
 
     async def _bind_late(self, held: list[TrajectoryGroup], version: int) -> list[TrajectoryGroup]:
         """The step's last `len(held)` groups: the oldest of `held` and of what finished meanwhile (the rows
@@ -248,7 +251,7 @@ class TrainingLoop(Generic[BatchT]):
     async def _step(self, groups: list[TrajectoryGroup], started: float) -> None:
         result = self.result
         version = self.weight_sync.version
-        late = self._late_places(version, len(groups))
+        late = self._late_places(version, groups)
         batch_stats: list[asyncio.Future[dict[str, float]]] = []  # computed beside the train step, off the loop
 
         def taken(final: list[TrajectoryGroup]) -> None:
@@ -256,7 +259,8 @@ class TrainingLoop(Generic[BatchT]):
             batch_stats.append(asyncio.ensure_future(off_loop(step_stats, final, version)))
 
         if late:
-            groups, held = groups[:-late], groups[-late:]  # handed over oldest first: the youngest wait
+            groups.sort(key=oldest_version)  # each get hands over oldest first, but a batch may take several
+            groups, held = groups[:-late], groups[-late:]  # the youngest wait
             joined: list[int] = []  # groups that finished while the trainer worked through the first part
 
             async def take_late() -> BatchT:

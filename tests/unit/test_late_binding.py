@@ -17,7 +17,7 @@ from fullasync.engines.protocol import WeightsPayload
 from fullasync.metrics import MetricsSink
 from fullasync.queue import MessageQueue
 from fullasync.rollout.rollouter import RolloutReport
-from fullasync.run.loop import TrainingLoop
+from fullasync.run.loop import QUEUE_POLL_S, TrainingLoop
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
@@ -82,17 +82,19 @@ class VersionOnly:
         return WeightPushTiming(self.version, 0.0, 0.0, 0.0)
 
 
-def run_steps(bind_late: bool, arrivals: list[tuple[float, TrajectoryGroup]]):
+def run_steps(bind_late: bool, arrivals: list[tuple[float, TrajectoryGroup]], batch_size: int = 2,
+              ready: tuple[str, ...] = ("A", "B")):
     """k = 1, B = 2, trainer at version 1 holding A (version 0, 100 tokens: ~1 s of training) and B (version 1);
     one row with version-0 tokens is still running at the first step (`last_chance={1: 1}`)."""
 
     async def main():
         queue = MessageQueue(16)
-        for ready in (group("A", 0, tokens=100), group("B", 1)):
-            await queue.put(ready)
+        for queued in (group("A", 0, tokens=100), group("B", 1))[:len(ready)]:
+            await queue.put(queued)
         rows = ScriptedRows({1: 1})
         loop = TrainingLoop(trainer=SimulatedTrainer(TrainCost(per_token_device_s=1e-2, step_overhead_s=0.1), 1),
-                            rollouter=rows, queue=queue, weight_sync=VersionOnly(1), max_staleness=1, batch_size=2,
+                            rollouter=rows, queue=queue, weight_sync=VersionOnly(1), max_staleness=1,
+                            batch_size=batch_size,
                             total_steps=2, val_every=0, validate=None, sink=MetricsSink(None), bind_late=bind_late)
 
         async def arrive():
@@ -134,11 +136,31 @@ def test_a_last_chance_row_finishing_after_the_late_places_are_bound_is_still_dr
     assert (result.history[0]["batch/late_places"], result.history[0]["batch/late_joined"]) == (1, 0)
 
 
-@pytest.mark.parametrize("last_chance", [0, 5])
-def test_late_places_are_the_last_chance_rows_up_to_half_the_batch(last_chance):
+def test_the_held_places_are_the_youngest_groups_when_the_batch_came_in_several_gets():
+    # the first get hands over A (version 0) and B (version 1) when its wait (QUEUE_POLL_S) ends; O (version 0)
+    # completes the batch in a later get, so it comes after B. Held as the batch's tail, O would keep its place and
+    # the last-chance row C, finishing while the trainer works through A, would be dropped: B is the group that can
+    # wait
+    later = [(at + 2.2, finished) for at, finished in [*LATER, (1.7, group("F", 2))]]  # step 2 has 3 either way
+    rows, result, _, _ = run_steps(True, [(QUEUE_POLL_S + 0.2, group("O", 0)), (QUEUE_POLL_S + 0.7, group("C", 0)),
+                                          *later], batch_size=3)
+    assert sorted(rows.trained[0]) == ["A", "C", "O"] and rows.dropped == []
+    assert (result.history[0]["batch/late_places"], result.history[0]["batch/late_joined"]) == (1, 1)
+    assert "B" in rows.trained[1]
+
+
+@pytest.mark.parametrize(("last_chance", "versions", "places"), [
+    (0, [2, 3, 3, 3, 3, 3, 3, 3], 0),  # no row needs a place
+    (5, [2, 3, 3, 3, 3, 3, 3, 3], 4),  # at most half the batch
+    (3, [2, 3, 3, 3, 3, 3, 3, 3], 3),  # one per last-chance row
+    (5, [2, 2, 2, 2, 2, 2, 3, 3], 2),  # only groups the next batch can take may give their place up
+    (5, [2, 2, 2, 2, 2, 2, 2, 2], 0),  # every group is at its last chance itself
+])
+def test_late_places(last_chance, versions, places):
     loop = TrainingLoop(trainer=SimulatedTrainer(TrainCost(), 1), rollouter=ScriptedRows({3: last_chance}),
                         queue=MessageQueue(4), weight_sync=VersionOnly(3), max_staleness=1, batch_size=8,
                         total_steps=1, val_every=0, validate=None, sink=MetricsSink(None))
-    assert loop._late_places(3, 8) == min(last_chance, 4)
+    groups = [group(f"g{i}", version) for i, version in enumerate(versions)]
+    assert loop._late_places(3, groups) == places
     loop.bind_late = False
-    assert loop._late_places(3, 8) == 0
+    assert loop._late_places(3, groups) == 0
