@@ -166,7 +166,7 @@ class RunConfig:
     generate_ahead: str = setting("adaptive", "how far generation runs ahead of training: adaptive = as far as "
                                   "keeps the trainer fed, max_staleness the ceiling | bound = up to max_staleness")
     bind_late: bool = setting(True, "a step whose batch is the last chance for rows still generating trains its "
-                              "oldest groups first and takes its last ones (up to half) when the trainer reaches "
+                              "oldest groups first and takes its youngest ones (up to half) when the trainer reaches "
                               "them, so those rows can still join instead of being dropped (one update either way)",
                               resume_may_change=True)
     total_steps: int = setting(60, "train steps to run; 0 = until the rows of all epochs are consumed",
