@@ -82,15 +82,14 @@ class VersionOnly:
         return WeightPushTiming(self.version, 0.0, 0.0, 0.0)
 
 
-def run_steps(bind_late: bool, arrivals: list[tuple[float, TrajectoryGroup]], batch_size: int = 2,
-              ready: tuple[str, ...] = ("A", "B")):
-    """k = 1, B = 2, trainer at version 1 holding A (version 0, 100 tokens: ~1 s of training) and B (version 1);
-    one row with version-0 tokens is still running at the first step (`last_chance={1: 1}`)."""
+def run_steps(bind_late: bool, arrivals: list[tuple[float, TrajectoryGroup]], batch_size: int = 2):
+    """k = 1, B = `batch_size`, trainer at version 1 holding A (version 0, 100 tokens: ~1 s of training) and B
+    (version 1); one row with version-0 tokens is still running at the first step (`last_chance={1: 1}`)."""
 
     async def main():
         queue = MessageQueue(16)
-        for queued in (group("A", 0, tokens=100), group("B", 1))[:len(ready)]:
-            await queue.put(queued)
+        for ready in (group("A", 0, tokens=100), group("B", 1)):
+            await queue.put(ready)
         rows = ScriptedRows({1: 1})
         loop = TrainingLoop(trainer=SimulatedTrainer(TrainCost(per_token_device_s=1e-2, step_overhead_s=0.1), 1),
                             rollouter=rows, queue=queue, weight_sync=VersionOnly(1), max_staleness=1,
