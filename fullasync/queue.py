@@ -19,6 +19,12 @@ from fullasync.types import PROMPT_VERSION, TrajectoryGroup
 HAND_OVER_ORDERS = ("oldest", "arrival")
 
 
+def oldest_allowed(trainer_version: int, max_staleness: int) -> int:
+    """The oldest token version a batch trained at `trainer_version` may hold: the staleness bound, in one place
+    (the queue's check at hand-over, and the rollouter and training loop asking about a later batch)."""
+    return trainer_version - max_staleness
+
+
 def oldest_version(group: TrajectoryGroup) -> int:
     """`group.min_version` without a pass over every token: a call's versions never decrease
     (checked by `ModelCall`), so its first token is its oldest."""
@@ -83,13 +89,13 @@ class MessageQueue:
             self._total_got -= len(groups)
             self._changed.notify_all()
 
-    def _drop_too_stale(self, oldest_allowed: int, dropped_row_ids: list[str]) -> None:
-        if any(oldest < oldest_allowed for oldest, _, _ in self._groups):
+    def _drop_too_stale(self, floor: int, dropped_row_ids: list[str]) -> None:
+        if any(oldest < floor for oldest, _, _ in self._groups):
             for oldest, _, group in self._groups:
-                if oldest < oldest_allowed:
+                if oldest < floor:
                     dropped_row_ids.append(group.row_id)
                     self._dropped += 1
-            self._groups = [entry for entry in self._groups if entry[0] >= oldest_allowed]
+            self._groups = [entry for entry in self._groups if entry[0] >= floor]
 
     def _hand_over(self, count: int) -> list[TrajectoryGroup]:
         """Remove and return up to `count` groups: oldest tokens first, then arrival order (or arrival only)."""
@@ -105,20 +111,20 @@ class MessageQueue:
         finished after younger ones is trained before it grows too stale, instead of being dropped.
         """
         batch = QueueBatch(groups=[])
-        oldest_allowed = trainer_version - max_staleness
+        oldest = oldest_allowed(trainer_version, max_staleness)
 
         def ready() -> bool:
-            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            self._drop_too_stale(oldest, batch.dropped_row_ids)
             return len(self._groups) >= count
 
         async with self._changed:
-            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            self._drop_too_stale(oldest, batch.dropped_row_ids)
             batch.ready = len(self._groups)
             try:
                 await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
             except TimeoutError:
                 pass  # hand over what there is; the caller decides whether to wait again
-            self._drop_too_stale(oldest_allowed, batch.dropped_row_ids)
+            self._drop_too_stale(oldest, batch.dropped_row_ids)
             batch.groups = self._hand_over(count)
             self._total_got += len(batch.groups)
             self._changed.notify_all()

@@ -31,6 +31,7 @@ from fullasync.config import RolloutSection
 from fullasync.errors import FailureKind
 from fullasync.metrics import HARNESS_METRICS_KEY
 from fullasync.offload import Pacer
+from fullasync.queue import oldest_allowed
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
@@ -188,7 +189,7 @@ class Rollouter:
             self.staleness.release()
         self._held_slots = 0
         if self.settings.stop_stale_rows:
-            self._stop_stale_rows(self.staleness.version() - self.staleness.max_staleness)
+            self._stop_stale_rows(oldest_allowed(self.staleness.version(), self.staleness.max_staleness))
         self._wake.set()
 
     def on_batch_taken(self, version: int) -> None:
@@ -199,12 +200,12 @@ class Rollouter:
         after the push, and the rows so started were the next to be stopped (in the simulator, releasing at once
         threw away 11–17 % of the decoded tokens where holding throws away 7–16 %, `docs/benchmarks.md`)."""
         if self.settings.stop_stale_rows:
-            self._stop_stale_rows(version + 1 - self.staleness.max_staleness, hold_slots=True)
+            self._stop_stale_rows(oldest_allowed(version + 1, self.staleness.max_staleness), hold_slots=True)
 
     def last_chance_rows(self, version: int) -> int:
         """Running rows that only the batch trained at `version` can take (a token of theirs is older than the
         next batch accepts): a step that binds its last groups late leaves them this many places."""
-        return len(self.ledger.stale_rows(version + 1 - self.staleness.max_staleness))
+        return len(self.ledger.stale_rows(oldest_allowed(version + 1, self.staleness.max_staleness)))
 
     def _stop_stale_rows(self, oldest_allowed: int, hold_slots: bool = False) -> None:
         """Cancel the running rows holding a token older than `oldest_allowed`: the bound only moves forward,

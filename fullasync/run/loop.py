@@ -25,7 +25,7 @@ from typing import Generic, Protocol
 from fullasync.logs import progress
 from fullasync.metrics import MetricsSink, format_line, step_stats
 from fullasync.offload import drop_piecewise, off_loop
-from fullasync.queue import oldest_version
+from fullasync.queue import oldest_allowed, oldest_version
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.run.contracts import BatchT, GroupQueue, Trainer
@@ -233,7 +233,8 @@ class TrainingLoop(Generic[BatchT]):
         hand-over."""
         if not (self.bind_late and self.trainer.binds_late) or len(groups) < 2:
             return 0
-        can_wait = sum(oldest_version(g) > version - self.max_staleness for g in groups)
+        next_batch_takes = oldest_allowed(version + 1, self.max_staleness)
+        can_wait = sum(oldest_version(g) >= next_batch_takes for g in groups)
         return min(self.rollouter.last_chance_rows(version), can_wait, len(groups) // 2)
 
     async def _bind_late(self, held: list[TrajectoryGroup], version: int) -> list[TrajectoryGroup]:
