@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -25,6 +26,13 @@ async def completion_tokens(completions, request: dict, stream: bool) -> int:
     return tokens
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (NaN where there are too few values)."""
+    if len(values) < 2:
+        return (values[0] if values else float("nan")), float("nan")
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+
+
 def turn_length(episode: int, turn: int, median: int, sigma: float) -> int:
     """`max_tokens` of an episode's turn: `median` (sigma 0), or lognormal around it with σ = `sigma`, capped at
     8 × median; the same sequence in every process."""
@@ -34,21 +42,32 @@ def turn_length(episode: int, turn: int, median: int, sigma: float) -> int:
     return max(1, min(8 * median, round(median * math.exp(sigma * z))))
 
 
-async def sustained(send: Callable[[int, int], Awaitable[int]], episodes: int, seconds: float) -> tuple[int, float]:
-    """Tokens and wall seconds of closed-loop load: each of `episodes` episodes sends its next request
-    (`send(episode, turn)`, returning the tokens it produced) as soon as its last one is answered, until
-    `seconds` have passed; requests under way then finish and count. `seconds` = 0: one request each."""
+async def sustained(send: Callable[[int, int], Awaitable[int]], episodes: int, seconds: float,
+                    warmup: float = 0.0) -> tuple[int, float, int]:
+    """Closed-loop load: each of `episodes` episodes sends its next request (`send(episode, turn)`, returning the
+    tokens it produced) as soon as its last one is answered, for `warmup` + `seconds`; requests under way then
+    finish. Returns the tokens of the requests answered inside the window (after the warm-up, before its end),
+    the window's seconds, and every token the load produced (warm-up and drain too, for CPU per token).
+
+    Counting by answer time inside a window of steady load measures its rate without the start (every episode
+    sending at once) or the drain (the last requests at a thinning batch), which in a short run weigh as much as
+    the paths' difference. `seconds` = 0: one request each."""
     start = time.perf_counter()
-    deadline = start + seconds
+    opens, closes = start + warmup, start + warmup + seconds
 
-    async def episode(index: int) -> int:
-        tokens, turn = await send(index, 0), 1
-        while time.perf_counter() < deadline:
-            tokens, turn = tokens + await send(index, turn), turn + 1
-        return tokens
+    async def episode(index: int) -> tuple[int, int]:
+        counted, produced, turn = 0, 0, 0
+        while True:
+            tokens = await send(index, turn)
+            answered, turn = time.perf_counter(), turn + 1
+            produced += tokens
+            if opens <= answered <= closes:
+                counted += tokens
+            if answered >= closes:
+                return counted, produced
 
-    tokens = sum(await asyncio.gather(*(episode(i) for i in range(episodes))))
-    return tokens, time.perf_counter() - start
+    totals = await asyncio.gather(*(episode(i) for i in range(episodes)))
+    return sum(c for c, _ in totals), seconds, sum(p for _, p in totals)
 
 
 async def wave(make_one: Call, concurrency: int) -> tuple[int, int, float]:

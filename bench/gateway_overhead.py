@@ -7,8 +7,11 @@ one base URL per episode, over loopback HTTP to the gateway in the driver's loop
 parsing is not counted against the gateway, as with a real harness.
 
 Load is closed-loop, as in a rollout: each episode keeps its client (in-process) or its SDK client and
-connection (gateway) over its turns and sends its next request as soon as its last one is answered, for
-`--seconds`; the paths take turns `--rounds` times so drift hits both alike. Settings (`--settings`):
+connection (gateway) over its turns and sends its next request as soon as its last one is answered. Each path's
+rate is the tokens of the requests answered in a window of `--seconds` after `--warmup` seconds of the same load
+(`_timing.sustained`): steady load, without the start (every episode sending at once) or the drain. The paths
+take turns `--rounds` times, the first alternating, so drift hits both alike; the ratio's ± is the standard error
+of the rounds' ratios. The driver runs as a run's does (`settled_heap`). Settings (`--settings`):
 - cores *shared*: every process may use every core (the engine with one thread per core); *split*: the
   engine alone on every core but the last, the driver and the harness process on the last — a cluster's
   arrangement, where a harness's CPU does not take the engine's;
@@ -17,8 +20,9 @@ connection (gateway) over its turns and sends its next request as soon as its la
   long-tail workload), the same sequence on both paths, so that CPU overlaps decoding as in a rollout.
 Asserts nothing; writes its section of docs/benchmarks.md unless --no-write.
 
-    .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--seconds 4] [--episodes 1,64,256]
-                                         [--settings shared-fixed,shared-varied,split-varied] [--stream-intervals 1,8]
+    .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--seconds 8] [--warmup 3]
+                                         [--episodes 1,64,256] [--settings shared-fixed,shared-varied,split-varied]
+                                         [--stream-intervals 1,8]
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _timing import MESSAGES, completion_tokens, sustained, tiny_engine_service, turn_length
+from _timing import MESSAGES, completion_tokens, mean_se, sustained, tiny_engine_service, turn_length
 from scheduling import write_section
 
 from fullasync.gateway import Gateway
+from fullasync.run.assemble import settled_heap
 
 BENCH = Path(__file__).resolve().parent
 DOCS = BENCH.parent / "docs" / "benchmarks.md"
@@ -71,12 +76,13 @@ class HarnessProcess:
             raise RuntimeError("the harness process ended early; run bench/_gateway_load.py alone to see why")
         return json.loads(line)
 
-    async def load(self, urls: list[tuple[str, str]], request: dict, stream: bool, seconds: float,
-                   sigma: float) -> tuple[int, float, float]:
+    async def load(self, urls: list[tuple[str, str]], request: dict, stream: bool, window: Window,
+                   sigma: float) -> tuple[dict, float]:
+        """The harness process's answer (`_gateway_load.py`) and the CPU seconds it used."""
         harness_cpu = self.cpu_s()
-        answer = await self._ask({"urls": urls, "request": request, "stream": stream, "seconds": seconds,
-                                  "sigma": sigma})
-        return answer["tokens"], answer["seconds"], self.cpu_s() - harness_cpu
+        answer = await self._ask({"urls": urls, "request": request, "stream": stream, "seconds": window.seconds,
+                                  "warmup": window.warmup, "sigma": sigma})
+        return answer, self.cpu_s() - harness_cpu
 
     async def close(self, urls: list[str]) -> None:
         await self._ask({"close": urls})
@@ -106,52 +112,88 @@ class Setting:
         return f"{'split' if self.split else 'shared'} cores, {'varied' if self.sigma else 'fixed'} lengths"
 
 
-async def in_process_load(clients: list, request: dict, stream: bool, seconds: float,
-                          sigma: float) -> tuple[int, float, float]:
+@dataclass(frozen=True)
+class Window:
+    """Each path's load per round: `warmup` seconds unmeasured, then `seconds` whose answers count."""
+
+    seconds: float
+    warmup: float
+
+    @classmethod
+    def once(cls) -> Window:
+        return cls(0.0, 0.0)  # one request per episode, nothing counted
+
+
+@dataclass(frozen=True)
+class Load:
+    """One path's share of a round: the window's tokens and seconds, every token it produced, CPU seconds."""
+
+    tokens: int
+    seconds: float
+    produced: int
+    driver_cpu_s: float
+    harness_cpu_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+async def in_process_load(clients: list, request: dict, stream: bool, window: Window, sigma: float) -> Load:
     def send(episode: int, turn: int) -> Any:
         length = turn_length(episode, turn, request["max_tokens"], sigma)
         return completion_tokens(clients[episode].chat.completions, {**request, "max_tokens": length}, stream)
 
     cpu = time.process_time()
-    tokens, elapsed = await sustained(send, len(clients), seconds)
-    return tokens, elapsed, time.process_time() - cpu
+    tokens, seconds, produced = await sustained(send, len(clients), window.seconds, window.warmup)
+    return Load(tokens, seconds, produced, time.process_time() - cpu)
 
 
-async def gateway_load(harness: HarnessProcess, episodes: list, request: dict, stream: bool, seconds: float,
-                       sigma: float) -> tuple[int, float, float, float]:
+async def gateway_load(harness: HarnessProcess, episodes: list, request: dict, stream: bool, window: Window,
+                       sigma: float) -> Load:
     cpu = time.process_time()
-    tokens, elapsed, harness_cpu = await harness.load([(e.base_url, e.api_key) for e in episodes], request, stream,
-                                                      seconds, sigma)
-    return tokens, elapsed, time.process_time() - cpu, harness_cpu
+    answer, harness_cpu = await harness.load([(e.base_url, e.api_key) for e in episodes], request, stream, window,
+                                             sigma)
+    return Load(answer["tokens"], answer["seconds"], answer["produced"], time.process_time() - cpu, harness_cpu)
 
 
 async def measure_point(service, gateway: Gateway, harness: HarnessProcess, request: dict, stream: bool,
-                        concurrency: int, rounds: int, seconds: float, sigma: float) -> dict:
+                        concurrency: int, rounds: int, window: Window, sigma: float) -> dict:
     """One row: `concurrency` episodes per path, kept over the rounds (an agent's turns), each sending its next
     request when its last is answered; one unmeasured request per episode first (connections, SDK clients);
-    then the paths take turns, `seconds` of load each per round."""
+    then the paths take turns, one window of load each per round, the first path alternating."""
     clients = [service.client() for _ in range(concurrency)]
     episodes = [gateway.open_episode() for _ in range(concurrency)]
-    totals = {"client": [0, 0.0, 0.0, 0.0], "gateway": [0, 0.0, 0.0, 0.0]}
+    loads: dict[str, list[Load]] = {"client": [], "gateway": []}
+
+    async def one(name: str) -> None:
+        load = (in_process_load(clients, request, stream, window, sigma) if name == "client" else
+                gateway_load(harness, episodes, request, stream, window, sigma))
+        loads[name].append(await load)
+
     try:
-        await in_process_load(clients, request, stream, 0, sigma)
-        await gateway_load(harness, episodes, request, stream, 0, sigma)
-        for _ in range(rounds):
-            for name, result in (("client", await in_process_load(clients, request, stream, seconds, sigma)),
-                                 ("gateway", await gateway_load(harness, episodes, request, stream, seconds, sigma))):
-                for i, value in enumerate(result):
-                    totals[name][i] += value
+        await in_process_load(clients, request, stream, Window.once(), sigma)
+        await gateway_load(harness, episodes, request, stream, Window.once(), sigma)
+        for round_ in range(rounds):
+            for name in ("client", "gateway") if round_ % 2 == 0 else ("gateway", "client"):
+                await one(name)
     finally:
         await harness.close([e.base_url for e in episodes])
         for episode in episodes:
             gateway.close_episode(episode)
-    client_tps = totals["client"][0] / totals["client"][1]
-    gateway_tps = totals["gateway"][0] / totals["gateway"][1]
-    return {"episodes": concurrency, "stream": stream, "client_tps": client_tps, "gateway_tps": gateway_tps,
-            "ratio": gateway_tps / client_tps,
-            "client_us": 1e6 * totals["client"][2] / totals["client"][0],
-            "gateway_us": 1e6 * totals["gateway"][2] / totals["gateway"][0],
-            "harness_us": 1e6 * totals["gateway"][3] / totals["gateway"][0]}
+    ratios = [g.tokens_per_s / c.tokens_per_s for c, g in zip(loads["client"], loads["gateway"], strict=True)]
+
+    def rate(name: str) -> float:
+        return sum(load.tokens for load in loads[name]) / sum(load.seconds for load in loads[name])
+
+    def per_token_us(name: str, cpu: str) -> float:
+        return 1e6 * sum(getattr(load, cpu) for load in loads[name]) / sum(load.produced for load in loads[name])
+
+    return {"episodes": concurrency, "stream": stream, "client_tps": rate("client"), "gateway_tps": rate("gateway"),
+            "ratio": rate("gateway") / rate("client"), "ratio_se": mean_se(ratios)[1],
+            "client_us": per_token_us("client", "driver_cpu_s"),
+            "gateway_us": per_token_us("gateway", "driver_cpu_s"),
+            "harness_us": per_token_us("gateway", "harness_cpu_s")}
 
 
 def _children() -> dict[int, list[int]]:
@@ -191,41 +233,42 @@ def split_cores(harness_pid: int) -> tuple[set[int], set[int]]:
     return engine_cpus, ours
 
 
-async def measure(max_tokens: int, rounds: int, seconds: float, concurrencies: list[int],
+async def measure(max_tokens: int, rounds: int, window: Window, concurrencies: list[int],
                   setting: Setting, intervals: list[int]) -> list[dict]:
     cores, split = sorted(os.sched_getaffinity(0)), setting.split
     if split:  # before the engine starts: its thread count follows (fullasync.engines.platform)
         os.environ["FULLASYNC_ENGINE_THREADS"] = str(len(cores) - 1)
     engine, service = await tiny_engine_service()
-    gateway = Gateway(service)
-    await gateway.start()
-    harness = await HarnessProcess.start()
-    if split:
-        engine_cpus, ours = split_cores(harness.process.pid)
-        print(f"engine on cores {sorted(engine_cpus)} ({len(engine_cpus)} threads); driver and harness on "
-              f"{sorted(ours)}", flush=True)
-    request = dict(model="policy", messages=MESSAGES, max_tokens=max_tokens, extra_body={"ignore_eos": True})
-    rows = []
-    try:
-        for concurrency in concurrencies:
-            for stream, interval in [(False, 1)] + [(True, i) for i in intervals]:
-                # both paths share the service: the interval applies to both (as vLLM's --stream-interval would)
-                service.config = dataclasses.replace(service.config, stream_interval=interval)
-                row = await measure_point(service, gateway, harness, request, stream, concurrency, rounds, seconds,
-                                          setting.sigma)
-                row["setting"], row["interval"] = setting.label, interval
-                rows.append(row)
-                body = f"stream/{interval}" if stream else "json"
-                print(f"{concurrency:>8} {body:>9} {row['client_tps']:>10.0f} "
-                      f"{row['gateway_tps']:>10.0f} {row['ratio']:>6.2f} {row['client_us']:>9.0f} "
-                      f"{row['gateway_us']:>9.0f} {row['harness_us']:>9.0f}", flush=True)
-    finally:
-        await harness.stop()
-        await gateway.stop()
-        await engine.shutdown()
+    with settled_heap():  # as a run's driver (`AsyncAgentTrainer.run`): start-up objects frozen, rare collections
+        gateway = Gateway(service)
+        await gateway.start()
+        harness = await HarnessProcess.start()
         if split:
-            os.environ.pop("FULLASYNC_ENGINE_THREADS")
-            _pin(os.getpid(), set(cores))
+            engine_cpus, ours = split_cores(harness.process.pid)
+            print(f"engine on cores {sorted(engine_cpus)} ({len(engine_cpus)} threads); driver and harness on "
+                  f"{sorted(ours)}", flush=True)
+        request = dict(model="policy", messages=MESSAGES, max_tokens=max_tokens, extra_body={"ignore_eos": True})
+        rows = []
+        try:
+            for concurrency in concurrencies:
+                for stream, interval in [(False, 1)] + [(True, i) for i in intervals]:
+                    # both paths share the service: the interval applies to both (as vLLM's --stream-interval would)
+                    service.config = dataclasses.replace(service.config, stream_interval=interval)
+                    row = await measure_point(service, gateway, harness, request, stream, concurrency, rounds, window,
+                                              setting.sigma)
+                    row["setting"], row["interval"] = setting.label, interval
+                    rows.append(row)
+                    body = f"stream/{interval}" if stream else "json"
+                    print(f"{concurrency:>8} {body:>9} {row['client_tps']:>10.0f} {row['gateway_tps']:>10.0f} "
+                          f"{row['ratio']:>6.2f} ±{row['ratio_se']:>5.2f} {row['client_us']:>9.0f} "
+                          f"{row['gateway_us']:>9.0f} {row['harness_us']:>9.0f}", flush=True)
+        finally:
+            await harness.stop()
+            await gateway.stop()
+            await engine.shutdown()
+            if split:
+                os.environ.pop("FULLASYNC_ENGINE_THREADS")
+                _pin(os.getpid(), set(cores))
     return rows
 
 
@@ -243,14 +286,18 @@ def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, 
         "Tokens/s of the same chat requests through the gateway (the `openai` SDK in a separate process, one base "
         "URL per episode, loopback HTTP) and through the in-process client (a `rollout_fn`), on one vLLM engine "
         "with the tiny model. Closed-loop load: each episode keeps its client and connection and sends its next "
-        "request when its last is answered; the paths take turns. Goal: ratio ≥ 0.97 at 1 episode, ≥ 0.9 at 64.",
+        "request when its last is answered; a path's tokens/s counts the answers inside a window of steady load "
+        "(after a warm-up, before the drain); the paths take turns, the first alternating, and ± is the standard "
+        "error of the rounds' ratios. The driver runs as a run's does (`settled_heap`). Goals: ≥ 0.97 at 1 "
+        "episode; ≥ 0.95 at 64 and 256 with split cores, ≥ 0.85 shared (issue 28).",
         "",
         "| setting | episodes | response | in-process tok/s | gateway tok/s | gateway ÷ in-process | driver CPU "
         "µs/token in-process | through the gateway | harness process CPU µs/token |",
         "|---|---|---|---|---|---|---|---|---|",
         *(f"| {r['setting']} | {r['episodes']} | {_body(r)} "
           f"| {r['client_tps']:.0f} "
-          f"| {r['gateway_tps']:.0f} | {r['ratio']:.2f} | {r['client_us']:.0f} | {r['gateway_us']:.0f} "
+          f"| {r['gateway_tps']:.0f} | {r['ratio']:.2f} ± {r['ratio_se']:.2f} | {r['client_us']:.0f} "
+          f"| {r['gateway_us']:.0f} "
           f"| {r['harness_us']:.0f} |" for r in rows),
         "",
         "Driver CPU: the driver process's CPU time per generated token under load (client, gateway, engine "
@@ -273,7 +320,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="turns each path takes per row")
-    parser.add_argument("--seconds", type=float, default=4.0, help="seconds of load per path and round")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="seconds of load per path and round whose answers count")
+    parser.add_argument("--warmup", type=float, default=3.0,
+                        help="seconds of load per path and round before those, not counted")
     parser.add_argument("--episodes", default="1,64,256", help="concurrent episodes, comma-separated")
     parser.add_argument("--settings", default="shared-fixed,shared-varied,split-varied",
                         help="comma-separated CORES-LENGTHS: cores shared (every process on every core) or split "
@@ -292,8 +342,8 @@ def main() -> None:
     rows = []
     for setting in settings:  # shared cores first: split_cores pins Ray's processes for good
         print(f"{setting.label}:")
-        rows += asyncio.run(measure(args.max_tokens, args.rounds, args.seconds, concurrencies, setting,
-                                    [int(i) for i in args.stream_intervals.split(",")]))
+        rows += asyncio.run(measure(args.max_tokens, args.rounds, Window(args.seconds, args.warmup), concurrencies,
+                                    setting, [int(i) for i in args.stream_intervals.split(",")]))
     if not args.no_write:
         command = "python bench/gateway_overhead.py " + " ".join(sys.argv[1:])
         write_section(DOCS, render(rows, command.strip(), time.perf_counter() - started, os.getloadavg()), BEGIN, END)

@@ -54,6 +54,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _timing import mean_se
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "outputs" / "learning_parity"
 RECORDS = ROOT / "bench" / "results" / "learning_parity"
@@ -144,12 +146,6 @@ def read_run(out: Path) -> dict[str, Any] | None:
         "train_s": summary["train_wall_s"], "samples_per_s": samples / max(summary["train_wall_s"], 1e-9),
         "steps": summary["steps"],
     }
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return (values[0] if values else float("nan")), float("nan")
-    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
 
 
 def verdict(gains: list[float], reference: list[float]) -> str:

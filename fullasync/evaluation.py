@@ -26,7 +26,7 @@ from fullasync.engines.vllm_engine import launch_vllm_engines
 from fullasync.gateway import Gateway
 from fullasync.models import load_tokenizer
 from fullasync.rollout.generator import CustomGenerator, RolloutFn, run_harness
-from fullasync.run.assemble import check_rollout_fn, episodes_on
+from fullasync.run.assemble import check_rollout_fn, episodes_on, settled_heap
 from fullasync.run.validation import ValidationResult, evaluate
 from fullasync.runtime import init_ray
 
@@ -124,8 +124,9 @@ async def _score(config: RunConfig, harness: RolloutFn, service: RolloutService,
         if gateway is not None:
             await gateway.start()
         try:
-            return await evaluate(service, lambda client, row: run_harness(harness, context, client, row), rows,
-                                  config.val_samples_per_row, config.rollout.episode_timeout_s)
+            with settled_heap():  # as a run's driver: thousands of episodes' objects, few collections
+                return await evaluate(service, lambda client, row: run_harness(harness, context, client, row), rows,
+                                      config.val_samples_per_row, config.rollout.episode_timeout_s)
         finally:
             if gateway is not None:
                 await gateway.stop()

@@ -191,3 +191,13 @@ def test_a_run_tunes_the_garbage_collector_and_gives_it_back_even_when_it_fails(
             assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
             raise RuntimeError("the run failed")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_settled_heap_inside_another_leaves_the_outer_one_settled():
+    before = gc.get_threshold()
+    with settled_heap():
+        frozen = gc.get_freeze_count()
+        with settled_heap():  # e.g. an evaluation started by a program that is running one
+            assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() == frozen
+        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() == frozen > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
