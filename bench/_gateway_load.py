@@ -4,7 +4,7 @@ Reads commands from stdin, one JSON object per line:
 - {"urls": [[base_url, api_key], ...], "request": {...}, "stream": bool, "seconds": T, "warmup": W, "sigma": σ}:
   every URL is one episode sending the request with the `openai` SDK again as soon as it is answered, for W + T
   seconds (`_timing.sustained`), each turn's `max_tokens` from `_timing.turn_length`; answers {"tokens",
-  "seconds", "produced"} (the window's tokens and seconds, every token produced);
+  "produced"} (the tokens answered in the window of T seconds, every token produced);
 - {"close": [base_url, ...]}: closes those episodes' clients; answers {"closed": n}.
 An empty line ends it.
 
@@ -61,8 +61,8 @@ async def main() -> None:
             length = turn_length(episode, turn, request["max_tokens"], sigma)
             return completion_tokens(sdks[episode], {**request, "max_tokens": length}, stream)
 
-        tokens, seconds, produced = await sustained(send, len(sdks), command["seconds"], command["warmup"])
-        print(json.dumps({"tokens": tokens, "seconds": seconds, "produced": produced}), flush=True)
+        tokens, produced = await sustained(send, len(sdks), command["seconds"], command["warmup"])
+        print(json.dumps({"tokens": tokens, "produced": produced}), flush=True)
     await episodes.close(list(episodes.clients))
 
 

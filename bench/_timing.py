@@ -43,11 +43,11 @@ def turn_length(episode: int, turn: int, median: int, sigma: float) -> int:
 
 
 async def sustained(send: Callable[[int, int], Awaitable[int]], episodes: int, seconds: float,
-                    warmup: float = 0.0) -> tuple[int, float, int]:
+                    warmup: float = 0.0) -> tuple[int, int]:
     """Closed-loop load: each of `episodes` episodes sends its next request (`send(episode, turn)`, returning the
     tokens it produced) as soon as its last one is answered, for `warmup` + `seconds`; requests under way then
-    finish. Returns the tokens of the requests answered inside the window (after the warm-up, before its end),
-    the window's seconds, and every token the load produced (warm-up and drain too, for CPU per token).
+    finish. Returns the tokens of the requests answered inside the window of `seconds` (after the warm-up, before
+    its end) and every token the load produced (warm-up and drain too, for CPU per token).
 
     Counting by answer time inside a window of steady load measures its rate without the start (every episode
     sending at once) or the drain (the last requests at a thinning batch), which in a short run weigh as much as
@@ -67,7 +67,7 @@ async def sustained(send: Callable[[int, int], Awaitable[int]], episodes: int, s
                 return counted, produced
 
     totals = await asyncio.gather(*(episode(i) for i in range(episodes)))
-    return sum(c for c, _ in totals), seconds, sum(p for _, p in totals)
+    return sum(c for c, _ in totals), sum(p for _, p in totals)
 
 
 async def wave(make_one: Call, concurrency: int) -> tuple[int, int, float]:

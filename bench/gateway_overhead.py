@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,17 +127,17 @@ class Window:
 
 @dataclass(frozen=True)
 class Load:
-    """One path's share of a round: the window's tokens and seconds, every token it produced, CPU seconds."""
+    """One path's share of a round: the tokens answered in its window, every token it produced, CPU seconds."""
 
     tokens: int
-    seconds: float
+    window: Window
     produced: int
     driver_cpu_s: float
     harness_cpu_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
+        return self.tokens / self.window.seconds
 
 
 async def in_process_load(clients: list, request: dict, stream: bool, window: Window, sigma: float) -> Load:
@@ -145,8 +146,8 @@ async def in_process_load(clients: list, request: dict, stream: bool, window: Wi
         return completion_tokens(clients[episode].chat.completions, {**request, "max_tokens": length}, stream)
 
     cpu = time.process_time()
-    tokens, seconds, produced = await sustained(send, len(clients), window.seconds, window.warmup)
-    return Load(tokens, seconds, produced, time.process_time() - cpu)
+    tokens, produced = await sustained(send, len(clients), window.seconds, window.warmup)
+    return Load(tokens, window, produced, time.process_time() - cpu)
 
 
 async def gateway_load(harness: HarnessProcess, episodes: list, request: dict, stream: bool, window: Window,
@@ -154,7 +155,7 @@ async def gateway_load(harness: HarnessProcess, episodes: list, request: dict, s
     cpu = time.process_time()
     answer, harness_cpu = await harness.load([(e.base_url, e.api_key) for e in episodes], request, stream, window,
                                              sigma)
-    return Load(answer["tokens"], answer["seconds"], answer["produced"], time.process_time() - cpu, harness_cpu)
+    return Load(answer["tokens"], window, answer["produced"], time.process_time() - cpu, harness_cpu)
 
 
 async def measure_point(service, gateway: Gateway, harness: HarnessProcess, request: dict, stream: bool,
@@ -164,19 +165,15 @@ async def measure_point(service, gateway: Gateway, harness: HarnessProcess, requ
     then the paths take turns, one window of load each per round, the first path alternating."""
     clients = [service.client() for _ in range(concurrency)]
     episodes = [gateway.open_episode() for _ in range(concurrency)]
-    loads: dict[str, list[Load]] = {"client": [], "gateway": []}
-
-    async def one(name: str) -> None:
-        load = (in_process_load(clients, request, stream, window, sigma) if name == "client" else
-                gateway_load(harness, episodes, request, stream, window, sigma))
-        loads[name].append(await load)
-
+    paths = {"client": lambda: in_process_load(clients, request, stream, window, sigma),
+             "gateway": lambda: gateway_load(harness, episodes, request, stream, window, sigma)}
+    loads: dict[str, list[Load]] = {name: [] for name in paths}
     try:
         await in_process_load(clients, request, stream, Window.once(), sigma)
         await gateway_load(harness, episodes, request, stream, Window.once(), sigma)
         for round_ in range(rounds):
-            for name in ("client", "gateway") if round_ % 2 == 0 else ("gateway", "client"):
-                await one(name)
+            for name in list(paths) if round_ % 2 == 0 else reversed(paths):
+                loads[name].append(await paths[name]())
     finally:
         await harness.close([e.base_url for e in episodes])
         for episode in episodes:
@@ -184,16 +181,16 @@ async def measure_point(service, gateway: Gateway, harness: HarnessProcess, requ
     ratios = [g.tokens_per_s / c.tokens_per_s for c, g in zip(loads["client"], loads["gateway"], strict=True)]
 
     def rate(name: str) -> float:
-        return sum(load.tokens for load in loads[name]) / sum(load.seconds for load in loads[name])
+        return sum(load.tokens for load in loads[name]) / sum(load.window.seconds for load in loads[name])
 
-    def per_token_us(name: str, cpu: str) -> float:
-        return 1e6 * sum(getattr(load, cpu) for load in loads[name]) / sum(load.produced for load in loads[name])
+    def per_token_us(name: str, cpu_s: Callable[[Load], float]) -> float:
+        return 1e6 * sum(map(cpu_s, loads[name])) / sum(load.produced for load in loads[name])
 
     return {"episodes": concurrency, "stream": stream, "client_tps": rate("client"), "gateway_tps": rate("gateway"),
             "ratio": rate("gateway") / rate("client"), "ratio_se": mean_se(ratios)[1],
-            "client_us": per_token_us("client", "driver_cpu_s"),
-            "gateway_us": per_token_us("gateway", "driver_cpu_s"),
-            "harness_us": per_token_us("gateway", "harness_cpu_s")}
+            "client_us": per_token_us("client", lambda load: load.driver_cpu_s),
+            "gateway_us": per_token_us("gateway", lambda load: load.driver_cpu_s),
+            "harness_us": per_token_us("gateway", lambda load: load.harness_cpu_s)}
 
 
 def _children() -> dict[int, list[int]]:
