@@ -28,6 +28,7 @@ from fullasync.config_fields import config_fields, shared_settings
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.platform import is_cpu_platform
 from fullasync.engines.vllm_engine import RayEngine, VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.weight_transport import weight_transport
 from fullasync.logs import configure_logging, progress, progress_display
 from fullasync.metrics import MetricsSink
 from fullasync.models import load_tokenizer
@@ -274,7 +275,7 @@ class AsyncAgentTrainer:
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
-                                 checkpoints=policy)
+                                 checkpoints=policy, transport=weight_transport(trainer))
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))

@@ -12,7 +12,9 @@ install fails twice is declared dead and restarts from scratch with the new vers
 push fails naming it) — never torn weights. It also keeps every engine at the current version: with
 `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog declared dead and
 installs the current weights on it; an engine that dies during a push is skipped and gets the new weights at
-its restart. Push and restart never interleave (one lock).
+its restart — what the transport makes of them (`materialize`: a streamed push's weights are gathered from the
+trainer while it still holds them, taken right after the push when an engine is dead then, and otherwise the restart
+waits for the next push). Push and restart never interleave (one lock).
 Does not own: how the trainer exports weights, how they travel (`engines/weight_transport.py`), or how
 an engine notices it died (its watchdog).
 """
@@ -25,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from fullasync.engines.protocol import Engine, InstallTiming, PauseMode, WeightsPayload
-from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
+from fullasync.engines.weight_transport import ObjectStoreTransport, StreamedWeights, WeightsMovedOn, WeightTransport
 from fullasync.errors import EngineDiedError, WeightPushError
 from fullasync.offload import Pacer
 
@@ -73,7 +75,8 @@ class WeightSync:
         self.failed_installs = 0  # engines declared dead because they could not install a push
         self.transport: WeightTransport = transport if transport is not None else ObjectStoreTransport()
         self.in_flight = in_flight  # requests running on an engine, by name: paces the installs of an ABORT push
-        self._latest: WeightsPayload | None = None  # the weights of `version` (None: the engines' own initial weights)
+        # the weights of `version` (None: the engines' own initial weights)
+        self._latest: WeightsPayload | StreamedWeights | None = None
         self._lock = asyncio.Lock()
         self._failure: BaseException | None = None  # a restart that failed ends the run
 
@@ -86,28 +89,33 @@ class WeightSync:
                 if engine.death is not None:
                     raise engine.death
 
-    async def push(self, weights: WeightsPayload) -> WeightPushTiming:
-        """Install `weights` (a name→tensor mapping, or a Ray ref to one) as version + 1."""
+    async def push(self, weights: WeightsPayload | StreamedWeights) -> WeightPushTiming:
+        """Install `weights` (a name→tensor mapping, a Ray ref to one, or what the trainer streams) as version + 1."""
         return await self._install(weights, None)
 
-    async def restore(self, weights: WeightsPayload, version: int, start_version: int) -> WeightPushTiming:
+    async def restore(self, weights: WeightsPayload | StreamedWeights, version: int,
+                      start_version: int) -> WeightPushTiming:
         """Resume a run: install its checkpoint's weights as `version` (numbering goes on from there)."""
         timing = await self._install(weights, version)
         self.start_version = start_version
         return timing
 
-    async def _install(self, weights: WeightsPayload, version: int | None) -> WeightPushTiming:
+    async def _install(self, weights: WeightsPayload | StreamedWeights, version: int | None) -> WeightPushTiming:
         self.check_engines()
         async with self._lock:
             new_version = self.version + 1 if version is None else version
             clock = asyncio.get_running_loop().time  # the loop's clock: real, or simulated (fullasync.sim)
             live = [e for e in self.engines if e.death is None]
             start = clock()
-            await self.transport.start_weight_update(weights, new_version)
+            await self.transport.start_weight_update(weights, new_version, live)
             turn = self._abort_turns()
             timings = await self._on_each(live, lambda e: self._install_on(e, new_version, turn))
             await self.transport.finish_weight_update(new_version)
             self.version, self._latest = new_version, weights  # published: every live engine holds it
+            if self.restart_on_failure and any(e.death is not None for e in self.engines):
+                # what the dead engines restart with, taken now: a streamed push's trainer holds it only until
+                # its next step
+                self._latest = await self.transport.materialize(weights)
             wall = clock() - start
         slowest = max(timings, key=lambda t: t.pause_s + t.update_s + t.resume_s,
                       default=InstallTiming(0.0, 0.0, 0.0))
@@ -172,13 +180,21 @@ class WeightSync:
     async def restart_dead(self) -> list[str]:
         """Restart every engine declared dead, serving the current version; the names restarted."""
         async with self._lock:
-            restarted = []
-            for engine in self.engines:
-                if engine.death is not None:
-                    log.warning("restarting %s (%s)", engine.name, engine.death)
-                    await engine.restart(self._latest, self.version)
-                    self.restarts += 1
-                    restarted.append(engine.name)
+            restarted: list[str] = []
+            dead = [engine for engine in self.engines if engine.death is not None]
+            if not dead:
+                return restarted
+            try:
+                latest = None if self._latest is None else await self.transport.materialize(self._latest)
+            except WeightsMovedOn as error:  # the push after the trainer's step takes them for the restart
+                log.warning("engines %s wait for the next push to restart: %s", [e.name for e in dead], error)
+                return restarted
+            self._latest = latest
+            for engine in dead:
+                log.warning("restarting %s (%s)", engine.name, engine.death)
+                await engine.restart(latest, self.version)
+                self.restarts += 1
+                restarted.append(engine.name)
             return restarted
 
     async def supervise(self, interval_s: float) -> None:

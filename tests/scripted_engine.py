@@ -15,6 +15,7 @@ from fullasync.types import FinishReason
 class ScriptedEngine:
     name = "scripted"
     death = None
+    workers = 1
 
     def __init__(self) -> None:
         self.script: list[list[int]] = []

@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the contract loads without torch or Ray; only the type chec
     import torch
     from ray import ObjectRef
 
+    from fullasync.engines.weight_stream import StreamPlan
+
 STRUCTURED_KINDS = ("regex", "json", "choice", "json_object", "compact_json")
 StructuredSpec: TypeAlias = "str | tuple[str, ...] | Mapping[str, JsonValue] | bool"
 """The spec of each structured kind: a regex, the choices, a JSON schema, or True for any JSON object.
@@ -32,10 +34,11 @@ a policy that may pad JSON with whitespace can pad it until `max_tokens`)."""
 NamedTensors: TypeAlias = "Mapping[str, torch.Tensor]"
 """A model's weights by Hugging Face parameter name (`lm_head.weight` included when tied)."""
 
-WeightsPayload: TypeAlias = "NamedTensors | ObjectRef[NamedTensors]"
-"""The weights of one version as they reach `Engine.install`: the mapping itself (in process, simulator), or a
+WeightsPayload: TypeAlias = "NamedTensors | ObjectRef[NamedTensors] | StreamPlan"
+"""The weights of one version as they reach `Engine.install`: the mapping itself (in process, simulator), a
 Ray object reference to it (the trainer's export: the tensors stay in Ray's object store and the driver never
-holds them; Ray resolves the reference in the engine's actor)."""
+holds them; Ray resolves the reference in the engine's actor), or the plan of a push the trainer's ranks stream
+to the engine's workers while it installs (`weight_stream.py`)."""
 
 
 class PauseMode(str, enum.Enum):
@@ -177,6 +180,9 @@ class Engine(Protocol):
 
     @property
     def death(self) -> EngineDiedError | None: ...  # why the engine was declared dead; None while it serves
+
+    @property
+    def workers(self) -> int: ...  # processes holding its weights (tensor-parallel ranks): a streamed push reaches each
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 

@@ -9,7 +9,7 @@ that is hundreds of MB pickled, sent and unpickled per push. Here the RPC carrie
 (names, dtypes, shapes, offsets) and the bytes go through memory both processes map.
 
 Protocol (one push = one `update_weights` of vLLM's weight-transfer API, whose backend —
-`vllm_transfer.SharedMemoryTransferEngine` — loads from a `WeightReceiver` on every worker of the engine: one
+`vllm_transfer.FullasyncTransferEngine` — loads from a `WeightReceiver` on every worker of the engine: one
 per tensor-parallel rank, each reading the whole model, which vLLM's weight loaders shard):
 the control block holds, per slot, the last bucket filled (`filled[s]`, written by the sender) and, per
 reader and slot, the last bucket released (`released[r][s]`, written by reader r), all counted from 1,
@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, TypeAlias
+from typing import Any, Self, TypeAlias
 
 import torch
 
@@ -58,8 +58,21 @@ class TensorEntry:
     nbytes: int
 
 
+class BucketsAsData:
+    """A dataclass with `buckets` of `TensorEntry`s as plain data and back (it crosses Ray and vLLM's RPC)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        buckets = tuple(tuple(TensorEntry(**{**entry, "shape": tuple(entry["shape"])}) for entry in bucket)
+                        for bucket in data["buckets"])
+        return cls(**{**data, "buckets": buckets})
+
+
 @dataclass(frozen=True)
-class BucketLayout:
+class BucketLayout(BucketsAsData):
     """What the receiver needs to read one push: file, slot size, and each bucket's tensors in order."""
 
     path: str
@@ -69,21 +82,12 @@ class BucketLayout:
     timeout_s: float = 120.0  # the receiver gives up waiting for a bucket after this long
     readers: int = 1  # workers that read every bucket (the engine's tensor-parallel ranks on this node)
 
-    def as_dict(self) -> dict[str, Any]:
-        """The layout as plain data (it crosses vLLM's RPC to every worker)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BucketLayout:
-        buckets = tuple(tuple(TensorEntry(**{**entry, "shape": tuple(entry["shape"])}) for entry in bucket)
-                        for bucket in data["buckets"])
-        return cls(**{**data, "buckets": buckets})
 
 
 Bucket: TypeAlias = "list[tuple[TensorEntry, torch.Tensor]]"  # whole layers: each tensor's place and its source
 
 
-def _group_key(name: str) -> str:
+def group_key(name: str) -> str:
     """Tensors of one layer share a key; tied embeddings and output layer share one."""
     if name in _TIED:
         return "tied-embeddings"
@@ -91,7 +95,7 @@ def _group_key(name: str) -> str:
     return match.group(1) if match else name
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -103,13 +107,13 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tupl
     """
     groups: dict[str, list[str]] = {}
     for name in tensors:
-        groups.setdefault(_group_key(name), []).append(name)
+        groups.setdefault(group_key(name), []).append(name)
     buckets: list[Bucket] = []
     current: Bucket = []
     used = 0
     slot_bytes = 0
     for names in groups.values():
-        group_bytes = sum(_aligned(tensors[n].numel() * tensors[n].element_size()) for n in names)
+        group_bytes = sum(aligned(tensors[n].numel() * tensors[n].element_size()) for n in names)
         if current and used + group_bytes > bucket_bytes:
             buckets.append(current)
             current, used = [], 0
@@ -124,7 +128,7 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tupl
             current.append((entry, tensor))
             if shared is None:
                 placed[key] = entry
-                used += _aligned(nbytes)
+                used += aligned(nbytes)
         slot_bytes = max(slot_bytes, used)
     if current:
         buckets.append(current)

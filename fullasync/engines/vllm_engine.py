@@ -64,7 +64,8 @@ from fullasync.engines.protocol import (
     wait_until_set,
 )
 from fullasync.engines.shm_weights import WeightSender
-from fullasync.engines.weight_digests import Served, mismatches, sampled_names, served_digests
+from fullasync.engines.weight_digests import Served, mismatches, received_mismatches, sampled_names, served_digests
+from fullasync.engines.weight_stream import StreamPlan
 from fullasync.errors import EngineDiedError, InvalidRequestError, WeightInstallError
 from fullasync.logs import progress
 from fullasync.placement import check_ray_resources, require_cluster_offers, where_am_i
@@ -412,7 +413,7 @@ class VLLMEngineActor:
         await self.resume()
         return InstallTiming(paused - start, updated - paused, clock() - updated, phases)
 
-    async def update_weights(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
+    async def update_weights(self, named_tensors: NamedTensors | StreamPlan, version: int) -> dict[str, float]:
         """Reload weights in place and label what follows with `version`; the engine must be paused.
 
         Through vLLM's weight-transfer API with the shared-memory backend (`vllm_transfer.py`):
@@ -426,6 +427,8 @@ class VLLMEngineActor:
 
         if self._resumed.is_set():
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
+        if isinstance(named_tensors, StreamPlan):
+            return await self._receive_stream(named_tensors, version)
         tensors = dict(named_tensors)
         if self._tied_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
             # vLLM's CPU output layer keeps its own packed copy of tied embeddings; it is
@@ -447,10 +450,19 @@ class VLLMEngineActor:
             await asyncio.gather(update, return_exceptions=True)
             raise
         await update
+        phases = await self._serve(version, started, lambda: self._check_served(tensors, version))
+        return {"copy_s": copy_s, **phases, "buckets": float(len(buckets)),
+                "shm_bytes": float(self._weights.file_bytes)}
+
+    async def _serve(self, version: int, started: float, check: Callable[[], Awaitable[int]]) -> dict[str, float]:
+        """After the last tensor is loaded: label what the engine serves with `version` (vLLM's own label too),
+        `check` it (how many tensors compared; it raises on a mismatch, and the label is taken back), drop the
+        prefix cache. Returns load_s (since `started`), verify_s, reset_s and checked_tensors."""
+        llm = self._started()
         await llm.finish_weight_update(str(version))  # the engine now labels what it serves with `version`
         loaded = time.perf_counter()
         try:
-            checked = await self._check_served(tensors, version)
+            checked = await check()
         except BaseException:
             await llm.update_weight_version(str(self._version))  # it does not serve `version`: take the label back
             raise
@@ -460,14 +472,37 @@ class VLLMEngineActor:
         if self._pause_mode is PauseMode.RECOMPUTE:  # what is in flight prefills again under `version`
             for versions in self._recomputed.values():
                 versions.append(version)
-        return {"copy_s": copy_s, "load_s": loaded - started, "verify_s": verified - loaded,
-                "reset_s": time.perf_counter() - verified, "buckets": float(len(buckets)),
-                "shm_bytes": float(self._weights.file_bytes), "checked_tensors": float(checked)}
+        return {"load_s": loaded - started, "verify_s": verified - loaded, "reset_s": time.perf_counter() - verified,
+                "checked_tensors": float(checked)}
+
+    async def _receive_stream(self, plan: StreamPlan, version: int) -> dict[str, float]:
+        """`update_weights` of a streamed push: every worker takes the buckets the trainer's rank 0 broadcasts
+        (`weight_stream.py`) and loads them; then the sampled tensors, checked on arrival against the sender's
+        digests, are compared with what each worker's model holds."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        llm = self._started()
+        started = time.perf_counter()
+        await llm.start_weight_update()
+        await llm.update_weights(WeightTransferUpdateRequest({"stream": plan.as_dict()}))
+        phases = await self._serve(version, started, lambda: self._check_received(version))
+        return {**phases, "buckets": float(len(plan.buckets))}
+
+    async def _check_received(self, version: int) -> int:
+        """Each worker's sampled tensors of a streamed push, as received, against what its model holds now."""
+        checked = 0
+        for compared, wrong in await self._started().collective_rpc(received_mismatches):  # type: ignore[arg-type]
+            if wrong:
+                raise WeightInstallError(f"engine {self.name}: after loading streamed weight version {version}, "
+                                         f"{len(wrong)} of {compared} checked tensors differ from those received "
+                                         f"(e.g. {wrong[:3]})")
+            checked += compared
+        return checked
 
     async def _check_served(self, tensors: NamedTensors, version: int) -> int:
         """Digests of a sample of the pushed tensors against what every worker's model holds now; raises
         `WeightInstallError` naming those that differ. Returns how many tensors were compared."""
-        served = await self.weight_digests(sampled_names(tensors, version))
+        served = await self.weight_digests(sampled_names({name: t.dim() for name, t in tensors.items()}, version))
         checked = 0
         for held in served:
             compared, wrong = mismatches(tensors, held)
@@ -531,6 +566,7 @@ class RayEngine:
         self.actor = actor
         self.name = name
         self.config = config
+        self.workers = config.tensor_parallel_size  # a streamed push reaches each of its tensor-parallel ranks
         self.death: EngineDiedError | None = None
         self.restarts = 0
         self.calls: dict[str, int] = {}  # control calls made to the actor so far, by method (round trips)

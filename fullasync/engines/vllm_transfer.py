@@ -1,10 +1,12 @@
-"""The shared-memory weight hand-off as a backend of vLLM's own weight-transfer API.
+"""The project's weight hand-offs as a backend of vLLM's own weight-transfer API.
 
-Owns: `SharedMemoryTransferEngine`, the worker side of `shm_weights.py` written as a vLLM
-`WeightTransferEngine`, registered in vLLM's `WeightTransferEngineFactory` as `fullasync_shm` (through the
-`vllm.general_plugins` entry point, so every vLLM process — the engine core and each tensor-parallel worker —
-knows it). Does not own: the sender, the buckets or
-the protocol (`shm_weights.py`), nor when a push happens (`vllm_engine.py`, `weight_sync.py`).
+Owns: `FullasyncTransferEngine`, the worker side of both hand-offs written as a vLLM `WeightTransferEngine`,
+registered in vLLM's `WeightTransferEngineFactory` as `fullasync` (through the `vllm.general_plugins` entry point,
+so every vLLM process — the engine core and each tensor-parallel worker — knows it). A push's update info names
+one of them: `layout`, buckets the engine actor fills in shared memory (`shm_weights.py`, the object-store
+transport), or `stream`, buckets the trainer's rank 0 broadcasts to the workers (`weight_stream.py`); a streamed
+push leaves the sampled tensors it received on the worker (`received`) for the engine's check. Does not own: the
+senders, the buckets or the protocols, nor when a push happens (`vllm_engine.py`, `weight_sync.py`).
 
 With it an engine takes a push as vLLM's API describes one: `start_weight_update` (vLLM's layer-wise reload
 begins) → `update_weights` (every worker reads the buckets as they are filled and loads them; vLLM processes
@@ -25,9 +27,11 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from fullasync.engines import weight_stream
 from fullasync.engines.shm_weights import BucketLayout, WeightReceiver
+from fullasync.engines.weight_stream import StreamPlan
 
-BACKEND = "fullasync_shm"  # the name under which vLLM's factory knows this backend
+BACKEND = "fullasync"  # the name under which vLLM's factory knows this backend
 
 
 def check_installed() -> None:
@@ -41,37 +45,39 @@ def check_installed() -> None:
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: make `fullasync_shm` a weight-transfer backend (idempotent)."""
+    """The `vllm.general_plugins` entry point: make `fullasync` a weight-transfer backend (idempotent)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     try:
-        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "SharedMemoryTransferEngine")
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, "FullasyncTransferEngine")
     except ValueError:  # vLLM loads plugins once per process, but a process may also import this first
         pass
 
 
 @dataclass
-class SharedMemoryInitInfo(WeightTransferInitInfo):
-    """Nothing to set up: each push names its file in its layout."""
+class FullasyncInitInfo(WeightTransferInitInfo):
+    """Nothing to set up: each push says where its bytes come from in its update info."""
 
 
 @dataclass
-class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
-    layout: dict[str, Any] = field(default_factory=dict)  # the push's `BucketLayout.as_dict()`
+class FullasyncUpdateInfo(WeightTransferUpdateInfo):
+    layout: dict[str, Any] = field(default_factory=dict)  # a push through shared memory: `BucketLayout.as_dict()`
+    stream: dict[str, Any] = field(default_factory=dict)  # a streamed push: `StreamPlan.as_dict()`
 
 
-class SharedMemoryTransferEngine(WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]):
-    """vLLM's worker side of a push through shared memory (see the module docstring)."""
+class FullasyncTransferEngine(WeightTransferEngine[FullasyncInitInfo, FullasyncUpdateInfo]):
+    """vLLM's worker side of a push (see the module docstring)."""
 
-    init_info_cls = SharedMemoryInitInfo
-    update_info_cls = SharedMemoryUpdateInfo
+    init_info_cls = FullasyncInitInfo
+    update_info_cls = FullasyncUpdateInfo
     supports_draft_weight_update = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._receiver = WeightReceiver()  # keeps the file mapped between pushes
+        self.received: dict[str, torch.Tensor] = {}  # the last streamed push's sampled tensors, as received
 
-    def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
+    def init_transfer_engine(self, init_info: FullasyncInitInfo) -> None:
         pass
 
     def start_weight_update(self) -> None:
@@ -84,13 +90,18 @@ class SharedMemoryTransferEngine(WeightTransferEngine[SharedMemoryInitInfo, Shar
         if self.device.type != "cpu":
             torch.accelerator.synchronize()
 
-    def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
+    def receive_weights(self, update_info: FullasyncUpdateInfo) -> None:
         from vllm.distributed import get_tensor_model_parallel_rank
 
         # every rank of a tensor-parallel engine reads the whole model; vLLM's weight loaders keep its shard
-        layout = BucketLayout.from_dict(update_info.layout)
+        rank = get_tensor_model_parallel_rank()
         load_weights: Any = self.model.load_weights  # vLLM's models define it; nn.Module's typing does not know it
-        load_weights(self._receiver.tensors(layout, reader=get_tensor_model_parallel_rank()))
+        if update_info.stream:
+            plan = StreamPlan.from_dict(update_info.stream)
+            self.received = {}
+            self.received = weight_stream.receive(plan, plan.rank_offset + rank, load_weights)
+        else:
+            load_weights(self._receiver.tensors(BucketLayout.from_dict(update_info.layout), reader=rank))
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload

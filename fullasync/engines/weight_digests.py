@@ -23,11 +23,12 @@ def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().data).hexdigest()
 
 
-def sampled_names(tensors: Mapping[str, torch.Tensor], version: int) -> list[str]:
-    """The tensors a push of `version` checks: every 1-D one, and the `version`-th of the others (in name order)."""
-    names = sorted(tensors)
-    small = [name for name in names if tensors[name].dim() <= 1]
-    large = [name for name in names if tensors[name].dim() > 1]
+def sampled_names(dims: Mapping[str, int], version: int) -> list[str]:
+    """The tensors a push of `version` checks, from each tensor's number of dimensions by name: every 1-D one, and
+    the `version`-th of the others (in name order)."""
+    names = sorted(dims)
+    small = [name for name in names if dims[name] <= 1]
+    large = [name for name in names if dims[name] > 1]
     return small + ([large[version % len(large)]] if large else [])
 
 
@@ -79,3 +80,10 @@ def mismatches(tensors: Mapping[str, torch.Tensor], served: Served) -> tuple[int
         if digest(part.to(getattr(torch, dtype))) != held:
             wrong.append(name)
     return compared, sorted(wrong)
+
+
+def received_mismatches(worker: Any) -> tuple[int, list[str]]:
+    """Run by vLLM on each worker after a streamed push: its sampled tensors as received (kept by the transfer
+    engine, `vllm_transfer.py`) against what its model holds — `mismatches` of the two."""
+    received = worker.weight_transfer_engine.received
+    return mismatches(received, served_digests(received)(worker))

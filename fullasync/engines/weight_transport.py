@@ -11,25 +11,49 @@ hands it to its vLLM engine's workers through vLLM's own weight-transfer API (`s
 Does not own: when a push happens, which engines take part, or what a failed engine gets later
 (`weight_sync.py`); pausing and resuming inside an engine (`Engine.install`).
 
-A transport that streams from the trainer's ranks to the engines (NCCL or IPC on GPU) fits the same three
-calls: `start_weight_update` opens the transfer on the sender's side, `update_weights` has one engine receive
-and load it between its pause and resume, `finish_weight_update` closes the transfer once every engine holds
-`version`. A push that fails never reaches `finish_weight_update`; the next `start_weight_update` begins afresh.
+`StreamTransport` streams from the trainer's ranks instead (`weight_stream.py`): `start_weight_update` plans the
+push for the engines taking part and sets the trainer's ranks sending, `update_weights` has one engine join the
+broadcast between its pause and resume (an engine asked again — a retry — or not planned for gets a push of its
+own), `finish_weight_update` waits for the senders. NCCL or IPC on GPU fit the same three calls. A push that
+fails never reaches `finish_weight_update`; the next `start_weight_update` begins afresh. What a restarted engine
+loads (`materialize`): the payload itself, or for a streamed one the trainer's gathered weights while it still
+holds that version (`WeightsMovedOn` once it has stepped on: the restart waits for the next push).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fullasync.engines.protocol import Engine, InstallTiming, PauseMode, WeightsPayload
+
+if TYPE_CHECKING:
+    from fullasync.engines.weight_stream import StreamPlan
+
+STREAM_BUCKET_BYTES = 64 * 2**20  # a streamed push's buckets of whole layers (each rank holds at most two)
+STREAM_TIMEOUT_S = 120.0  # a member of a streamed push that waits this long for the others gives up
+
+
+@dataclass(frozen=True)
+class StreamedWeights:
+    """The trainer's weights after `step` steps, to be streamed by its ranks while the engines install them."""
+
+    step: int
+
+
+class WeightsMovedOn(RuntimeError):
+    """The trainer no longer holds the weights asked for (it has stepped since)."""
 
 
 @runtime_checkable
 class WeightTransport(Protocol):
     """Carries one weight version to every engine of a push (see the module docstring for the order)."""
 
-    async def start_weight_update(self, weights: WeightsPayload, version: int) -> None:
-        """Begin pushing `weights` as `version` (before any engine is paused)."""
+    async def start_weight_update(self, weights: WeightsPayload | StreamedWeights, version: int,
+                                  engines: Sequence[Engine]) -> None:
+        """Begin pushing `weights` as `version` to `engines` (before any engine is paused)."""
         ...
 
     async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
@@ -39,6 +63,10 @@ class WeightTransport(Protocol):
 
     async def finish_weight_update(self, version: int) -> None:
         """Every engine that took part holds `version`: release what the push held."""
+        ...
+
+    async def materialize(self, weights: WeightsPayload | StreamedWeights) -> WeightsPayload:
+        """What an engine restarting with `weights` installs (`Engine.restart`)."""
         ...
 
 
@@ -53,7 +81,11 @@ class ObjectStoreTransport:
     def __init__(self) -> None:
         self._pushing: tuple[WeightsPayload, int] | None = None  # the started push: weights and version
 
-    async def start_weight_update(self, weights: WeightsPayload, version: int) -> None:
+    async def start_weight_update(self, weights: WeightsPayload | StreamedWeights, version: int,
+                                  engines: Sequence[Engine]) -> None:
+        if isinstance(weights, StreamedWeights):
+            raise TypeError("the trainer streams its weights (trainer.weight_transport=stream) but this push goes "
+                            "through the object store: build WeightSync with StreamTransport(trainer)")
         self._pushing = (weights, version)
 
     async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
@@ -64,3 +96,85 @@ class ObjectStoreTransport:
 
     async def finish_weight_update(self, version: int) -> None:
         self._pushing = None
+
+    async def materialize(self, weights: WeightsPayload | StreamedWeights) -> WeightsPayload:
+        if isinstance(weights, StreamedWeights):
+            raise TypeError("a streamed push's weights reach a restarted engine through StreamTransport")
+        return weights
+
+
+class StreamingTrainer(Protocol):
+    """What `StreamTransport` needs of the trainer (`VerlTrainer`)."""
+
+    async def stream_plan(self, version: int, world_size: int, bucket_bytes: int, timeout_s: float
+                          ) -> StreamPlan: ...
+
+    async def stream_weights(self, plan: StreamPlan) -> dict[str, str]: ...
+
+    async def gather_weights(self, step: int | None = None) -> WeightsPayload: ...
+
+
+@dataclass
+class _StreamedPush:
+    version: int
+    plan: StreamPlan
+    offsets: dict[str, int]  # each planned engine's first rank in the push's group
+    senders: list[asyncio.Future[dict[str, str]]]
+    joined: set[str] = field(default_factory=set)
+
+
+class StreamTransport:
+    """Weights streamed from the trainer's ranks into every engine's workers, one broadcast per push.
+
+    The trainer's rank 0 is rank 0 of the push's group; each engine's workers follow at its offset. Every planned
+    engine joins the one broadcast; an engine that fails it (the whole broadcast fails with it: the others time
+    out) is retried with a push of its own, as is an engine that was not planned for.
+    """
+
+    def __init__(self, trainer: StreamingTrainer, bucket_bytes: int = STREAM_BUCKET_BYTES,
+                 timeout_s: float = STREAM_TIMEOUT_S) -> None:
+        self.trainer = trainer
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self._push: _StreamedPush | None = None
+
+    async def start_weight_update(self, weights: WeightsPayload | StreamedWeights, version: int,
+                                  engines: Sequence[Engine]) -> None:
+        if not isinstance(weights, StreamedWeights):
+            raise TypeError(f"StreamTransport pushes what the trainer streams (StreamedWeights), got "
+                            f"{type(weights).__name__}: set trainer.weight_transport=stream")
+        offsets, rank = {}, 1
+        for engine in engines:
+            offsets[engine.name], rank = rank, rank + engine.workers
+        plan = await self.trainer.stream_plan(version, rank, self.bucket_bytes, self.timeout_s)
+        self._push = _StreamedPush(version, plan, offsets, [asyncio.ensure_future(self.trainer.stream_weights(plan))])
+
+    async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
+        push = self._push
+        if push is None or push.version != version:
+            raise RuntimeError(f"StreamTransport.update_weights(version={version}) without a started push of that "
+                               "version: call start_weight_update first")
+        if engine.name in push.offsets and engine.name not in push.joined:
+            push.joined.add(engine.name)
+            return await engine.install(push.plan.for_engine(push.offsets[engine.name]), version, mode)
+        own = await self.trainer.stream_plan(version, 1 + engine.workers, self.bucket_bytes, self.timeout_s)
+        push.senders.append(asyncio.ensure_future(self.trainer.stream_weights(own)))
+        return await engine.install(own, version, mode)
+
+    async def finish_weight_update(self, version: int) -> None:
+        push, self._push = self._push, None
+        if push is not None:  # every engine installed: a sender that failed was retried by a push of its own
+            await asyncio.gather(*push.senders, return_exceptions=True)
+
+    async def materialize(self, weights: WeightsPayload | StreamedWeights) -> WeightsPayload:
+        if isinstance(weights, StreamedWeights):
+            return await self.trainer.gather_weights(weights.step)
+        return weights
+
+
+def weight_transport(trainer: StreamingTrainer) -> WeightTransport:
+    """The transport a trainer's setting asks for (`trainer.weight_transport`: object_store or stream)."""
+    config = getattr(trainer, "config", None)
+    if getattr(config, "weight_transport", "object_store") == "stream":
+        return StreamTransport(trainer)
+    return ObjectStoreTransport()

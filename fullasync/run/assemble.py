@@ -28,6 +28,7 @@ from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import EngineSection, RolloutSection, RunConfig
 from fullasync.config_fields import shared_settings
 from fullasync.engines.protocol import Engine, PauseMode
+from fullasync.engines.weight_transport import WeightTransport
 from fullasync.export_note import write_export_note
 from fullasync.gateway import Gateway
 from fullasync.metrics import MetricsSink
@@ -307,11 +308,13 @@ class Run:
 
 async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: RolloutService, rollout_fn: RolloutFn,
                    settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
-                   checkpoints: CheckpointPolicy | None = None) -> Run:
-    """Wire one run on engines and a trainer that the caller started (and will stop)."""
+                   checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None) -> Run:
+    """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
+    travel (default: the object store, `engines/weight_transport.py`)."""
     check_rollout_fn(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
-                             restart_on_failure=settings.restart_engines, in_flight=service.router.load)
+                             restart_on_failure=settings.restart_engines, transport=transport,
+                             in_flight=service.router.load)
     # admission counts the versions of this run only (a resumed run: from its first run's start)
     staleness = StalenessManager(settings.max_staleness, settings.batch_size, settings.rollout.max_running_rows,
                                  version=lambda: weight_sync.version - weight_sync.start_version,

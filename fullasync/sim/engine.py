@@ -110,6 +110,7 @@ class SimulatedEngine:
     def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:
         self.name = name
         self.death: EngineDiedError | None = None  # a simulated engine never dies
+        self.workers = 1
         self.cost = cost
         self.time = EngineTime()
         self._version = version

@@ -22,6 +22,7 @@ LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 GROUP_LOCAL_ESTIMATORS = ("grpo", "rloo", "grpo_passk")  # advantages from the group alone: a batch may come in parts
 MODEL_DTYPES = ("fp32", "bf16")
 PADDING_FREE = ("auto", "on", "off")
+WEIGHT_TRANSPORTS = ("object_store", "stream")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed
 # Inputs build_batch hands an advantage estimator; one that needs more (gae: values) is rejected.
 ESTIMATOR_INPUTS = ("token_level_rewards", "response_mask", "index", "config", "epsilon", "norm_adv_by_std_in_grpo")
@@ -156,6 +157,11 @@ class TrainerConfig:
     optimizer_offload: bool = setting(False, "keep optimizer state in host memory between steps (GPU; no-op on CPU)")
     lora: LoraConfig = section(LoraConfig, "low-rank adapters instead of full fine-tuning (pushed to the engines "
                                "merged into the weights)")
+    weight_transport: str = setting("object_store", "how a push reaches the engines: object_store (rank 0 gathers "
+                                    "the model into Ray's object store; each engine's node copies it into shared "
+                                    "memory) or stream (the ranks gather tensor by tensor and rank 0 broadcasts "
+                                    "buckets to every engine worker over gloo: no whole model held anywhere, "
+                                    "across nodes)", resume_may_change=True)
     num_workers: int = setting(1, "FSDP2 data-parallel worker processes (one node)")
     worker_num_cpus: float = setting(1.0, "Ray CPUs reserved per worker", resume_may_change=True)
     worker_threads: int = setting(0, "torch threads per worker; 0 = cpu_count // num_workers (at least 1)",
@@ -184,6 +190,9 @@ class TrainerConfig:
                              "(bf16 keeps fp32 master weights)")
         if self.padding_free not in PADDING_FREE:
             raise ValueError(f"TrainerConfig.padding_free={self.padding_free!r}: choose one of {PADDING_FREE}")
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(f"TrainerConfig.weight_transport={self.weight_transport!r}: choose one of "
+                             f"{WEIGHT_TRANSPORTS}")
         check_ray_resources("TrainerConfig.ray_resources", self.ray_resources)
         self.lora.validate()
         _check_policy_loss(self.policy_loss)

@@ -24,6 +24,8 @@ import torch
 
 from fullasync.engines.platform import is_cpu_platform
 from fullasync.engines.protocol import NamedTensors
+from fullasync.engines.weight_stream import Metadata, StreamPlan, plan_buckets
+from fullasync.engines.weight_transport import StreamedWeights, WeightsMovedOn
 from fullasync.offload import off_loop
 from fullasync.trainer.batch import TrainBatch, build_batch, loss_normaliser, shard_batch
 from fullasync.trainer.config import GROUP_LOCAL_ESTIMATORS, TrainerConfig
@@ -52,6 +54,8 @@ class VerlTrainer:
         self._workers: WorkerGroup | None = None
         self._pad_token_id = 0
         self._warned_version = False
+        self._in_step = False  # a train step was submitted and has not returned: the weights are about to change
+        self._metadata: list[Metadata] | None = None  # what a streamed push sends
 
     async def start(self) -> None:
         """Start the ranks and load the model (about 10-20 s for a tiny model on CPU)."""
@@ -114,6 +118,14 @@ class VerlTrainer:
         batch and timing figures.
         """
         self._require_started()
+        self._in_step = True
+        try:
+            return await self._train_step(batch, trainer_version, late)
+        finally:
+            self._in_step = False
+
+    async def _train_step(self, batch: TrainBatch, trainer_version: int | None,
+                          late: Callable[[], Awaitable[TrainBatch]] | None) -> dict[str, float]:
         started = time.perf_counter()
         config = self.config
         version = _trainer_version(batch, trainer_version)
@@ -159,17 +171,50 @@ class VerlTrainer:
                     for s in sharded.shards]
         return list(await workers.wait(workers.submit_each("train", per_rank), "train"))
 
-    async def export_weights(self) -> ObjectRef[NamedTensors]:
+    async def export_weights(self) -> ObjectRef[NamedTensors] | StreamedWeights:
+        """The current policy for `WeightSync.push`: with `weight_transport=object_store` its gathered weights
+        (`gather_weights`); with `stream`, a handle — the ranks stream it while the engines install
+        (`stream_weights`)."""
+        if self.config.weight_transport == "stream":
+            self._require_started()
+            return StreamedWeights(self.step)
+        return await self.gather_weights()
+
+    async def gather_weights(self, step: int | None = None) -> ObjectRef[NamedTensors]:
         """A Ray object reference to {HF name: CPU tensor} of the current policy, `lm_head.weight` included.
 
-        The tensors stay in Ray's object store: hand the reference to `WeightSync.push`.
+        The tensors stay in Ray's object store: hand the reference to `WeightSync.push`. With `step`: the
+        weights after that many steps, or `WeightsMovedOn` when the trainer has stepped since (or is stepping).
         """
         workers = self._require_started()
+        if step is not None and (self._in_step or self.step != step):
+            raise WeightsMovedOn(f"the trainer holds the weights of step {self.step}"
+                                 f"{' and is training the next' if self._in_step else ''}, not those of step {step}")
         started = time.perf_counter()
         refs = workers.submit_returning("export_weights", 2)
         await workers.wait([summary for _, summary in refs], "export_weights")
         self.timings["export_s"] = time.perf_counter() - started
         return cast("ObjectRef[NamedTensors]", refs[0][0])  # rank 0's weights (the other ranks return None)
+
+    async def stream_plan(self, version: int, world_size: int, bucket_bytes: int, timeout_s: float) -> StreamPlan:
+        """The plan of a streamed push of the current policy as `version` to `world_size` − 1 engine workers: the
+        tensors in buckets of whole layers up to `bucket_bytes`, the rendezvous on rank 0's node."""
+        workers = self._require_started()
+        if self._metadata is None:
+            self._metadata = (await workers.call("weight_metadata"))[0]
+        endpoint = await workers.wait(workers.submit_to(0, "stream_endpoint"), "stream_endpoint")
+        address, port = endpoint[0]
+        return StreamPlan(address, port, world_size, version, plan_buckets(self._metadata, bucket_bytes),
+                          timeout_s=timeout_s)
+
+    async def stream_weights(self, plan: StreamPlan) -> dict[str, str]:
+        """Send `plan`'s push: the ranks gather tensor by tensor, rank 0 broadcasts (returns when every receiver
+        took every bucket); the digests of the sampled tensors, as sent."""
+        workers = self._require_started()
+        started = time.perf_counter()
+        digests = (await workers.call("stream_weights", plan))[0]
+        self.timings["stream_s"] = time.perf_counter() - started
+        return cast("dict[str, str]", digests)
 
     async def save_checkpoint(self, path: str | None = None) -> str:
         """Write the policy as a Hugging Face directory (config, safetensors, tokenizer); returns the path."""

@@ -20,7 +20,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,7 @@ from fullasync.trainer.corrections import CorrectionStats
 if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
     from verl.workers.engine_workers import TrainingWorker
 
+    from fullasync.engines.weight_stream import Metadata, StreamPlan
     from fullasync.trainer.corrections import CorrectedPolicyLoss
 
 LOOPBACK = "127.0.0.1"
@@ -258,18 +259,60 @@ class TrainerWorker:
             shutil.rmtree(target)
         staging.rename(target)
 
+    def stream_endpoint(self) -> tuple[str, int]:
+        """Where this rank hosts a streamed push's rendezvous: its node's address and a port free there now."""
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        with socket.socket() as sock:
+            sock.bind((address, 0))
+            return address, sock.getsockname()[1]
+
+    def weight_metadata(self) -> list[Metadata]:
+        """(HF name, dtype, shape, the name of the tensor just before when it is the same one — tied embeddings)
+        of each tensor `stream_weights` sends, in its order (a collective: one pass of the gather, holding one
+        tensor at a time; asked once per run)."""
+        metadata: list[Metadata] = []
+        previous: tuple[str, torch.Tensor | None] = ("", None)
+        for name, tensor in self._tensor_by_tensor():
+            same = previous[0] if tensor is previous[1] else ""
+            metadata.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), same))
+            previous = (name, tensor)
+        return metadata
+
+    def stream_weights(self, plan: StreamPlan) -> dict[str, str] | None:
+        """A streamed push (`weight_stream.py`): every rank gathers the model tensor by tensor (a collective) and
+        rank 0 broadcasts the plan's buckets to the engines' workers. Rank 0 returns the sampled tensors' digests."""
+        from fullasync.engines import weight_stream
+
+        tensors = self._tensor_by_tensor()
+        try:
+            return weight_stream.send(plan, tensors) if self.rank == 0 else None
+        finally:
+            for _ in tensors:  # every rank gathers every tensor, even after rank 0's send failed
+                pass
+
     def _full_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full tensors (a collective: every rank gathers its shards); with LoRA, the adapters merged."""
+        return dict(self._tensor_by_tensor())
+
+    def _tensor_by_tensor(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The HF-named full tensors one at a time (a collective: each rank gathers each tensor's shards as it is
+        asked for; with LoRA the adapters are merged first, over the whole model); a tied output layer is the
+        embeddings' tensor, right after them."""
         policy = self._set_up()[0]
         if self.spec.config.lora.enabled:
-            weights = _merged_lora_weights(_fsdp_module(policy))
+            per_tensor: Iterable[tuple[str, torch.Tensor]] = _merged_lora_weights(_fsdp_module(policy)).items()
         else:
             per_tensor, _ = policy.engine.get_per_tensor_param()
-            weights = {name: tensor.detach().cpu() for name, tensor in per_tensor}
         tied = policy.model_config.hf_config.tie_word_embeddings
-        if tied and TIED_OUTPUT_WEIGHT not in weights:
-            weights[TIED_OUTPUT_WEIGHT] = weights[INPUT_EMBEDDING_WEIGHT]
-        return weights
+        for name, tensor in per_tensor:
+            if tied and name == TIED_OUTPUT_WEIGHT:
+                continue  # the embeddings' own tensor, sent right after them
+            tensor = tensor.detach().cpu()
+            yield name, tensor
+            if tied and name == INPUT_EMBEDDING_WEIGHT:
+                yield TIED_OUTPUT_WEIGHT, tensor
 
     def _infer(self, worker: TrainingWorker, shard: TrainBatch) -> torch.Tensor:
         from fullasync.trainer.verl_setup import response_logprobs, to_tensordict

@@ -46,6 +46,7 @@ class CountingEngine:
     def __init__(self, name: str) -> None:
         self.name = name
         self.death = None
+        self.workers = 1
         self.seen: list[str] = []
         self.release = asyncio.Event()
 

@@ -134,6 +134,8 @@ def test_engine_and_trainer_on_two_nodes_train_and_push_weights(tmp_path):
     assert report["steps"] == TOTAL_STEPS and report["trainer_step"] == TOTAL_STEPS
     assert report["engine_version_before"] == 0
     assert report["engine_version_after"] == TOTAL_STEPS  # each step's weights reached the engine's node
+    # streamed from the trainer's node into the engine's workers (gloo across the nodes), never gathered
+    assert "stream_s" in report["trainer_timings"] and "export_s" not in report["trainer_timings"]
     assert report["weights_changed_outputs"], "the engine scored a fixed text the same before and after the pushes"
     assert report["trained_samples"] > 0
 
@@ -208,7 +210,7 @@ async def _train_on_cluster(report: dict) -> None:
         model=ModelSection(path=model_path),
         engine=EngineSection(max_model_len=256, ray_resources={ENGINE_RESOURCE: 0.01}),
         trainer=TrainerConfig(lr=1e-2, micro_batch_size=4, ray_resources={TRAINER_RESOURCE: 0.01},
-                              call_timeout_s=180),
+                              call_timeout_s=180, weight_transport="stream"),
         rollout=RolloutSection(n=2, batch_size=2, max_running_rows=4, episode_timeout_s=120),
         data=DataSection(task="", epochs=4),
     )
@@ -253,6 +255,7 @@ async def _train_on_cluster(report: dict) -> None:
 
         report["steps"], report["trained_samples"] = result.steps, result.trained_samples
         report["trainer_step"] = trainer.step
+        report["trainer_timings"] = sorted(trainer.timings)
         report["engine_version_after"] = await engine.version()
         report["weights_changed_outputs"] = before != await _greedy_next(engine, probe)
         report["listeners"] = _listeners_of_this_process_tree()

@@ -123,6 +123,7 @@ class UnreachedEngine:
 
     name = "unreached"
     death = None
+    workers = 1
 
     async def generate(self, request):
         raise AssertionError(f"request {request.request_id} reached the engine")

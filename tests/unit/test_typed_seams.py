@@ -5,11 +5,18 @@ through its `WeightTransport` as a start → update → finish transaction, the 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import pytest
 
 from fullasync.engines.protocol import Engine, GenerateRequest, InstallTiming, PauseMode, WeightsPayload
-from fullasync.engines.weight_transport import ObjectStoreTransport, WeightTransport
+from fullasync.engines.weight_transport import (
+    ObjectStoreTransport,
+    StreamedWeights,
+    StreamTransport,
+    WeightsMovedOn,
+    WeightTransport,
+)
 from fullasync.run.contracts import Trainer
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
@@ -17,7 +24,7 @@ from fullasync.weight_sync import WeightSync
 
 STREAMING = {"generate_stream"}  # async generators
 PLAIN = {"mark_dead"}  # plain calls; every other method of the protocol is a coroutine
-PROPERTIES = {"name", "death"}
+PROPERTIES = {"name", "death", "workers"}
 
 
 def protocol_methods(protocol: type) -> set[str]:
@@ -66,9 +73,10 @@ class RecordingTransport:
         self.inner = ObjectStoreTransport()
         self.calls: list[tuple[str, int]] = []
 
-    async def start_weight_update(self, weights: WeightsPayload, version: int) -> None:
+    async def start_weight_update(self, weights: WeightsPayload, version: int, engines: Sequence[Engine]) -> None:
         self.calls.append(("start", version))
-        await self.inner.start_weight_update(weights, version)
+        self.planned = [engine.name for engine in engines]
+        await self.inner.start_weight_update(weights, version, engines)
 
     async def update_weights(self, engine: Engine, version: int, mode: PauseMode) -> InstallTiming:
         self.calls.append((f"update {engine.name}", version))
@@ -77,6 +85,9 @@ class RecordingTransport:
     async def finish_weight_update(self, version: int) -> None:
         self.calls.append(("finish", version))
         await self.inner.finish_weight_update(version)
+
+    async def materialize(self, weights: WeightsPayload) -> WeightsPayload:
+        return await self.inner.materialize(weights)
 
 
 async def test_a_push_is_one_transaction_of_the_weight_transport():
@@ -88,6 +99,7 @@ async def test_a_push_is_one_transaction_of_the_weight_transport():
         timing = await sync.push({})
         assert timing.version == 1 and [await e.version() for e in engines] == [1, 1]
         assert transport.calls == [("start", 1), ("update sim-0", 1), ("update sim-1", 1), ("finish", 1)]
+        assert transport.planned == ["sim-0", "sim-1"]  # the transport knows who takes part before any update
         assert isinstance(WeightSync(engines).transport, ObjectStoreTransport)  # the default
     finally:
         for engine in engines:
@@ -98,11 +110,64 @@ async def test_the_object_store_transport_refuses_an_update_outside_its_push():
     engine = SimulatedEngine("sim-0", DecodeCost(push_s=0.0))
     transport = ObjectStoreTransport()
     try:
-        await transport.start_weight_update({}, 3)
+        await transport.start_weight_update({}, 3, [engine])
         with pytest.raises(RuntimeError, match=r"version=4.*start_weight_update"):
             await transport.update_weights(engine, 4, PauseMode.ABORT)
     finally:
         await engine.shutdown()
+
+
+async def test_each_transport_refuses_the_other_ones_weights_saying_which_setting_matches():
+    with pytest.raises(TypeError, match="trainer.weight_transport=stream.*StreamTransport"):
+        await ObjectStoreTransport().start_weight_update(StreamedWeights(step=0), 1, [])
+    with pytest.raises(TypeError, match="set trainer.weight_transport=stream"):
+        await StreamTransport(trainer=None).start_weight_update({}, 1, [])  # type: ignore[arg-type]
+
+
+class HeldUntilStepped:
+    """A streamed push's transport whose trainer has stepped on (`moved`) or still holds the pushed weights."""
+
+    def __init__(self) -> None:
+        self.inner = ObjectStoreTransport()
+        self.moved = True
+        self.materialized: list[StreamedWeights] = []
+
+    async def start_weight_update(self, weights, version, engines) -> None:
+        await self.inner.start_weight_update({}, version, engines)
+
+    async def update_weights(self, engine, version, mode):
+        return await self.inner.update_weights(engine, version, mode)
+
+    async def finish_weight_update(self, version) -> None:
+        await self.inner.finish_weight_update(version)
+
+    async def materialize(self, weights):
+        if not isinstance(weights, StreamedWeights):
+            return weights
+        if self.moved:
+            raise WeightsMovedOn(f"not those of step {weights.step}")
+        self.materialized.append(weights)
+        return {}
+
+
+async def test_an_engine_dead_after_a_streamed_push_restarts_only_with_the_weights_the_trainer_still_holds():
+    engines = [SimulatedEngine(f"sim-{i}", DecodeCost(push_s=0.0)) for i in range(2)]
+    transport = HeldUntilStepped()
+    sync = WeightSync(engines, transport=transport, restart_on_failure=True)
+    try:
+        await sync.push(StreamedWeights(step=1))
+        engines[1].mark_dead("killed by the test")
+        assert await sync.restart_dead() == []  # the trainer has stepped on: the restart waits
+        assert engines[1].death is not None
+        transport.moved = False
+        await sync.push(StreamedWeights(step=2))  # the push after the step takes them for the dead engine at once
+        assert transport.materialized == [StreamedWeights(step=2)]
+        transport.moved = True  # the trainer steps on again: the taken weights still serve the restart
+        assert await sync.restart_dead() == ["sim-1"]
+        assert engines[1].death is None and await engines[1].version() == sync.version == 2
+    finally:
+        for engine in engines:
+            await engine.shutdown()
 
 
 def test_the_simulated_trainer_is_a_trainer():

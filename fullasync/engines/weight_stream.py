@@ -1,0 +1,229 @@
+"""Streams weights from the trainer's ranks straight into the engines' workers, bucket by bucket, over gloo.
+
+Owns: the wire protocol of the streamed push — its plan (`StreamPlan`: the tensors' names, dtypes and shapes,
+packed into buckets of whole layers, known to both sides before a byte moves), the process group of one push
+(the trainer's rank 0 as root, then every worker of every engine taking part, each at its engine's offset plus its
+tensor-parallel rank), the sender (`send`: checks each tensor against the plan, packs a bucket, broadcasts it while
+the next one is gathered) and the receiver (`receive`: each bucket's tensors handed to vLLM's loader as they
+arrive). After the last bucket the root broadcasts the SHA-256 of the tensors the push checks (`sampled_names`), as
+sent; each worker compares them with what it received before the engine serves anything, and keeps those tensors
+so that the engine can compare them with what its model holds once loaded (`weight_digests.mismatches`).
+Does not own: iterating the trainer's tensors (`trainer/worker.py`), which engines take part and what a failure
+leads to (`weight_transport.StreamTransport`, `weight_sync.py`), vLLM's side of the API (`vllm_transfer.py`).
+
+Why: the object-store transport gathers the whole model on the trainer's rank 0, puts it in Ray's object store and
+copies it once more into shared memory on each engine's node. Streamed, no process holds more of it than the
+tensor being gathered and two buckets, the bytes are copied once into a bucket and once into vLLM's parameters, and
+the same broadcast reaches engines on other nodes (gloo over TCP; NCCL fills the same role on GPUs). A tensor the
+plan ties to the one before it (tied embeddings and output layer) travels once.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from fullasync.engines.shm_weights import BucketsAsData, TensorEntry, aligned, group_key
+from fullasync.engines.weight_digests import digest, sampled_names
+
+DIGEST_BYTES = 32  # SHA-256
+Loader = Callable[[list[tuple[str, torch.Tensor]]], Any]
+
+
+@dataclass(frozen=True)
+class StreamPlan(BucketsAsData):
+    """One streamed push as both sides know it before it starts: where to meet, who is who, what comes in which
+    bucket."""
+
+    address: str  # where the trainer's rank 0 listens for this push's rendezvous
+    port: int
+    world_size: int  # 1 (the trainer's rank 0) + every worker of every engine taking part
+    version: int
+    buckets: tuple[tuple[TensorEntry, ...], ...]
+    timeout_s: float = 300.0
+    rank_offset: int = 1  # the receiving engine's first rank (its tensor-parallel ranks follow)
+
+    @property
+    def sampled(self) -> list[str]:
+        """The tensors whose digests travel after the last bucket (those the push checks)."""
+        return sampled_names({e.name: len(e.shape) for bucket in self.buckets for e in bucket}, self.version)
+
+    def for_engine(self, rank_offset: int) -> StreamPlan:
+        return replace(self, rank_offset=rank_offset)
+
+
+Metadata = tuple[str, str, tuple[int, ...], str]  # name, dtype, shape, and the earlier tensor it is ("": none)
+
+
+def plan_buckets(metadata: Iterable[Metadata], bucket_bytes: int) -> tuple[tuple[TensorEntry, ...], ...]:
+    """(name, dtype, shape, same as) in the order the sender yields them, packed into buckets of whole layers up to
+    `bucket_bytes` each (a bigger layer gets a bucket of its own); a layer's tensors must come together. A tensor
+    that is an earlier one of its layer (tied embeddings and output layer) shares its bytes."""
+    buckets: list[tuple[TensorEntry, ...]] = []
+    current: list[TensorEntry] = []
+    pending: list[Metadata] = []
+    key = None
+    used = 0
+
+    def close_layer() -> None:
+        nonlocal current, used
+        size = sum(aligned(_nbytes(dtype, shape)) for _, dtype, shape, same in pending if not same)
+        if current and used + size > bucket_bytes:
+            buckets.append(tuple(current))
+            current, used = [], 0
+        placed = {entry.name: entry for entry in current}
+        for name, dtype, shape, same in pending:
+            if same:
+                placed[name] = TensorEntry(name, dtype, tuple(shape), placed[same].offset, placed[same].nbytes)
+            else:
+                placed[name] = TensorEntry(name, dtype, tuple(shape), used, _nbytes(dtype, shape))
+                used += aligned(_nbytes(dtype, shape))
+            current.append(placed[name])
+        pending.clear()
+
+    for name, dtype, shape, same in metadata:
+        if pending and group_key(name) != key:
+            close_layer()
+        key = group_key(name)
+        if same and same not in {entry[0] for entry in pending}:
+            raise ValueError(f"{name} shares the bytes of {same}, which is not an earlier tensor of its layer")
+        pending.append((name, dtype, tuple(shape), same))
+    close_layer()
+    if current:
+        buckets.append(tuple(current))
+    return tuple(buckets)
+
+
+def _nbytes(dtype: str, shape: Iterable[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count * getattr(torch, dtype).itemsize
+
+
+def _bucket_bytes(bucket: tuple[TensorEntry, ...]) -> int:
+    return max(entry.offset + aligned(entry.nbytes) for entry in bucket)
+
+
+class PushGroup:
+    """The process group of one push: the trainer's rank 0 hosts the rendezvous (a TCP store) and is the root.
+
+    Every socket it opens is on an address of the plan's network: the store listens on the plan's address only (a
+    TCP store given just a host listens on every interface), and each member's gloo connections use the local
+    address that routes to it (127.0.0.1 on one machine).
+    """
+
+    def __init__(self, plan: StreamPlan, rank: int) -> None:
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=plan.timeout_s)
+        listening: dict[str, Any] = {}
+        if rank == 0:
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((plan.address, plan.port))
+            listener.listen()
+            listening["master_listen_fd"] = listener.detach()  # the store owns it from here
+        self._store: Any = dist.TCPStore(plan.address, plan.port, world_size=None, is_master=rank == 0,
+                                         timeout=timeout, wait_for_workers=False, **listening)
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's way to pick the device
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(plan.address, plan.port))]
+        options._timeout = timeout
+        store = dist.PrefixStore(f"fullasync-push-{plan.version}", self._store)
+        self._group: Any = dist.ProcessGroupGloo(store, rank, plan.world_size, options)  # its broadcast is untyped
+        self._options = dist.BroadcastOptions()
+        self._options.rootRank = 0
+        self._options.rootTensor = 0
+
+    def broadcast(self, buffer: torch.Tensor) -> Any:
+        """Start broadcasting `buffer` from the root (filled there, overwritten elsewhere); wait on what it returns."""
+        return self._group.broadcast([buffer], self._options)
+
+    def close(self) -> None:
+        self._group = self._store = None  # the root's store stops listening
+
+
+def _local_address(host: str, port: int) -> str:
+    """This host's address on the route to host:port (a UDP socket's connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
+
+
+def send(plan: StreamPlan, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, str]:
+    """The root's side: pack and broadcast every bucket of `plan` from `tensors` (yielded in the plan's order,
+    checked against it), then the digests of the sampled ones. Returns those digests (hex), as sent."""
+    expected = [entry for bucket in plan.buckets for entry in bucket]
+    sampled = set(plan.sampled)
+    digests: dict[str, str] = {}
+    group = PushGroup(plan, 0)
+    try:
+        in_flight = None
+        position = 0
+        for bucket in plan.buckets:
+            buffer = torch.empty(_bucket_bytes(bucket), dtype=torch.uint8)
+            written: set[int] = set()
+            for entry in bucket:
+                name, tensor = next(tensors, (None, None))
+                if name is None or tensor is None:
+                    raise ValueError(f"the trainer yielded {position} tensors; the push's plan has {len(expected)}")
+                if (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)) != \
+                        (entry.name, entry.dtype, entry.shape):
+                    raise ValueError(f"tensor {position} of the push is {name} {tensor.dtype} {tuple(tensor.shape)}; "
+                                     f"the plan says {entry.name} {entry.dtype} {entry.shape}")
+                raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                part = buffer[entry.offset:entry.offset + entry.nbytes]
+                if entry.offset not in written:
+                    part.copy_(raw)
+                    written.add(entry.offset)
+                elif not torch.equal(part, raw):  # a tied tensor: its bytes are there already, and must be its own
+                    raise ValueError(f"{name} shares an earlier tensor's bytes in the plan but differs from it")
+                if name in sampled:
+                    digests[name] = digest(raw)
+                position += 1
+            if in_flight is not None:
+                in_flight.wait()  # the previous bucket is out before its buffer is dropped
+            in_flight = group.broadcast(buffer)
+        extra = next(tensors, None)
+        if extra is not None:
+            raise ValueError(f"the trainer yielded more tensors than the push's plan has ({len(expected)}); the "
+                             f"first extra is {extra[0]}")
+        if in_flight is not None:
+            in_flight.wait()
+        sent = b"".join(bytes.fromhex(digests[name]) for name in plan.sampled)
+        group.broadcast(torch.frombuffer(bytearray(sent), dtype=torch.uint8)).wait()
+    finally:
+        group.close()
+    return {name: digests[name] for name in plan.sampled}
+
+
+def receive(plan: StreamPlan, rank: int, load: Loader) -> dict[str, torch.Tensor]:
+    """A worker's side: take every bucket of `plan` and `load` its tensors; then check the sampled ones against the
+    root's digests. Returns the sampled tensors as received (for the check against what the model holds)."""
+    sampled = set(plan.sampled)
+    kept: dict[str, torch.Tensor] = {}
+    group = PushGroup(plan, rank)
+    try:
+        for bucket in plan.buckets:
+            buffer = torch.empty(_bucket_bytes(bucket), dtype=torch.uint8)
+            group.broadcast(buffer).wait()
+            tensors = [(entry.name, buffer[entry.offset:entry.offset + entry.nbytes]
+                        .view(getattr(torch, entry.dtype)).view(entry.shape)) for entry in bucket]
+            kept.update((name, tensor.clone()) for name, tensor in tensors if name in sampled)
+            load(tensors)
+        blob = torch.empty(DIGEST_BYTES * len(plan.sampled), dtype=torch.uint8)
+        group.broadcast(blob).wait()
+    finally:
+        group.close()
+    sent = blob.numpy().tobytes()
+    wrong = [name for i, name in enumerate(plan.sampled)
+             if bytes.fromhex(digest(kept[name])) != sent[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]]
+    if wrong:
+        raise ValueError(f"weight version {plan.version}: {len(wrong)} of {len(plan.sampled)} checked tensors "
+                         f"arrived otherwise than sent (e.g. {wrong[:3]})")
+    return kept
