@@ -144,8 +144,13 @@ class PushGroup:
         """Start broadcasting `buffer` from the root (filled there, overwritten elsewhere); wait on what it returns."""
         return self._group.broadcast([buffer], self._options)
 
-    def close(self) -> None:
-        self._group = self._store = None  # the root's store stops listening
+    def __enter__(self) -> PushGroup:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        # the group's last reference: destroying it closes its connections, so after a failure the other members
+        # fail at once ("connection closed by peer") instead of at their timeout (gloo's abort does not close them)
+        self._group = self._store = None
 
 
 def _local_address(host: str, port: int) -> str:
@@ -161,44 +166,46 @@ def send(plan: StreamPlan, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[
     expected = [entry for bucket in plan.buckets for entry in bucket]
     sampled = set(plan.sampled)
     digests: dict[str, str] = {}
-    group = PushGroup(plan, 0)
-    try:
-        in_flight = None
-        position = 0
-        for bucket in plan.buckets:
-            buffer = torch.empty(_bucket_bytes(bucket), dtype=torch.uint8)
-            written: set[int] = set()
-            for entry in bucket:
-                name, tensor = next(tensors, (None, None))
-                if name is None or tensor is None:
-                    raise ValueError(f"the trainer yielded {position} tensors; the push's plan has {len(expected)}")
-                if (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)) != \
-                        (entry.name, entry.dtype, entry.shape):
-                    raise ValueError(f"tensor {position} of the push is {name} {tensor.dtype} {tuple(tensor.shape)}; "
-                                     f"the plan says {entry.name} {entry.dtype} {entry.shape}")
-                raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8)
-                part = buffer[entry.offset:entry.offset + entry.nbytes]
-                if entry.offset not in written:
-                    part.copy_(raw)
-                    written.add(entry.offset)
-                elif not torch.equal(part, raw):  # a tied tensor: its bytes are there already, and must be its own
-                    raise ValueError(f"{name} shares an earlier tensor's bytes in the plan but differs from it")
-                if name in sampled:
-                    digests[name] = digest(raw)
-                position += 1
-            if in_flight is not None:
-                in_flight.wait()  # the previous bucket is out before its buffer is dropped
-            in_flight = group.broadcast(buffer)
-        extra = next(tensors, None)
-        if extra is not None:
-            raise ValueError(f"the trainer yielded more tensors than the push's plan has ({len(expected)}); the "
-                             f"first extra is {extra[0]}")
-        if in_flight is not None:
-            in_flight.wait()
-        sent = b"".join(bytes.fromhex(digests[name]) for name in plan.sampled)
-        group.broadcast(torch.frombuffer(bytearray(sent), dtype=torch.uint8)).wait()
-    finally:
-        group.close()
+    on_the_wire: list[Any] = []  # the bucket being broadcast (its work holds the group): emptied on the way out
+    position = 0
+    with PushGroup(plan, 0) as group:
+        try:
+            for bucket in plan.buckets:
+                buffer = torch.empty(_bucket_bytes(bucket), dtype=torch.uint8)
+                written: set[int] = set()
+                for entry in bucket:
+                    name, tensor = next(tensors, (None, None))
+                    if name is None or tensor is None:
+                        raise ValueError(f"the trainer yielded {position} tensors; the push's plan has "
+                                         f"{len(expected)}")
+                    if (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)) != \
+                            (entry.name, entry.dtype, entry.shape):
+                        raise ValueError(f"tensor {position} of the push is {name} {tensor.dtype} "
+                                         f"{tuple(tensor.shape)}; the plan says {entry.name} {entry.dtype} "
+                                         f"{entry.shape}")
+                    raw = tensor.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                    part = buffer[entry.offset:entry.offset + entry.nbytes]
+                    if entry.offset not in written:
+                        part.copy_(raw)
+                        written.add(entry.offset)
+                    elif not torch.equal(part, raw):  # a tied tensor: its bytes are there already, its own
+                        raise ValueError(f"{name} shares an earlier tensor's bytes in the plan but differs from it")
+                    if name in sampled:
+                        digests[name] = digest(raw)
+                    position += 1
+                if on_the_wire:
+                    on_the_wire.pop().wait()  # the previous bucket is out before its buffer is dropped
+                on_the_wire.append(group.broadcast(buffer))
+            extra = next(tensors, None)
+            if extra is not None:
+                raise ValueError(f"the trainer yielded more tensors than the push's plan has ({len(expected)}); "
+                                 f"the first extra is {extra[0]}")
+            if on_the_wire:
+                on_the_wire.pop().wait()
+            sent = b"".join(bytes.fromhex(digests[name]) for name in plan.sampled)
+            group.broadcast(torch.frombuffer(bytearray(sent), dtype=torch.uint8)).wait()
+        finally:
+            on_the_wire.clear()
     return {name: digests[name] for name in plan.sampled}
 
 
@@ -207,8 +214,7 @@ def receive(plan: StreamPlan, rank: int, load: Loader) -> dict[str, torch.Tensor
     root's digests. Returns the sampled tensors as received (for the check against what the model holds)."""
     sampled = set(plan.sampled)
     kept: dict[str, torch.Tensor] = {}
-    group = PushGroup(plan, rank)
-    try:
+    with PushGroup(plan, rank) as group:
         for bucket in plan.buckets:
             buffer = torch.empty(_bucket_bytes(bucket), dtype=torch.uint8)
             group.broadcast(buffer).wait()
@@ -218,8 +224,6 @@ def receive(plan: StreamPlan, rank: int, load: Loader) -> dict[str, torch.Tensor
             load(tensors)
         blob = torch.empty(DIGEST_BYTES * len(plan.sampled), dtype=torch.uint8)
         group.broadcast(blob).wait()
-    finally:
-        group.close()
     sent = blob.numpy().tobytes()
     wrong = [name for i, name in enumerate(plan.sampled)
              if bytes.fromhex(digest(kept[name])) != sent[i * DIGEST_BYTES:(i + 1) * DIGEST_BYTES]]

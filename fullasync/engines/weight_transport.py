@@ -127,8 +127,8 @@ class StreamTransport:
     """Weights streamed from the trainer's ranks into every engine's workers, one broadcast per push.
 
     The trainer's rank 0 is rank 0 of the push's group; each engine's workers follow at its offset. Every planned
-    engine joins the one broadcast; an engine that fails it (the whole broadcast fails with it: the others time
-    out) is retried with a push of its own, as is an engine that was not planned for.
+    engine joins the one broadcast; when a member fails, the whole broadcast fails with it (its connections close:
+    the others learn at once), and each engine is retried with a push of its own, as is one not planned for.
     """
 
     def __init__(self, trainer: StreamingTrainer, bucket_bytes: int = STREAM_BUCKET_BYTES,
