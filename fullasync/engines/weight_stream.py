@@ -20,7 +20,10 @@ plan ties to the one before it (tied embeddings and output layer) travels once.
 
 from __future__ import annotations
 
+import select
 import socket
+import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -32,6 +35,10 @@ from fullasync.engines.shm_weights import BucketsAsData, TensorEntry, aligned, g
 from fullasync.engines.weight_digests import digest, sampled_names
 
 DIGEST_BYTES = 32  # SHA-256
+JOINED, ABANDONED = "joined/", "abandoned"  # keys in the push's rendezvous store: a member's (+ rank), the root's
+ABANDON_LINGER_S = 5.0  # an abandoned push's store stays up this long for members on their way (they give up at once)
+JOIN_POLL_S = 0.005
+ABANDON_TIMEOUT_S = 30.0  # how long `abandon` knocks for a root that is only starting its push
 Loader = Callable[[list[tuple[str, torch.Tensor]]], Any]
 
 
@@ -42,6 +49,7 @@ class StreamPlan(BucketsAsData):
 
     address: str  # where the trainer's rank 0 listens for this push's rendezvous
     port: int
+    control_port: int  # where it listens for `abandon` while its members join
     world_size: int  # 1 (the trainer's rank 0) + every worker of every engine taking part
     version: int
     buckets: tuple[tuple[TensorEntry, ...], ...]
@@ -122,20 +130,39 @@ class PushGroup:
         import torch.distributed as dist
 
         timeout = timedelta(seconds=plan.timeout_s)
+        deadline = time.monotonic() + plan.timeout_s
         listening: dict[str, Any] = {}
+        control = None
         if rank == 0:
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((plan.address, plan.port))
-            listener.listen()
-            listening["master_listen_fd"] = listener.detach()  # the store owns it from here
+            control = listen(plan.address, plan.control_port)  # `abandon` knocks here
+            listening["master_listen_fd"] = listen(plan.address, plan.port).detach()  # the store owns it from here
+        else:
+            # the store's client retries a refused connection only after a random delay of up to a tenth of its
+            # timeout (seconds to minutes): a member that comes first waits for the root's port itself
+            until_listening(plan.address, plan.port, deadline)
         self._store: Any = dist.TCPStore(plan.address, plan.port, world_size=None, is_master=rank == 0,
                                          timeout=timeout, wait_for_workers=False, **listening)
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's way to pick the device
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(plan.address, plan.port))]
         options._timeout = timeout
-        store = dist.PrefixStore(f"fullasync-push-{plan.version}", self._store)
-        self._group: Any = dist.ProcessGroupGloo(store, rank, plan.world_size, options)  # its broadcast is untyped
+        store: Any = dist.PrefixStore(f"fullasync-push-{plan.version}", self._store)
+        try:
+            if control is not None:
+                _wait_for_members(store, plan, control, deadline)
+            elif store.check([ABANDONED]):
+                raise PushAbandoned(f"weight version {plan.version}: the push was abandoned before this engine joined")
+            else:
+                store.set(f"{JOINED}{rank}", "")
+            self._group: Any = dist.ProcessGroupGloo(store, rank, plan.world_size, options)  # broadcast: untyped
+        except BaseException as error:
+            # drop the store's last references (the traceback keeps the frames it passed through): the root's then
+            # stops listening, so the members waiting in the rendezvous fail at once
+            traceback.clear_frames(error.__traceback__)
+            store = self._store = None
+            raise
+        finally:
+            if control is not None:
+                control.close()
         self._options = dist.BroadcastOptions()
         self._options.rootRank = 0
         self._options.rootTensor = 0
@@ -153,11 +180,72 @@ class PushGroup:
         self._group = self._store = None
 
 
+class PushAbandoned(RuntimeError):
+    """The push was given up before every member joined it (one of its engines failed first)."""
+
+
+def _wait_for_members(store: Any, plan: StreamPlan, control: socket.socket, deadline: float) -> None:
+    """The root waits until every member has said it joined, or someone knocked on its control socket
+    (`abandon`), or its timeout passed: a member that never comes does not hold the others in gloo's rendezvous."""
+    members = [f"{JOINED}{rank}" for rank in range(1, plan.world_size)]
+    while not store.check(members):
+        if select.select([control], [], [], 0)[0]:
+            store.set(ABANDONED, "")  # for members still on their way: they give up as they come
+            time.sleep(ABANDON_LINGER_S)
+            raise PushAbandoned(f"weight version {plan.version}: the push was abandoned before every engine joined")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"weight version {plan.version}: not every engine joined the push within "
+                               f"{plan.timeout_s:.0f} s")
+        time.sleep(JOIN_POLL_S)
+
+
+def abandon(plan: StreamPlan) -> None:
+    """Tell a push's root, waiting for its members, to give up: its store closes, so every member waiting fails at
+    once. A knock on its control socket; nothing happens when nobody listens there within `ABANDON_TIMEOUT_S`."""
+    try:
+        until_listening(plan.address, plan.control_port, time.monotonic() + ABANDON_TIMEOUT_S)
+    except TimeoutError:  # the push is over, or its root never started
+        pass
+
+
+def until_listening(address: str, port: int, deadline: float) -> None:
+    """Connect to address:port (and hang up) as soon as something listens there; TimeoutError past `deadline`."""
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except (ConnectionRefusedError, TimeoutError) as error:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listened on {address}:{port} in time") from error
+            time.sleep(JOIN_POLL_S)
+
+
 def _local_address(host: str, port: int) -> str:
     """This host's address on the route to host:port (a UDP socket's connect sends nothing)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((host, port))
         return str(probe.getsockname()[0])
+
+
+def listen(address: str, port: int) -> socket.socket:
+    """A socket listening on address:port only (a TCP store given just a host listens on every interface)."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, port))
+    listener.listen()
+    return listener
+
+
+def free_ports(address: str, count: int) -> list[int]:
+    """`count` ports free on `address` now (the rendezvous and control ports of a push)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((address, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def send(plan: StreamPlan, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, str]:

@@ -121,6 +121,7 @@ class _StreamedPush:
     offsets: dict[str, int]  # each planned engine's first rank in the push's group
     senders: list[asyncio.Future[dict[str, str]]]
     joined: set[str] = field(default_factory=set)
+    abandoned: bool = False  # an engine failed its part: the others go on with pushes of their own
 
 
 class StreamTransport:
@@ -154,9 +155,18 @@ class StreamTransport:
         if push is None or push.version != version:
             raise RuntimeError(f"StreamTransport.update_weights(version={version}) without a started push of that "
                                "version: call start_weight_update first")
-        if engine.name in push.offsets and engine.name not in push.joined:
+        if engine.name in push.offsets and engine.name not in push.joined and not push.abandoned:
             push.joined.add(engine.name)
-            return await engine.install(push.plan.for_engine(push.offsets[engine.name]), version, mode)
+            try:
+                return await engine.install(push.plan.for_engine(push.offsets[engine.name]), version, mode)
+            except BaseException:
+                from fullasync.engines.weight_stream import abandon  # torch: loaded by streamed pushes only
+
+                # the broadcast cannot go on without this engine: the others (joined or not) learn it at once
+                push.abandoned = True
+                if not push.senders[0].done():
+                    await asyncio.to_thread(abandon, push.plan)
+                raise
         own = await self.trainer.stream_plan(version, 1 + engine.workers, self.bucket_bytes, self.timeout_s)
         push.senders.append(asyncio.ensure_future(self.trainer.stream_weights(own)))
         return await engine.install(own, version, mode)

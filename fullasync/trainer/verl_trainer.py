@@ -203,9 +203,9 @@ class VerlTrainer:
         if self._metadata is None:
             self._metadata = (await workers.call("weight_metadata"))[0]
         endpoint = await workers.wait(workers.submit_to(0, "stream_endpoint"), "stream_endpoint")
-        address, port = endpoint[0]
-        return StreamPlan(address, port, world_size, version, plan_buckets(self._metadata, bucket_bytes),
-                          timeout_s=timeout_s)
+        address, port, control_port = endpoint[0]
+        return StreamPlan(address, port, control_port, world_size, version,
+                          plan_buckets(self._metadata, bucket_bytes), timeout_s=timeout_s)
 
     async def stream_weights(self, plan: StreamPlan) -> dict[str, str]:
         """Send `plan`'s push: the ranks gather tensor by tensor, rank 0 broadcasts (returns when every receiver

@@ -259,14 +259,16 @@ class TrainerWorker:
             shutil.rmtree(target)
         staging.rename(target)
 
-    def stream_endpoint(self) -> tuple[str, int]:
-        """Where this rank hosts a streamed push's rendezvous: its node's address and a port free there now."""
+    def stream_endpoint(self) -> tuple[str, int, int]:
+        """Where this rank hosts a streamed push's rendezvous: its node's address and two ports free there now
+        (the store's and the control socket's, `weight_stream.PushGroup`)."""
         import ray
 
+        from fullasync.engines.weight_stream import free_ports
+
         address = ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind((address, 0))
-            return address, sock.getsockname()[1]
+        port, control_port = free_ports(address, 2)
+        return address, port, control_port
 
     def weight_metadata(self) -> list[Metadata]:
         """(HF name, dtype, shape, the name of the tensor just before when it is the same one — tied embeddings)

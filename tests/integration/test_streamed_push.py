@@ -3,6 +3,8 @@ buckets over gloo straight into a vLLM engine's worker, through vLLM's weight-tr
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 from policy_weights import PolicyWeights
@@ -11,6 +13,7 @@ from fullasync.engines.protocol import PauseMode
 from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
 from fullasync.engines.weight_digests import digest
 from fullasync.engines.weight_transport import StreamedWeights, StreamTransport, WeightsMovedOn, weight_transport
+from fullasync.errors import EngineDiedError
 from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 from fullasync.weight_sync import WeightSync
@@ -88,6 +91,36 @@ async def test_an_engine_left_out_of_the_plan_or_retried_gets_a_push_of_its_own(
     version = await engine.version() + 1
     await transport.start_weight_update(StreamedWeights(trainer.step), version, [])  # planned for no engine
     timing = await transport.update_weights(engine, version, PauseMode.ABORT)
+    await transport.finish_weight_update(version)
+    assert timing.phases["checked_tensors"] > 0 and await engine.served_version() == version
+    compared, wrong = await engine.check_weights(dict(await (await trainer.gather_weights())))
+    assert compared > 0 and wrong == []
+
+
+class DiesBeforeJoining:
+    """An engine of the push's plan that fails before it takes part (its actor is gone)."""
+
+    name = "ghost"
+    workers = 1
+    death = None
+
+    async def install(self, weights, version, mode):
+        raise EngineDiedError("engine ghost is dead: its actor is gone")
+
+
+async def test_a_planned_engine_that_fails_before_joining_ends_the_broadcast_at_once_and_the_others_retry_alone(
+        stack):
+    trainer, engine = stack
+    transport = StreamTransport(trainer, timeout_s=600.0)  # a member left waiting would wait this long
+    version = await engine.version() + 1
+    await transport.start_weight_update(StreamedWeights(trainer.step), version, [engine, DiesBeforeJoining()])
+    joined, ghost = await asyncio.gather(transport.update_weights(engine, version, PauseMode.ABORT),
+                                         transport.update_weights(DiesBeforeJoining(), version, PauseMode.ABORT),
+                                         return_exceptions=True)
+    assert isinstance(ghost, EngineDiedError)
+    assert isinstance(joined, Exception) and "timed out" not in repr(joined).lower(), joined  # told, not timed out
+    assert await engine.actor.is_paused.remote()  # a failed install serves nothing
+    timing = await transport.update_weights(engine, version, PauseMode.ABORT)  # the retry: a push of its own
     await transport.finish_weight_update(version)
     assert timing.phases["checked_tensors"] > 0 and await engine.served_version() == version
     compared, wrong = await engine.check_weights(dict(await (await trainer.gather_weights())))

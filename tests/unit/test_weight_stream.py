@@ -4,14 +4,26 @@ tensor-parallel), over gloo on loopback."""
 from __future__ import annotations
 
 import multiprocessing
-import socket
+import threading
+import time
+from datetime import timedelta
 
 import pytest
 import torch
 
 from fullasync.engines.shm_weights import group_key
 from fullasync.engines.weight_digests import digest
-from fullasync.engines.weight_stream import StreamPlan, plan_buckets, receive, send
+from fullasync.engines.weight_stream import (
+    JOINED,
+    PushAbandoned,
+    StreamPlan,
+    abandon,
+    free_ports,
+    plan_buckets,
+    receive,
+    send,
+    until_listening,
+)
 
 
 def _model(seed: int) -> dict[str, torch.Tensor]:
@@ -38,11 +50,9 @@ def _metadata(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[in
 
 
 def _plan(tensors: dict[str, torch.Tensor], world_size: int, version: int = 3, timeout_s: float = 30.0) -> StreamPlan:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return StreamPlan("127.0.0.1", port, world_size, version, plan_buckets(_metadata(tensors), bucket_bytes=1200),
-                      timeout_s=timeout_s)
+    port, control_port = free_ports("127.0.0.1", 2)
+    return StreamPlan("127.0.0.1", port, control_port, world_size, version,
+                      plan_buckets(_metadata(tensors), bucket_bytes=1200), timeout_s=timeout_s)
 
 
 def _receiver(plan: StreamPlan, rank: int, results: multiprocessing.Queue) -> None:
@@ -135,3 +145,34 @@ def test_a_tensor_the_plan_ties_to_an_earlier_one_must_be_that_tensor():
     error, received = _run(plan, yielded)
     assert isinstance(error, ValueError) and "lm_head.weight shares an earlier tensor's bytes" in str(error)
     assert isinstance(received[1][0], str)
+
+
+def test_a_push_abandoned_before_every_engine_joined_ends_at_once_for_the_root_and_those_waiting():
+    import torch.distributed as dist
+
+    tensors = _model(seed=5)
+    plan = _plan(tensors, world_size=3, timeout_s=60.0)  # rank 2 never comes (its engine failed first)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    worker = context.Process(target=_receiver, args=(plan, 1, results))
+    worker.start()
+    outcome: list[object] = []
+    root = threading.Thread(target=lambda: outcome.append(_attempt(plan, list(tensors.items()))))
+    root.start()
+    until_listening(plan.address, plan.port, time.monotonic() + 60)  # the root's store is up
+    store = dist.TCPStore(plan.address, plan.port, world_size=None, is_master=False, timeout=timedelta(seconds=60),
+                          wait_for_workers=False)
+    dist.PrefixStore(f"fullasync-push-{plan.version}", store).wait([f"{JOINED}1"])  # rank 1 has joined and waits
+    abandon(plan)
+    root.join(timeout=60)
+    _, got, kept = results.get(timeout=60)
+    worker.join(timeout=60)
+    assert isinstance(outcome[0], PushAbandoned)
+    assert kept is None and "Timed out" not in got and "timed out" not in got, got  # failed when the store closed
+
+
+def _attempt(plan: StreamPlan, yielded: list[tuple[str, torch.Tensor]]) -> object:
+    try:
+        return send(plan, iter(yielded))
+    except Exception as error:  # the outcome under test
+        return error
