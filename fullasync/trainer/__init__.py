@@ -3,8 +3,8 @@
 - `TrainerConfig` (`config.py`): optimiser, loss, advantage and worker settings.
 - `build_batch` / `TrainBatch` (`batch.py`): trajectory groups → verl's padded layout with
   per-group outcome advantages, behaviour log-probs and per-token versions.
-- `VerlTrainer` (`verl_trainer.py`): start, compute_logprobs, train_step, export_weights,
-  save_checkpoint, shutdown.
+- `VerlTrainer` (`verl_trainer.py`): start, compute_logprobs, train_step, export_weights (gathered, or
+  streamed by the ranks: stream_plan / stream_weights), save_checkpoint, shutdown.
 
 `TrainerConfig` loads without torch, Ray or verl; the other names are imported on first use.
 """

@@ -2,7 +2,9 @@
 
 Owns: the trainer's life cycle (start, shutdown), laying batches out over data-parallel ranks,
 combining rank results into one metrics dict, and handing out exported weights as a Ray object
-reference (the driver never holds the weights: pass the reference straight to `WeightSync.push`).
+reference (the driver never holds the weights: pass the reference straight to `WeightSync.push`) or,
+with `weight_transport=stream`, as a handle the ranks stream from while the engines install
+(`weight_transport.StreamTransport`: `stream_plan`, `stream_weights`).
 Does not own: what a step computes (`worker.py`, verl), batches (`batch.py`), when to train or push
 (the training loop).
 
