@@ -125,3 +125,20 @@ async def test_a_planned_engine_that_fails_before_joining_ends_the_broadcast_at_
     assert timing.phases["checked_tensors"] > 0 and await engine.served_version() == version
     compared, wrong = await engine.check_weights(dict(await (await trainer.gather_weights())))
     assert compared > 0 and wrong == []
+
+
+async def test_an_engine_killed_after_a_streamed_push_restarts_serving_the_trainers_weights(stack):
+    import ray
+
+    trainer, engine = stack
+    sync = WeightSync([engine], version=await engine.version(), transport=StreamTransport(trainer),
+                      restart_on_failure=True)
+    await trainer.train_step(trainer.build_batch(_groups()), sync.version)
+    timing = await sync.push(await trainer.export_weights())
+    trained = dict(await (await trainer.gather_weights()))
+    ray.kill(engine.actor)
+    engine.mark_dead("killed by the test")
+    assert await sync.restart_dead() == [engine.name]  # the trainer still holds the pushed version: gathered
+    assert await engine.version() == timing.version == await engine.served_version()
+    compared, wrong = await engine.check_weights(trained)
+    assert compared > 0 and wrong == []
