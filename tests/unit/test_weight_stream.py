@@ -49,7 +49,7 @@ def _metadata(tensors: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[in
     return metadata
 
 
-def _plan(tensors: dict[str, torch.Tensor], world_size: int, version: int = 3, timeout_s: float = 30.0) -> StreamPlan:
+def _plan(tensors: dict[str, torch.Tensor], world_size: int, version: int = 3, timeout_s: float = 90.0) -> StreamPlan:
     port, control_port = free_ports("127.0.0.1", 2)
     return StreamPlan("127.0.0.1", port, control_port, world_size, version,
                       plan_buckets(_metadata(tensors), bucket_bytes=1200), timeout_s=timeout_s)
