@@ -197,7 +197,10 @@ def test_a_settled_heap_inside_another_leaves_the_outer_one_settled():
     before = gc.get_threshold()
     with settled_heap():
         frozen = gc.get_freeze_count()
+        # frozen objects still die by reference counting (another thread's, at any time): the count may fall a
+        # little; an inner block that gave the heap back would drop it to 0
         with settled_heap():  # e.g. an evaluation started by a program that is running one
-            assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() == frozen
-        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() == frozen > 0
+            assert gc.get_threshold() == GC_THRESHOLDS and 0.99 * frozen <= gc.get_freeze_count() <= frozen
+        assert gc.get_threshold() == GC_THRESHOLDS and 0.99 * frozen <= gc.get_freeze_count() <= frozen
+        assert frozen > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
