@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import time
 import warnings
@@ -107,9 +106,9 @@ class TrainerWorker:
 
     def free_port(self) -> int:
         """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
-        with socket.socket() as sock:
-            sock.bind((LOOPBACK, 0))
-            return sock.getsockname()[1]
+        from fullasync.engines.weight_stream import free_ports
+
+        return free_ports(LOOPBACK, 1)[0]
 
     def describe(self) -> dict[str, str]:
         """What this rank's policy runs as, read from the model verl built (not from the config): master weights'
