@@ -10,7 +10,7 @@ abandons records nothing. A weight push mid-stream is invisible: the deltas simp
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 from openai.types import Completion, CompletionChoice
@@ -29,14 +29,55 @@ from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 
 
+class IncrementalText:
+    """`decode(ids)` of a growing list of ids, at a cost per push of the new ids rather than of all of them.
+
+    The text of a settled prefix is kept; a push decodes only the ids after it, with `CONTEXT` ids before them
+    so that a tokenizer reads them as it would in the whole (a word's leading space, a multi-byte character split
+    over tokens, spaces cleaned up around punctuation), and appends what those ids add: decode(context + new)
+    less decode(context). The prefix settles up to the newest id whenever its text does not end inside a UTF-8
+    character. Should a window ever fail to extend its context's text, the whole is decoded once more."""
+
+    CONTEXT = 4  # ids decoded before the new ones, more where those ids have no text
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self._settled_text = ""  # decode(ids[:settled]) ...
+        self._settled = 0
+        self._context_start = 0  # ... and decode(ids[context_start:settled]): text unless context_start is 0
+        self._context_text = ""
+
+    def push(self, ids: Sequence[int]) -> str:
+        """The text of every id so far."""
+        self.ids += ids
+        window = self.decode(self.ids[self._context_start :])
+        if window.startswith(self._context_text):
+            text = self._settled_text + window[len(self._context_text) :]
+        else:
+            text = self.decode(self.ids)
+        if not text.endswith("\ufffd"):
+            self._settle(text)
+        return text
+
+    def _settle(self, text: str) -> None:
+        """The prefix is every id so far. Its context must have text: a decode that strips the first character
+        (a SentencePiece word's space) or starts a word must do so in the context, as the whole decode did."""
+        self._settled_text, self._settled = text, len(self.ids)
+        start, context = self._settled, ""
+        while start > 0 and not context:
+            start = max(0, start - self.CONTEXT)
+            context = self.decode(self.ids[start : self._settled])
+        self._context_start, self._context_text = start, context
+
+
 class TextDeltas:
     """Decodes a growing list of ids into the text that is safe to send: without an incomplete UTF-8 character at
     its end, and without a suffix that may still become one of the stop strings."""
 
     def __init__(self, decode: Callable[[list[int]], str], hold: tuple[str, ...]) -> None:
-        self.decode = decode
+        self.text = IncrementalText(decode)
         self.hold = hold  # strings whose beginning must not be sent before it is clear
-        self.ids: list[int] = []
         self.generation: StitchedGeneration | None = None  # the stitched whole, once the stream ended
 
     async def follow(self, stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, str]]:
@@ -47,9 +88,8 @@ class TextDeltas:
                 return
             yield item, self.push(item.output_ids)
 
-    def push(self, ids: tuple[int, ...]) -> str:
-        self.ids += ids
-        text = self.decode(self.ids)
+    def push(self, ids: Sequence[int]) -> str:
+        text = self.text.push(ids)
         if text.endswith("\ufffd"):
             text = text[:-1]  # half of a multi-byte character
         for marker in self.hold:
