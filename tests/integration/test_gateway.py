@@ -213,3 +213,27 @@ async def test_tool_choice_named_and_required_hold_real_vllm_to_calls(gateway, s
         assert [name for name, _ in names][:1] == ["pick"] and all(args["op"] in ("add", "sub") for _, args in names)
     gateway.close_episode(episode)
     assert len(episode.client.episode.calls) == 2
+
+
+async def test_streamed_chunks_carry_only_the_fields_they_set_as_vllm_sends_them(gateway):
+    """Each SSE event is one chunk with the delta's own fields (no nulls for the fields it does not use); the
+    choice keeps `finish_reason` and `logprobs` (null until the end), and the text is the JSON answer's."""
+    episode = gateway.open_episode()
+    request = {"model": "policy", "messages": [{"role": "user", "content": "Count: 1 2 3"}], "max_tokens": 12,
+               "temperature": 0.0}
+    async with httpx.AsyncClient(timeout=120) as http:
+        answer = (await http.post(episode.base_url + "/chat/completions", json=request)).json()
+        streamed = await http.post(episode.base_url + "/chat/completions", json={**request, "stream": True})
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    for chunk in chunks:
+        assert set(chunk) == {"id", "object", "created", "model", "choices"}
+        (choice,) = chunk["choices"]
+        assert set(choice) == {"index", "delta", "finish_reason", "logprobs"}
+        assert None not in choice["delta"].values()
+    assert chunks[-1]["choices"][0]["finish_reason"] == answer["choices"][0]["finish_reason"]
+    text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
+    assert text == answer["choices"][0]["message"]["content"]
+    gateway.close_episode(episode)
