@@ -7,7 +7,7 @@ character and the beginning of a stop string), on the tiny model's tokenizer and
 µs per token each way (best of `--repeats`) and before ÷ after. Asserts nothing; writes its section of
 docs/benchmarks.md unless --no-write.
 
-    .venv/bin/python bench/stream_decode.py [--lengths 256,1024,4096,16384] [--interval 8] [--repeats 3]
+    .venv/bin/python bench/stream_decode.py [--lengths 32,64,256,1024,4096,16384] [--interval 8] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def per_token_us(decode: Callable[[list[int]], str], ids: list[int], interval: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default="256,1024,4096,16384")
+    parser.add_argument("--lengths", default="32,64,256,1024,4096,16384")
     parser.add_argument("--interval", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-write", action="store_true")

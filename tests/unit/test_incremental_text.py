@@ -53,8 +53,11 @@ def random_ids(rng: random.Random, tokenizer) -> list[int]:
     return ids
 
 
+@pytest.mark.parametrize("settle_every", [1, IncrementalText.SETTLE_EVERY])
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
-def test_the_incremental_text_is_the_whole_decode_after_every_delta(tokenizer_under_test, skip_special_tokens):
+def test_the_incremental_text_is_the_whole_decode_after_every_delta(tokenizer_under_test, skip_special_tokens,
+                                                                    settle_every, monkeypatch):
+    monkeypatch.setattr(IncrementalText, "SETTLE_EVERY", settle_every)
     def decode(ids: list[int]) -> str:
         return tokenizer_under_test.decode(ids, skip_special_tokens=skip_special_tokens)
 
@@ -85,7 +88,7 @@ def test_a_long_stream_decodes_each_id_a_bounded_number_of_times(tokenizer):
     assert sum(decoded) < 4 * len(ids)  # the whole decode after every delta: ~len(ids)² / 16
 
 
-def test_a_decode_that_changes_the_text_before_the_new_ids_is_still_followed_exactly():
+def test_a_decode_that_changes_the_text_before_the_new_ids_is_still_followed_exactly(monkeypatch):
     """Cleaning up " ." to "." rewrites text already settled; the window then fails to extend its context's text
     and the whole is decoded."""
     pieces = ["a", " ", ".", "b", "'s", " n't", "\n", "x"]
@@ -96,6 +99,7 @@ def test_a_decode_that_changes_the_text_before_the_new_ids_is_still_followed_exa
             text = text.replace(spaced, cleaned)
         return text
 
+    monkeypatch.setattr(IncrementalText, "SETTLE_EVERY", 1)
     rng = random.Random(3)
     for _ in range(300):
         ids, text, at = [rng.randrange(len(pieces)) for _ in range(rng.randint(1, 40))], IncrementalText(decode), 0
