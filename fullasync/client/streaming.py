@@ -34,11 +34,12 @@ class IncrementalText:
 
     The text of a settled prefix is kept; a push decodes only the ids after it, with `CONTEXT` ids before them
     so that a tokenizer reads them as it would in the whole (a word's leading space, a multi-byte character split
-    over tokens, spaces cleaned up around punctuation), and appends what those ids add: decode(context + new)
+    over tokens), and appends what those ids add: decode(context + new)
     less decode(context). The prefix settles up to the newest id once `SETTLE_EVERY` ids have come since it last
     did and the text does not end inside a UTF-8 character (settling costs a decode of the context; a short
     answer is decoded whole at each push, as cheap as one call). Should a window ever fail to extend its
-    context's text, the whole is decoded once more."""
+    context's text (a decode that rewrites text behind the new ids, as cleaning " ." up to "." does), the whole
+    is decoded once more."""
 
     CONTEXT = 4  # ids decoded before the new ones, more where those ids have no text
     SETTLE_EVERY = 32  # ids

@@ -204,8 +204,8 @@ def abandon(plan: StreamPlan) -> None:
     once. A knock on its control socket; nothing happens when nobody listens there within `ABANDON_TIMEOUT_S`."""
     try:
         until_listening(plan.address, plan.control_port, time.monotonic() + ABANDON_TIMEOUT_S)
-    except TimeoutError:  # the push is over, or its root never started
-        pass
+    except TimeoutError:
+        return  # the push is over, or its root never started: nobody to tell
 
 
 def until_listening(address: str, port: int, deadline: float) -> None:
