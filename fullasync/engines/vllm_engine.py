@@ -15,9 +15,11 @@ or platform defaults (`platform.py`, the one place that knows about CPU vs GPU).
 Per-token versions: the engine core labels every batch of outputs with the weight version in force
 when it was sampled (set by `finish_weight_update(version)`; the final output of a request carries the
 spans): the tokens' `output_weight_versions`. A request's KV cache is computed by the weights of the version it was
-submitted under (its prefix-cache salt, so no request reuses KV blocks of another version; a reset of
+admitted under (its prefix-cache salt, so no request reuses KV blocks of another version; a reset of
 the prefix cache cannot do that while requests frozen by a "keep" pause hold blocks): that is the
-oldest version in the context of every token it samples. `output_versions` is the older of the two.
+oldest version in the context of every token it samples. A request that arrives while a push is under way is
+admitted when the push ends (vLLM would hold it until then anyway, and the push's weights compute it), and a push
+waits for requests being admitted to reach vLLM first (`_admitted`). `output_versions` is the older of the two.
 After a "keep" push, a frozen request goes on sampling with the new weights over the old weights' KV:
 its later tokens have weight version v+1 and `output_versions` v — what the staleness bound and the
 proximal policy must count, since neither policy v nor v+1 alone sampled them. A "recompute" push is vLLM's
@@ -29,6 +31,7 @@ both (each in-flight request's KV version moves to v+1 at that push).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -37,7 +40,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, get_args
 
@@ -76,6 +79,7 @@ if TYPE_CHECKING:
     from vllm.logprobs import Logprob
     from vllm.outputs import WeightVersionSpan
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.output_processor import RequestOutputCollector
 
 log = logging.getLogger("fullasync")
 T = TypeVar("T")
@@ -207,6 +211,10 @@ class VLLMEngineActor:
         self._version = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
+        # requests between reading the version and handing vLLM their ADD; a pause waits until none is (`_admitted`)
+        self._admitting = 0
+        self._none_admitting = asyncio.Event()
+        self._none_admitting.set()
         self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
         self._recomputed: dict[str, list[int]] = {}  # request id -> versions whose push recomputed its KV, in flight
         self._pause_mode = PauseMode.ABORT
@@ -303,33 +311,30 @@ class VLLMEngineActor:
         recomputed: list[int] = []  # versions of "recompute" pushes while it runs (appended by update_weights)
         self._recomputed[request.request_id] = recomputed
         self._last_request_id = request.request_id
-        kv_version = self._version  # its KV is computed by these weights (or newer, if a push lands first)
         try:
-            stream = self._rejections_as_invalid(request, self._started().generate(
-                {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{kv_version}"},
-                _sampling_params(request), request.request_id, priority=request.priority,
-            ))
-            async for out in stream:
-                completion = out.outputs[0]
-                new_ids = list(completion.token_ids)
-                before = len(output_ids)
-                output_ids += new_ids
-                self._progress[request.request_id] = len(output_ids)
-                self._progress_at = time.monotonic()
-                entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
-                for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
-                    logprobs.append(entry[token_id].logprob)
-                    if want_top:
-                        top.append({tid: lp.logprob for tid, lp in entry.items()})
-                if completion.finish_reason is not None:
-                    finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
-                    spans = completion.weight_versions
-                if key is not None and new_ids:
-                    pending = self._outbox.setdefault(key, ([], [], []))
-                    pending[0].extend(new_ids)
-                    pending[1].extend(logprobs[before:])
-                    pending[2].extend(top[before:])
-                    self._outbox_ready.set()
+            kv_version, outputs = await self._admitted(request)
+            async with contextlib.aclosing(outputs):  # left early: the request is aborted in vLLM
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    new_ids = list(completion.token_ids)
+                    before = len(output_ids)
+                    output_ids += new_ids
+                    self._progress[request.request_id] = len(output_ids)
+                    self._progress_at = time.monotonic()
+                    entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
+                    for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
+                        logprobs.append(entry[token_id].logprob)
+                        if want_top:
+                            top.append({tid: lp.logprob for tid, lp in entry.items()})
+                    if completion.finish_reason is not None:
+                        finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
+                        spans = completion.weight_versions
+                    if key is not None and new_ids:
+                        pending = self._outbox.setdefault(key, ([], [], []))
+                        pending[0].extend(new_ids)
+                        pending[1].extend(logprobs[before:])
+                        pending[2].extend(top[before:])
+                        self._outbox_ready.set()
         finally:
             del self._progress[request.request_id]
             del self._recomputed[request.request_id]
@@ -349,22 +354,54 @@ class VLLMEngineActor:
             output_weight_versions=weight_versions if weight_versions != versions else (),
         )
 
-    async def _rejections_as_invalid(self, request: GenerateRequest,
-                                     stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """vLLM's input checks raise before the first output: report them as the caller's error."""
+    async def _admitted(self, request: GenerateRequest) -> tuple[int, AsyncGenerator[RequestOutput, None]]:
+        """Hand `request` to vLLM under the weights that will compute it: (their version, its outputs).
+
+        vLLM holds a request added while it is paused until it resumes, so a request added during a push runs
+        under the weights the push installs. Its version (the KV's label and the prefix-cache salt) is therefore
+        read only while no pause is under way, and a pause waits until every request that read it has reached
+        vLLM (`pause`): ADD and pause travel to the engine core in order, so each such request is in the core
+        before the pause is, and the pause aborts or freezes it like any other. vLLM's input checks raise here:
+        reported as the caller's error."""
         from vllm.exceptions import VLLMClientError, VLLMValidationError
 
+        while not self._resumed.is_set():
+            await self._resumed.wait()
+        version = self._version
+        self._admitting += 1
+        self._none_admitting.clear()
         try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            return
+            llm = self._started()
+            collector = await llm.add_request(
+                request.request_id,
+                {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{version}"},
+                _sampling_params(request), priority=request.priority,
+            )
         except (VLLMClientError, ValueError, TypeError) as error:
             param = error.parameter if isinstance(error, VLLMValidationError) else None
             raise InvalidRequestError(f"engine {self.name} rejected request {request.request_id}: {error}",
                                       param=param) from None
-        yield first
-        async for out in stream:
-            yield out
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._none_admitting.set()
+        return version, self._outputs(llm, collector)
+
+    @staticmethod
+    async def _outputs(llm: AsyncLLM, collector: RequestOutputCollector) -> AsyncGenerator[RequestOutput, None]:
+        """A request's outputs until the finished one (vLLM's `AsyncLLM.generate` after its `add_request`);
+        abandoned, the request is aborted in vLLM."""
+        try:
+            while True:
+                out = collector.get_nowait() or await collector.get()
+                yield cast("RequestOutput", out)
+                if out.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            await llm.abort(collector.request_id, internal=True)
+            raise
+        finally:
+            collector.close()
 
     async def health(self) -> EngineHealth:
         """What the watchdog needs; answers from the actor's loop without touching the engine core."""
@@ -381,7 +418,8 @@ class VLLMEngineActor:
         await self._started().abort(request_ids)
 
     async def pause(self, mode: PauseMode) -> None:
-        self._resumed.clear()
+        self._resumed.clear()  # requests not yet admitted wait for the resume (`_admitted`)
+        await self._none_admitting.wait()  # those admitted reach the core before the pause does
         self._pause_mode = mode = PauseMode(mode)
         if mode is PauseMode.RECOMPUTE:  # preempts what runs: its KV is computed again after the update
             await self._started().pause_generation(mode="keep", clear_cache=True)

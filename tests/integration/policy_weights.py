@@ -30,10 +30,18 @@ class PolicyWeights:
     async def push(self, state: dict[str, torch.Tensor], mode: PauseMode = PauseMode.ABORT):
         self.weight_sync.mode = mode
         timing = await self.weight_sync.push(state)
+        self._take(state)
+        return timing
+
+    def _take(self, state: dict[str, torch.Tensor]) -> None:
         self.current = {**self.current, **state}
         if self.model.config.tie_word_embeddings:
             self.current["lm_head.weight"] = self.current["model.embed_tokens.weight"]
-        return timing
+
+    def installed(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """A test installed `state` as `version` on the engine by the push's own steps (not through `push`)."""
+        self.weight_sync.version = version
+        self._take(state)
 
     async def assert_engine_serves_current(self, engine, tokenizer, prompt: str, version: int,
                                            tolerance: float = 1e-4) -> None:
