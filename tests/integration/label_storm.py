@@ -44,7 +44,7 @@ class StormSettings:
     push_gap_s: tuple[float, float] = (0.02, 0.25)  # the pause between the end of one push and the next
     max_pushes: int = 40  # an ABORT push makes every call prefill its context again: bounded, the calls end
     mode: PauseMode = PauseMode.ABORT
-    noise: float = 0.02  # each push adds this much seeded noise to every weight
+    noise: float = 0.02  # each push's weights: the storm's first ones plus this much seeded noise
     seed: int = 0
 
 
@@ -94,7 +94,8 @@ async def run_storm(engine, policy, tokenizer, settings: StormSettings) -> Storm
     """The storm on `engine` (whose weights `policy` mirrors); every version's weights come back with the calls."""
     rng = random.Random(settings.seed)
     service = RolloutService([engine], tokenizer, ClientConfig(max_model_len=2048))
-    weights = {policy.weight_sync.version: dict(policy.current)}
+    start = dict(policy.current)  # each push's weights are these plus fresh noise: storms do not drift apart
+    weights = {policy.weight_sync.version: start}
     clients = [service.client() for _ in range(settings.calls)]
     plans = [(KINDS[index % len(KINDS)], rng.randint(settings.min_tokens, settings.max_tokens),
               rng.choice((1.0, 0.7)), index % 2 == 0) for index in range(settings.calls)]
@@ -107,8 +108,8 @@ async def run_storm(engine, policy, tokenizer, settings: StormSettings) -> Storm
         _, pending = await asyncio.wait(pending, timeout=rng.uniform(*settings.push_gap_s))
         if not pending or pushes >= settings.max_pushes:
             continue
-        timing = await policy.push(policy.perturbed(seed=settings.seed * 1000 + pushes, scale=settings.noise),
-                                   mode=settings.mode)
+        new = policy.perturbed(seed=settings.seed * 1000 + pushes, scale=settings.noise, around=start)
+        timing = await policy.push(new, mode=settings.mode)
         weights[timing.version] = dict(policy.current)
         pushes += 1
     for task in tasks:
@@ -211,7 +212,7 @@ def _forward_cached(model, state, ids: list[int], temperature: float, past) -> t
 def summary(result: StormResult, report: CheckReport) -> str:
     return (f"{len(result.calls)} calls, {report.tokens} tokens, {result.pushes} pushes, {result.resumes} resumes, "
             f"{len(report.mismatches)} calls with a mislabelled token, max |diff| {report.max_diff:.2e}, "
-            f"{result.wall_s:.1f} s")
+            f"{result.wall_s:.1f} s ({report.tokens / result.wall_s:.0f} tokens/s)")
 
 
 async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_caching: bool) -> None:

@@ -18,12 +18,13 @@ class PolicyWeights:
         self.weight_sync = weight_sync
         self.current = {k: v.clone() for k, v in self.model.state_dict().items()}
 
-    def perturbed(self, seed: int, scale: float = 0.05) -> dict[str, torch.Tensor]:
-        """New weights: the current ones plus seeded noise; lm_head left out (tied to the embeddings)."""
+    def perturbed(self, seed: int, scale: float = 0.05,
+                  around: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """New weights: the current ones (or `around`) plus seeded noise; lm_head left out (tied to the embeddings)."""
         generator = torch.Generator().manual_seed(seed)
         return {
             name: tensor + scale * torch.randn(tensor.shape, generator=generator)
-            for name, tensor in self.current.items()
+            for name, tensor in (self.current if around is None else around).items()
             if name != "lm_head.weight"
         }
 
