@@ -63,12 +63,12 @@ run: setup
 
 # The client generating through an engine across live weight pushes (no training).
 demo: setup
-	$(PY) -m fullasync.demo
+	$(PY) -m fullasync.cli.demo
 
 # docs/config.md, generated from the config's field declarations (a unit test fails when it is out of date).
 .PHONY: docs
 docs: setup
-	$(PY) -m fullasync.config_doc > docs/config.md
+	$(PY) -m fullasync.config.doc > docs/config.md
 
 # Tiers (tests/unit, tests/integration; markers in pyproject.toml): `test-unit` is the inner loop (no Ray, vLLM
 # or verl; under 90 s), `test` everything but the slow tests, `test-slow` those. pytest exits 5 (a failure

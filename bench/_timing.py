@@ -92,9 +92,9 @@ async def interleaved(paths: Mapping[str, Call], concurrency: int, rounds: int) 
 async def tiny_engine_service():
     """One vLLM engine on the tiny local model, and the client service in front of it."""
     from fullasync.client import RolloutService
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
     from fullasync.models import build_tiny_model, load_tokenizer
-    from fullasync.runtime import init_ray
 
     model_path = str(build_tiny_model())
     init_ray()

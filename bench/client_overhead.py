@@ -15,7 +15,7 @@ import time
 
 from _timing import MESSAGES, interleaved, tiny_engine_service
 
-from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.contracts.engine import GenerateRequest, SamplingOptions
 
 
 async def main(max_tokens: int, rounds: int) -> None:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from scheduling import write_section  # bench/ is on sys.path when run as a script
 
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 from fullasync.sim.engine import DecodeCost
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.loop_lag import percentile

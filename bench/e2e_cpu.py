@@ -27,12 +27,12 @@ from pathlib import Path
 
 from fullasync.api import AsyncAgentTrainer, engine_config
 from fullasync.config import RunConfig
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import launch_vllm_engines
-from fullasync.runtime import init_ray
+from fullasync.contracts.engine import PauseMode
+from fullasync.engines.vllm import launch_vllm_engines
+from fullasync.infra.runtime import init_ray
 from fullasync.tasks.warmup import build_warm_policy
 from fullasync.trainer.verl_trainer import VerlTrainer
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 BEGIN, END = "<!-- e2e-cpu:begin -->", "<!-- e2e-cpu:end -->"

@@ -233,7 +233,7 @@ def split_cores(harness_pid: int) -> tuple[set[int], set[int]]:
 async def measure(max_tokens: int, rounds: int, window: Window, concurrencies: list[int],
                   setting: Setting, intervals: list[int]) -> list[dict]:
     cores, split = sorted(os.sched_getaffinity(0)), setting.split
-    if split:  # before the engine starts: its thread count follows (fullasync.engines.platform)
+    if split:  # before the engine starts: its thread count follows (fullasync.infra.platform)
         os.environ["FULLASYNC_ENGINE_THREADS"] = str(len(cores) - 1)
     engine, service = await tiny_engine_service()
     with settled_heap():  # as a run's driver (`AsyncAgentTrainer.run`): start-up objects frozen, rare collections

@@ -4,7 +4,7 @@ ABORT returns every in-flight request with its tokens so far; the client resubmi
 and the engine prefills them again under the new weights. KEEP freezes the requests in the engine
 and continues them after the push over their old KV cache: no re-prefill, but every token they
 sample afterwards reads KV computed by the old weights, so it counts with the old version (the
-version of its KV; `fullasync/engines/vllm_engine.py`): a long request frozen across several pushes
+version of its KV; `fullasync/engines/vllm/`): a long request frozen across several pushes
 ages like one that was never interrupted, and more groups are dropped as too stale. RECOMPUTE
 (`partial_rollout_resume=engine`) freezes them and the engine prefills prompt + tokens again itself after the
 push: ABORT's computation and versions, with nothing resubmitted.

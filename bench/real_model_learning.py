@@ -96,8 +96,8 @@ async def train(config: Any, train_rows: list[dict], val_rows: list[dict]) -> An
     """The run, on an engine started here with a KV cache sized for this model (the CPU default holds
     ~1,400 tokens of SmolLM2: 46 KB per token), otherwise exactly what `AsyncAgentTrainer.train()` does."""
     from fullasync.api import AsyncAgentTrainer, engine_config
-    from fullasync.engines.vllm_engine import launch_vllm_engines
-    from fullasync.runtime import init_ray
+    from fullasync.engines.vllm import launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
 
     run = AsyncAgentTrainer(config, rollout_fn=rollout_fn, train_dataset=train_rows, val_dataset=val_rows)
     init_ray(log_to_driver=False)
@@ -111,9 +111,8 @@ async def train(config: Any, train_rows: list[dict], val_rows: list[dict]) -> An
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from fullasync.config import RunConfig
-    from fullasync.logs import configure_logging
-    from fullasync.trainer.config import TrainerConfig
+    from fullasync.config import RunConfig, TrainerConfig
+    from fullasync.observe.logs import configure_logging
 
     train_rows, val_rows = split(args.train_rows, args.val_rows)
     TEMPERATURE["train"] = args.temperature

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.trainer.config import PROXIMAL_CORRECTIONS
+from fullasync.config.trainer import PROXIMAL_CORRECTIONS
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "outputs" / "staleness_study" / "results.jsonl"
@@ -138,9 +138,9 @@ async def run_seed(specs: list[dict]) -> None:
     from transformers import AutoModelForCausalLM
 
     from fullasync.api import AsyncAgentTrainer, engine_config
-    from fullasync.engines.vllm_engine import launch_vllm_engines
-    from fullasync.runtime import init_ray
-    from fullasync.weight_sync import WeightSync
+    from fullasync.engines.vllm import launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
+    from fullasync.weights.sync import WeightSync
 
     first = run_config(specs[0])
     model_path = AsyncAgentTrainer(first).model_path()

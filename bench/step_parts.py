@@ -35,7 +35,7 @@ def groups_of(count: int, n: int, prompt: int, response: int, seed: int = 0) -> 
 
 
 async def main(args: argparse.Namespace) -> None:
-    from fullasync.runtime import init_ray
+    from fullasync.infra.runtime import init_ray
 
     if args.model == "tiny":
         from fullasync.models.tiny import build_tiny_model

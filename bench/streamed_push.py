@@ -4,7 +4,7 @@ One `VerlTrainer` (FSDP2 over `--ranks` ranks on CPU, gloo) and one vLLM engine;
 trainer's weights alternately through the two transports (`trainer.weight_transport`): **object_store** — every
 rank gathers every tensor, rank 0 returns the whole model into Ray's object store, the engine actor copies it
 into its shared-memory buckets — and **stream** — every rank gathers tensor by tensor, rank 0 packs buckets and
-broadcasts them over gloo straight into the engine's worker (`fullasync/engines/weight_stream.py`). Per push:
+broadcasts them over gloo straight into the engine's worker (`fullasync/weights/stream.py`). Per push:
 the wall time the training loop waits (export included), and the peak resident memory above the push's start of
 trainer rank 0 and of the engine's processes (actor and engine core), sampled every 5 ms. Pushes alternate which
 transport goes first; the table gives medians after one warm-up push each and the ratio stream / object store.
@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scheduling import DOCS, write_section
 
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.weight_transport import STREAM_BUCKET_BYTES, ObjectStoreTransport, StreamTransport
-from fullasync.runtime import init_ray
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+from fullasync.infra.runtime import init_ray
 from fullasync.trainer import TrainerConfig, VerlTrainer
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
+from fullasync.weights.transport import STREAM_BUCKET_BYTES, ObjectStoreTransport, StreamTransport
 
 BEGIN, END = "<!-- streamed-push:begin -->", "<!-- streamed-push:end -->"
 MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}

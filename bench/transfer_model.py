@@ -197,7 +197,7 @@ def write(no_write: bool = False) -> None:
 def main() -> None:
     import argparse
 
-    from fullasync.runtime import init_ray
+    from fullasync.infra.runtime import init_ray
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transfer_model
 from scheduling import DOCS, write_section
 
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.runtime import init_ray
-from fullasync.weight_sync import WeightSync
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+from fullasync.infra.runtime import init_ray
+from fullasync.weights.sync import WeightSync
 
 BEGIN, END = "<!-- weight-push:begin -->", "<!-- weight-push:end -->"
 MODELS = {"tiny": ("tiny", "float32"), "smollm2": ("smollm2-135m-instruct", "float32"),

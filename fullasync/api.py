@@ -23,27 +23,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.config import BUILTIN_MODEL, RunConfig
-from fullasync.config_fields import config_fields, shared_settings
+from fullasync.config import BUILTIN_MODEL, RunConfig, config_fields, shared_settings
 from fullasync.data import load_rows, resolve_dotted
-from fullasync.engines.platform import is_cpu_platform
-from fullasync.engines.vllm_engine import RayEngine, VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.weight_transport import weight_transport
-from fullasync.logs import configure_logging, progress, progress_display
-from fullasync.metrics import MetricsSink
+from fullasync.engines.vllm import RayEngine, VLLMEngineConfig, launch_vllm_engines
+from fullasync.infra.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
+from fullasync.infra.platform import is_cpu_platform
+from fullasync.infra.runtime import describe_cluster, init_ray
 from fullasync.models import load_tokenizer
 from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
-from fullasync.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
+from fullasync.observe.logs import configure_logging, progress, progress_display
+from fullasync.observe.metrics import MetricsSink
+from fullasync.observe.samples import RolloutSamples
+from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import check_rollout_fn, settled_heap
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
-from fullasync.runtime import describe_cluster, init_ray
-from fullasync.samples import RolloutSamples
-from fullasync.tracking import TrackingSettings, check_loggers, open_loggers
+from fullasync.weights.transport import weight_transport
 
 if TYPE_CHECKING:
-    from fullasync.engines.protocol import Engine
+    from fullasync.contracts.engine import Engine
     from fullasync.trainer.verl_trainer import VerlTrainer
 
 log = logging.getLogger("fullasync")
@@ -275,7 +274,7 @@ class AsyncAgentTrainer:
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
-                                 checkpoints=policy, transport=weight_transport(trainer))
+                                 checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer))
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))

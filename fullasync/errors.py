@@ -7,7 +7,12 @@ import enum
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code for a prompt + output past the context
 
 
-class InvalidRequestError(ValueError):
+class FullasyncError(Exception):
+    """The base of every error fullasync raises for a user to handle: `except FullasyncError` catches them all.
+    Each also keeps the built-in base it always had (ValueError, RuntimeError, ...), so older handlers still work."""
+
+
+class InvalidRequestError(FullasyncError, ValueError):
     """A model call was malformed (bad messages, tools, parameters, unknown model, prompt too long).
 
     `param` names the offending request field and `code` is OpenAI's error code where it has one
@@ -20,24 +25,24 @@ class InvalidRequestError(ValueError):
         self.code = code
 
 
-class EngineDiedError(RuntimeError):
+class EngineDiedError(FullasyncError, RuntimeError):
     """An engine process is gone, or stopped making progress; the message names it."""
 
 
-class EngineResumeTimeoutError(TimeoutError):
+class EngineResumeTimeoutError(FullasyncError, TimeoutError):
     """A generation was interrupted by a weight push and the engine did not resume in time."""
 
 
-class WeightInstallError(RuntimeError):
+class WeightInstallError(FullasyncError, RuntimeError):
     """An engine could not install a weight version exactly as pushed (the transfer broke off, or it serves
     tensors other than those pushed); the message names the engine and the tensors."""
 
 
-class WeightPushError(RuntimeError):
+class WeightPushError(FullasyncError, RuntimeError):
     """A weight push could not be completed on every engine; the message names the engine and what to do."""
 
 
-class InfraError(RuntimeError):
+class InfraError(FullasyncError, RuntimeError):
     """Raise from a harness when infrastructure failed (a sandbox, a tool server, a container that would not start),
     not the harness and not the policy: the episode is generated again (bounded by rollout.infra_retries) and,
     meanwhile, left out of its group's statistics."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, TokenDelta
 from fullasync.types import FinishReason
 
 

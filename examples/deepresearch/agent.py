@@ -22,8 +22,7 @@ from typing import Any
 
 from examples.deepresearch.reward import RewardBreakdown, RewardConfig, compute_reward
 from examples.deepresearch.tools import ResearchTools, ToolOutcome
-from fullasync.config import ModelSection
-from fullasync.config_fields import setting
+from fullasync.config import ModelSection, setting
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.types import Trajectory
 

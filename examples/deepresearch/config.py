@@ -15,8 +15,7 @@ from examples.deepresearch.agent import AgentConfig
 from examples.deepresearch.reward import RewardConfig
 from examples.deepresearch.warmup import WarmupSpec
 from examples.deepresearch.world import WorldSpec
-from fullasync.config import RunConfig
-from fullasync.config_fields import section, setting, shared_settings
+from fullasync.config import RunConfig, section, setting, shared_settings
 
 BUILTIN_POLICY = "builtin:deepresearch"  # the tiny policy warmed up by warmup.py (built offline, cached)
 HARNESSES = ("function", "gateway")

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fullasync.config_fields import setting
+from fullasync.config import setting
 
 BOX = "\\boxed{"
 ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from examples.deepresearch.config import BUILTIN_POLICY, DeepResearchConfig
-from fullasync.config_doc import exit_with_help_if_asked
+from fullasync.config.doc import exit_with_help_if_asked
 
 ConfigStore.instance().store(name="deepresearch_schema", node=DeepResearchConfig)
 
@@ -80,9 +80,9 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     from examples.deepresearch.tools import ResearchTools
     from fullasync.api import AsyncAgentTrainer, client_config, engine_config
     from fullasync.client import RolloutService
-    from fullasync.engines.vllm_engine import launch_vllm_engines
+    from fullasync.engines.vllm import launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
     from fullasync.models import load_tokenizer
-    from fullasync.runtime import init_ray
 
     started = time.monotonic()
     config.validate()

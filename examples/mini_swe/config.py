@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from examples.harness_train import agent_kwargs, check_run_against_agent
-from fullasync.config import DataSection, ModelSection, RolloutSection, RunConfig
-from fullasync.config_fields import section, setting
-from fullasync.trainer.config import TrainerConfig
+from fullasync.config import DataSection, ModelSection, RolloutSection, RunConfig, TrainerConfig, section, setting
 from fullasync_agents.mini_swe import MiniSweConfig
 
 TASK_SETS = ("settings", "bugs")  # fullasync_agents.swe_tasks: settings.setting_rows | tasks.rows

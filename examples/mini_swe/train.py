@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from examples import harness_train
 from examples.mini_swe.config import BUILTIN_POLICY, MiniSweTrainConfig
-from fullasync.config_doc import exit_with_help_if_asked
+from fullasync.config.doc import exit_with_help_if_asked
 from fullasync_agents.mini_swe import MiniSweAgentGenerator
 
 ConfigStore.instance().store(name="mini_swe_schema", node=MiniSweTrainConfig)
@@ -63,7 +63,7 @@ def report(summary: dict[str, Any]) -> str:
 
 @hydra.main(config_path="config", config_name="train", version_base=None)
 def main(cfg) -> None:
-    from fullasync.logs import configure_logging
+    from fullasync.observe.logs import configure_logging
 
     configure_logging()
     config: MiniSweTrainConfig = OmegaConf.to_object(cfg)

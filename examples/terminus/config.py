@@ -12,9 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from examples.harness_train import agent_kwargs, check_run_against_agent
-from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig
-from fullasync.config_fields import section, setting
-from fullasync.trainer.config import TrainerConfig
+from fullasync.config import (
+    DataSection,
+    EngineSection,
+    ModelSection,
+    RolloutSection,
+    RunConfig,
+    TrainerConfig,
+    section,
+    setting,
+)
 from fullasync_agents.terminus import TerminusConfig
 
 TASK_SETS = ("settings", "commands")  # fullasync_agents.terminal_tasks: settings.setting_rows | rows

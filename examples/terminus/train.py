@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from examples import harness_train
 from examples.terminus.config import BUILTIN_POLICY, TerminusTrainConfig
-from fullasync.config_doc import exit_with_help_if_asked
+from fullasync.config.doc import exit_with_help_if_asked
 from fullasync_agents.terminus import Terminus2Generator
 
 ConfigStore.instance().store(name="terminus_schema", node=TerminusTrainConfig)
@@ -64,7 +64,7 @@ def report(summary: dict[str, Any]) -> str:
 
 @hydra.main(config_path="config", config_name="train", version_base=None)
 def main(cfg) -> None:
-    from fullasync.logs import configure_logging
+    from fullasync.observe.logs import configure_logging
 
     configure_logging()
     config: TerminusTrainConfig = OmegaConf.to_object(cfg)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError
 from fullasync.types import FinishReason

@@ -22,8 +22,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,19 +33,18 @@ from fullasync.client import responses
 from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.continuation import (
-    InfraHooks,
     StitchedGeneration,
     generate_with_resume,
-    no_priority,
     stream_with_resume,
 )
+from fullasync.client.episode import Episode, HeldCalls
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.reasoning import ReasoningSplitter
 from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
 from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.tool_parsers import make_tool_parser, tool_choice_schema
 from fullasync.config import EngineSection, ModelSection, RolloutSection
-from fullasync.engines.protocol import Engine, SamplingOptions
+from fullasync.contracts.engine import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
 from fullasync.models.tiny import model_vocab_size
@@ -60,7 +58,7 @@ class ClientConfig:
     """Settings shared by every episode's client.
 
     A run makes it from its sections (`fullasync.api.client_config`); the settings a run has take their defaults
-    from there (help: `fullasync.config`, docs/config.md), so a client made on its own fits engines made on their
+    from there (help: `fullasync.config.run`, docs/config.md), so a client made on its own fits engines made on their
     own (`VLLMEngineConfig`) in context length and `top_logprobs`."""
 
     model_name: str = ModelSection.served_name  # the name callers pass as `model`
@@ -130,62 +128,6 @@ class RolloutService:
                             self.reasoning, thinks, constrained, kwargs)
 
 
-class Episode:
-    """The calls one episode made, and the turns a later chat call may extend."""
-
-    def __init__(self, episode_id: str) -> None:
-        self.id = episode_id
-        self.calls: list[ModelCall] = []
-        self.turns: list[TurnState] = []
-        self.returned: list[dict[str, Any]] = []  # every assistant message answered (to tell echoed policy turns)
-        self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
-        self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
-        self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order
-        # why the last call failed, when the policy or the infrastructure caused it (None after a call succeeds):
-        # a harness that then raises anything (an SDK error over HTTP, say) failed for this reason
-        self.fault: FailureKind | None = None
-        # set by the rollouter: wraps a wait for a dead engine's restart, during which the episode's deadline stops
-        self.deadline_paused: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
-        # set by the rollouter: the engine priority of the episode's next request (its row's oldest token version)
-        self.priority: Callable[[], int] = no_priority
-
-    def infra_hooks(self) -> InfraHooks:
-        return InfraHooks(waiting=lambda: self.deadline_paused(), failed=self.infra_failed)
-
-    def infra_failed(self) -> None:
-        self.fault = FailureKind.INFRA
-
-    def note_versions(self, versions: tuple[int, ...]) -> None:
-        """Versions of a segment's tokens as the engine returns them (the rollouter stops rows by the oldest)."""
-        if versions:
-            oldest = min(versions)
-            self.oldest_version = oldest if self.oldest_version is None else min(oldest, self.oldest_version)
-
-
-class HeldCalls:
-    """What the calls made in one `RolloutClient.hold()` recorded (calls, the turns and completion a later call
-    may extend), kept out of the episode until `commit()`: a response the harness never received is not part of
-    its trajectory, and the next request is not prefixed by it."""
-
-    def __init__(self, episode: Episode) -> None:
-        self.episode = episode
-        self.calls: list[ModelCall] = []
-        self.turns: list[TurnState] | None = None
-        self.last_completion: tuple[str, tuple[int, ...]] | None = None
-        self.committed = False
-
-    def commit(self) -> None:
-        """The responses were delivered: the calls join the episode (once)."""
-        if self.committed:
-            return
-        self.committed = True
-        self.episode.calls += self.calls
-        if self.turns is not None:
-            self.episode.turns = self.turns
-        if self.last_completion is not None:
-            self.episode.last_completion = self.last_completion
-
-
 _HELD: contextvars.ContextVar[HeldCalls | None] = contextvars.ContextVar("fullasync_held_calls", default=None)
 
 
@@ -214,7 +156,7 @@ class RolloutClient:
         """Record one observation of the harness's own metric `name` (turns, tool errors, an exit status as 0/1, …).
 
         The run aggregates every observation of a train step's episodes under `harness/<name>/{mean,min,max,count}`,
-        beside the numeric fields of each `Trajectory.metadata` (`fullasync.metrics.harness_stats`)."""
+        beside the numeric fields of each `Trajectory.metadata` (`fullasync.observe.metrics.harness_stats`)."""
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"client.log: the metric name must be a non-empty string, got {name!r}")
         if not isinstance(value, (int, float)) or not math.isfinite(value):

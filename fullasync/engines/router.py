@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from fullasync.engines.protocol import Engine, GenerateRequest, GenerateResult, TokenDelta
+from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, TokenDelta
 
 
 class EngineRouter:

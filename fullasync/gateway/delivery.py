@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fullasync.client import RolloutClient
-from fullasync.client.rollout_client import HeldCalls
+from fullasync.client.episode import HeldCalls
 
 log = logging.getLogger("fullasync")
 

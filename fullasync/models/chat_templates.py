@@ -23,13 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fullasync.config.checks import BUILTIN_CHAT_TEMPLATES
 from fullasync.models.cache import BUILD_MARKER, cached_build
 from fullasync.models.tiny import default_cache_root
 
-BUILTIN_CHAT_TEMPLATES = {
-    "chatml-tools": "chatml_tools.jinja",  # ChatML + Hermes/Qwen tool calls, for any ChatML model
-    "qwen2.5-tools": "chat_template.jinja",  # the tiny model's own: Qwen2.5 style, default system prompt
-}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 OVERLAY_FORMAT = 1  # bump whenever the overlay's layout changes; part of its cache key
 _REPLACED = {TOKENIZER_CONFIG, "chat_template.jinja", "chat_template.json", BUILD_MARKER}

@@ -13,10 +13,12 @@ import os
 import re
 from pathlib import Path
 
+from fullasync.errors import FullasyncError
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class InvalidModelError(ValueError):
+class InvalidModelError(FullasyncError, ValueError):
     """`model.path` names no model this run can load; the message says what was tried and what to do."""
 
 

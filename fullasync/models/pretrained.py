@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fullasync.errors import FullasyncError
 from fullasync.models.cache import cached_build
 from fullasync.models.tiny import default_cache_root
 
@@ -66,7 +67,7 @@ PRETRAINED_MODELS: dict[str, PretrainedModelSpec] = {
 }
 
 
-class MissingModelPackageError(ImportError):
+class MissingModelPackageError(FullasyncError, ImportError):
     """A package that building a named model needs is not installed; the message says what to install."""
 
 

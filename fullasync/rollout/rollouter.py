@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
-from fullasync.errors import FailureKind
-from fullasync.metrics import HARNESS_METRICS_KEY
-from fullasync.offload import Pacer
-from fullasync.queue import oldest_allowed
+from fullasync.contracts.run import oldest_allowed
+from fullasync.errors import FailureKind, FullasyncError
+from fullasync.infra.offload import Pacer
+from fullasync.observe.metrics import HARNESS_METRICS_KEY
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
@@ -55,7 +55,7 @@ __all__ = ["EpisodeFailure", "RolloutCrashedError", "RolloutFn", "RolloutReport"
 log = logging.getLogger("fullasync")
 
 class GroupSink(Protocol):
-    """Where finished groups go (`fullasync.run.contracts.GroupQueue`; only `put` is used here)."""
+    """Where finished groups go (`fullasync.contracts.run.GroupQueue`; only `put` is used here)."""
 
     async def put(self, group: TrajectoryGroup) -> None: ...
 
@@ -91,7 +91,7 @@ class RolloutReport:
     lead_rows: int = 0  # rows admission may run ahead of the finished steps now (StalenessManager.lead_rows)
 
 
-class RolloutCrashedError(RuntimeError):
+class RolloutCrashedError(FullasyncError, RuntimeError):
     """The rollouter itself failed (not a harness): the run cannot go on; the message names the row."""
 
 

@@ -53,8 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from fullasync.config.run import GENERATE_AHEAD
+
 RUNNING_COUNTS = ("episodes", "rows")
-GENERATE_AHEAD = ("adaptive", "bound")
 MARGIN_DIVISOR = 4  # the adaptive lead aims at B + B/4 groups ready at each batch request (module docstring)
 
 

@@ -13,8 +13,9 @@
 `AsyncAgentTrainer` (`fullasync.api`), the simulator (`fullasync.sim`) and the benchmarks all call `assemble`.
 """
 
+from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.run.assemble import Run, RunSettings, assemble
-from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
 from fullasync.run.loop import LoopResult, TrainingLoop
+from fullasync.run.queue import RayGroupQueue
 
 __all__ = ["GroupQueue", "LoopResult", "RayGroupQueue", "Run", "RunSettings", "Trainer", "TrainingLoop", "assemble"]

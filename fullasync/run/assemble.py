@@ -25,23 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
-from fullasync.config import EngineSection, RolloutSection, RunConfig
-from fullasync.config_fields import shared_settings
-from fullasync.engines.protocol import Engine, PauseMode
-from fullasync.engines.weight_transport import WeightTransport
-from fullasync.export_note import write_export_note
+from fullasync.config import EngineSection, RolloutSection, RunConfig, shared_settings
+from fullasync.contracts.engine import Engine, PauseMode
+from fullasync.contracts.run import GroupQueue, Trainer
+from fullasync.contracts.weights import WeightTransport
 from fullasync.gateway import Gateway
-from fullasync.metrics import MetricsSink
-from fullasync.queue import HAND_OVER_ORDERS, MessageQueue
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
 from fullasync.rollout.rollouter import Rollouter, RolloutFn, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import GENERATE_AHEAD, RUNNING_COUNTS, StalenessManager
 from fullasync.run import checkpoint
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy, SavedCheckpoint
-from fullasync.run.contracts import GroupQueue, RayGroupQueue, Trainer
+from fullasync.run.export_note import write_export_note
 from fullasync.run.loop import LoopResult, TrainingLoop
+from fullasync.run.queue import HAND_OVER_ORDERS, MessageQueue, RayGroupQueue
 from fullasync.run.validation import evaluate
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 log = logging.getLogger("fullasync")
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fullasync.errors import FullasyncError
 from fullasync.rollout.state import RolloutState
 from fullasync.types import TrajectoryGroup, group_from_dict, group_to_dict, trajectory_from_dict, trajectory_to_dict
 
@@ -45,7 +46,7 @@ STEP_DIR = re.compile(r"^step_(\d{8})$")
 TEMP_PREFIX = ".step_"
 
 
-class IncompatibleCheckpointError(ValueError):
+class IncompatibleCheckpointError(FullasyncError, ValueError):
     """The checkpoint was written by a run that differs from this one in a field that must not change."""
 
 

@@ -22,15 +22,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
-from fullasync.logs import progress
-from fullasync.metrics import MetricsSink, format_line, step_stats
-from fullasync.offload import drop_piecewise, off_loop
-from fullasync.queue import oldest_allowed, oldest_version
+from fullasync.contracts.run import BatchT, GroupQueue, Trainer, oldest_allowed, oldest_version
+from fullasync.infra.offload import drop_piecewise, off_loop
+from fullasync.observe.logs import progress
+from fullasync.observe.metrics import MetricsSink, format_line, step_stats
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
-from fullasync.run.contracts import BatchT, GroupQueue, Trainer
 from fullasync.types import JsonValue, TrajectoryGroup
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crash elsewhere is noticed within seconds
 

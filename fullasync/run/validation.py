@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
-from fullasync.logs import progress
+from fullasync.observe.logs import progress
 from fullasync.types import Trajectory
 
 log = logging.getLogger("fullasync")

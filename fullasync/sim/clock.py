@@ -98,7 +98,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
         self.executor_jobs -= 1
 
     def run_blocking_inline(self, function: Callable[..., T], *args: object) -> T:
-        """`fullasync.offload.off_loop` on this loop: in place, because which callbacks would run while a worker thread
+        """`infra.offload.off_loop` on this loop: in place, because which callbacks would run while a worker thread
         holds the clock depends on the thread's real timing, and a simulation must replay the same way each time. Its
         CPU time is recorded as a worker thread's (`LoopWork.offload`), not as the iteration's."""
         if self.work is None:

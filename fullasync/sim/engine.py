@@ -34,15 +34,15 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from fullasync.engines.protocol import (
+from fullasync.contracts.engine import (
     GenerateRequest,
     GenerateResult,
     InstallTiming,
     PauseMode,
     TokenDelta,
-    WeightsPayload,
     wait_until_set,
 )
+from fullasync.contracts.weights import WeightsPayload
 from fullasync.errors import EngineDiedError
 from fullasync.types import FinishReason
 
@@ -105,7 +105,7 @@ def _priority(sequence: _Sequence) -> int:
 
 
 class SimulatedEngine:
-    """One simulated device serving requests; implements `fullasync.engines.protocol.Engine`."""
+    """One simulated device serving requests; implements `fullasync.contracts.engine.Engine`."""
 
     def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:
         self.name = name

@@ -29,8 +29,8 @@ from typing import Any
 
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
-from fullasync.engines.protocol import PauseMode
-from fullasync.metrics import MetricsSink
+from fullasync.contracts.engine import PauseMode
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run import RunSettings, assemble
 from fullasync.run.assemble import settled_heap

@@ -22,7 +22,7 @@ loop never blocks while work is pending, so the thread's CPU clock measures the 
 and leaves out the time other processes on a shared machine held the core. The record includes
 the simulated engines' callbacks (they run on the same loop): an upper bound on the driver's own.
 
-Work the driver hands to a worker thread (`fullasync.offload.off_loop`: the train batch, the step's statistics, the
+Work the driver hands to a worker thread (`infra.offload.off_loop`: the train batch, the step's statistics, the
 release of a trained batch) runs in place on the virtual clock but is recorded apart (`LoopWork.offload`) and
 replayed as a second job stream on the same interpreter lock: while both have work, each gets half the lock
 (the lock changes hands at the switch interval), and an event that becomes ready while the worker holds the lock

@@ -6,7 +6,7 @@ Owns: one frozen description per peer policy (`VerlFullyAsync`, `AReaLAsync`, `S
 `trigger_parameter_sync_step` a push every T-th step — and `install(run, policy)`, which puts them
 in place of ours in an assembled `Run`. Everything else stays the real control code: the rollouter,
 the client's continuation of interrupted generations, the weight sync, the training loop.
-Does not own: our policy (`fullasync.rollout.staleness`, `fullasync.queue`), which is what a run
+Does not own: our policy (`fullasync.rollout.staleness`, `fullasync.run.queue`), which is what a run
 without a peer uses.
 
 Each rule is written from the peer's documentation and code (paths below are in the peer's
@@ -47,11 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fullasync.engines.protocol import PauseMode, WeightsPayload
-from fullasync.queue import MessageQueue, QueueBatch
+from fullasync.contracts.engine import PauseMode
+from fullasync.contracts.weights import WeightsPayload
 from fullasync.rollout.staleness import StalenessManager
+from fullasync.run.queue import MessageQueue, QueueBatch
 from fullasync.types import TrajectoryGroup
-from fullasync.weight_sync import WeightPushTiming, WeightSync
+from fullasync.weights.sync import WeightPushTiming, WeightSync
 
 # -- queues ----------------------------------------------------------------------------------------
 

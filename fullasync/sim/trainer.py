@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullasync.engines.protocol import NamedTensors
+from fullasync.contracts.weights import NamedTensors
 from fullasync.types import Trajectory, TrajectoryGroup
 
 
@@ -59,7 +59,7 @@ class TrainerTime:
 
 
 class SimulatedTrainer:
-    """Implements `fullasync.run.contracts.Trainer` with a cost model instead of a model."""
+    """Implements `fullasync.contracts.run.Trainer` with a cost model instead of a model."""
 
     def __init__(self, cost: TrainCost, num_devices: int) -> None:
         if num_devices < 1:

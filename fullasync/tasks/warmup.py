@@ -21,11 +21,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
 from fullasync.tasks.arithmetic import ArithmeticTask, messages
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger("fullasync")
 
@@ -75,7 +79,8 @@ def cached_warm_policy(name: str, spec: Any, train: Callable[[Any, Path, Path], 
     return cached_build(root / "models" / f"{name}-{spec.key()}", build_into)
 
 
-def extend_vocabulary(tokenizer: Any, model: Any, names: list[str], seed: int, scale: float = 1.0) -> Any:
+def extend_vocabulary(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, names: list[str], seed: int,
+                      scale: float = 1.0) -> torch.Tensor:
     """Give every name its own token with a random embedding, `scale` times the spread of the
     existing rows; returns their ids (a tensor).
 
@@ -91,10 +96,10 @@ def extend_vocabulary(tokenizer: Any, model: Any, names: list[str], seed: int, s
     from tokenizers import AddedToken
 
     tokenizer.add_tokens([AddedToken(name, single_word=True, normalized=False) for name in names])
-    old_rows = model.get_input_embeddings().weight.shape[0]
+    old_rows = _embedding_weight(model).shape[0]
     model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=VOCAB_MULTIPLE, mean_resizing=False)
     ids = torch.tensor(tokenizer.convert_tokens_to_ids(names))
-    weight = model.get_input_embeddings().weight
+    weight = _embedding_weight(model)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         std = weight[:old_rows].std().item()
@@ -102,16 +107,25 @@ def extend_vocabulary(tokenizer: Any, model: Any, names: list[str], seed: int, s
     return ids
 
 
-def share_updates(rows: Any) -> Any:
+def _embedding_weight(model: PreTrainedModel) -> torch.Tensor:
+    import torch
+
+    weight = model.get_input_embeddings().weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def share_updates(rows: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A gradient hook giving all `rows` of a parameter the same gradient (their mean)."""
 
-    def hook(grad: Any) -> Any:
+    def hook(grad: torch.Tensor) -> torch.Tensor:
         return grad.index_copy(0, rows, grad[rows].mean(dim=0, keepdim=True).expand(len(rows), -1))
 
     return hook
 
 
-def shared_prefix_batch(examples: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any, Any]:
+def shared_prefix_batch(examples: list[tuple[list[int], list[int]]]
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, labels) examples as (prefix_ids [P], rest_ids [B, L], rest_attention [B, L], rest_labels [B, L]): the
     tokens all of them start with (up to, not into, the first labelled token; at least one left in each rest) once,
     then each example's rest, right-padded."""
@@ -135,7 +149,8 @@ def shared_prefix_batch(examples: list[tuple[list[int], list[int]]]) -> tuple[An
     return torch.tensor(first[:shared], dtype=torch.long), input_ids, attention, labels
 
 
-def prefix_logits(model: Any, prefix_ids: Any, input_ids: Any, attention: Any) -> Any:
+def prefix_logits(model: PreTrainedModel, prefix_ids: torch.Tensor, input_ids: torch.Tensor, attention: torch.Tensor
+                  ) -> torch.Tensor:
     """The logits over a `shared_prefix_batch`'s rests: the prefix runs once (batch 1) and its KV cache is repeated
     for the batch, gradients included — the plain padded forward's values and gradients at a fraction of the cost
     when the prefix is long (a harness's fixed prompt). The prefix's last token predicts each rest's first token,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fullasync.trainer.config import TrainerConfig
+from fullasync.config import TrainerConfig
 
 if TYPE_CHECKING:
     from fullasync.trainer.batch import TrainBatch, build_batch

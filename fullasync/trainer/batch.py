@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fullasync.offload import drop_piecewise
+from fullasync.infra.offload import drop_piecewise
 from fullasync.types import PROMPT_VERSION, TrainingSequence, TrajectoryGroup
 
 PADDING_ROW = -1  # row_index / group_index / trajectory_index of rows added only to fill shapes

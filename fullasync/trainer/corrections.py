@@ -66,7 +66,7 @@ from typing import Any
 
 import torch
 
-from fullasync.trainer.config import Correction, ProximalSource, TrainerConfig
+from fullasync.config.trainer import Correction, ProximalSource, TrainerConfig
 
 TOKEN_LEVEL = frozenset({Correction.TOKEN_TIS, Correction.TOKEN_MASK, Correction.DECOUPLED, Correction.TOKEN_RS})
 SEQUENCE_LEVEL = frozenset({Correction.SEQ_TIS, Correction.SEQ_MASK})

@@ -27,8 +27,8 @@ from verl.workers.config import (
 )
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
+from fullasync.config import TrainerConfig
 from fullasync.trainer.batch import TrainBatch
-from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectedPolicyLoss
 
 # FSDP mixed precision per `TrainerConfig.model_dtype`: the dtype of compute; master weights (verl's model_dtype),

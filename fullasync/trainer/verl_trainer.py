@@ -24,17 +24,16 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from fullasync.engines.platform import is_cpu_platform
-from fullasync.engines.protocol import NamedTensors
-from fullasync.engines.weight_stream import Metadata, StreamPlan, plan_buckets
-from fullasync.engines.weight_transport import StreamedWeights, WeightsMovedOn
-from fullasync.offload import off_loop
+from fullasync.config.trainer import GROUP_LOCAL_ESTIMATORS, TrainerConfig
+from fullasync.contracts.weights import NamedTensors, StreamedWeights, WeightsMovedOn
+from fullasync.infra.offload import off_loop
+from fullasync.infra.platform import is_cpu_platform
 from fullasync.trainer.batch import TrainBatch, build_batch, loss_normaliser, shard_batch
-from fullasync.trainer.config import GROUP_LOCAL_ESTIMATORS, TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
 from fullasync.trainer.worker import WHOLE_STEP, RankStepResult, StepPart, WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
+from fullasync.weights.stream import Metadata, StreamPlan, plan_buckets
 
 if TYPE_CHECKING:
     from ray import ObjectRef

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fullasync.placement import where_am_i
+from fullasync.config import TrainerConfig
+from fullasync.infra.placement import where_am_i
 from fullasync.trainer.batch import TrainBatch
-from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats
 
 if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
     from verl.workers.engine_workers import TrainingWorker
 
-    from fullasync.engines.weight_stream import Metadata, StreamPlan
     from fullasync.trainer.corrections import CorrectedPolicyLoss
+    from fullasync.weights.stream import Metadata, StreamPlan
 
 LOOPBACK = "127.0.0.1"
 TIED_OUTPUT_WEIGHT = "lm_head.weight"
@@ -106,7 +106,7 @@ class TrainerWorker:
 
     def free_port(self) -> int:
         """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
-        from fullasync.engines.weight_stream import free_ports
+        from fullasync.weights.stream import free_ports
 
         return free_ports(LOOPBACK, 1)[0]
 
@@ -263,7 +263,7 @@ class TrainerWorker:
         (the store's and the control socket's, `weight_stream.PushGroup`)."""
         import ray
 
-        from fullasync.engines.weight_stream import free_ports
+        from fullasync.weights.stream import free_ports
 
         address = ray.util.get_node_ip_address()
         port, control_port = free_ports(address, 2)
@@ -282,9 +282,9 @@ class TrainerWorker:
         return metadata
 
     def stream_weights(self, plan: StreamPlan) -> dict[str, str] | None:
-        """A streamed push (`weight_stream.py`): every rank gathers the model tensor by tensor (a collective) and
+        """A streamed push (`weights/stream.py`): every rank gathers the model tensor by tensor (a collective) and
         rank 0 broadcasts the plan's buckets to the engines' workers. Rank 0 returns the sampled tensors' digests."""
-        from fullasync.engines import weight_stream
+        from fullasync.weights import stream as weight_stream
 
         tensors = self._tensor_by_tensor()
         try:

@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, InstallTiming, PauseMode, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, InstallTiming, PauseMode, TokenDelta
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.rollout.processes import alive, descendants
 
@@ -87,8 +87,7 @@ async def train_fully_async(vllm_engine, model_path: str, output_dir, generator,
     """A 4-step fully-async run (staleness 2, groups of 2, 3 rows at once) of `generator` on `train` served by
     `vllm_engine`, with the verl CPU trainer; `sections` are extra `RunConfig` fields (e.g. `engine=`)."""
     from fullasync.api import AsyncAgentTrainer
-    from fullasync.config import DataSection, RolloutSection, RunConfig
-    from fullasync.trainer.config import TrainerConfig
+    from fullasync.config import DataSection, RolloutSection, RunConfig, TrainerConfig
     from fullasync.trainer.verl_trainer import VerlTrainer
 
     trainer = VerlTrainer(model_path, TrainerConfig(lr=1e-3, micro_batch_size=8))

@@ -9,10 +9,10 @@ import pytest
 from policy_weights import PolicyWeights
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.gateway import Gateway
-from fullasync.runtime import init_ray
-from fullasync.weight_sync import WeightSync
+from fullasync.infra.runtime import init_ray
+from fullasync.weights.sync import WeightSync
 
 HERE = Path(__file__).parent
 SHARED_CONTEXT = 2048  # the shared engine's (and gateway's) context: Terminus-2's prompt alone is ~1,600 tokens

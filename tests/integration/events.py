@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from process_waits import gone  # noqa: F401  (re-exported for the integration tests)
 
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 
 POLL_S = 0.01  # how long the engine runs between two looks at its progress while a test waits to freeze it
 

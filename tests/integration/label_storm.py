@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 from fullasync.types import ModelCall
 
 TOLERANCE = 1e-4  # float32 engine vs float32 torch forward; agreement is ~3e-6
@@ -218,10 +218,10 @@ def summary(result: StormResult, report: CheckReport) -> str:
 async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_caching: bool) -> None:
     from policy_weights import PolicyWeights
 
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
     from fullasync.models import build_tiny_model, load_tokenizer
-    from fullasync.runtime import init_ray
-    from fullasync.weight_sync import WeightSync
+    from fullasync.weights.sync import WeightSync
 
     init_ray()
     path = str(build_tiny_model())

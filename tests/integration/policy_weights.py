@@ -6,8 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from fullasync.client import RolloutService
-from fullasync.engines.protocol import PauseMode
-from fullasync.weight_sync import WeightSync
+from fullasync.contracts.engine import PauseMode
+from fullasync.weights.sync import WeightSync
 
 
 class PolicyWeights:

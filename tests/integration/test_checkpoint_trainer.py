@@ -12,8 +12,8 @@ import pytest
 import torch
 from test_trainer import fresh_model, groups_for
 
+from fullasync.config import LoraConfig
 from fullasync.trainer import TrainerConfig, VerlTrainer
-from fullasync.trainer.config import LoraConfig
 
 
 def optimizer_files(path: Path) -> dict[str, dict]:

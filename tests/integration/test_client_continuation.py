@@ -9,7 +9,7 @@ import torch
 from events import frozen_mid_generation
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 
 TOLERANCE = 1e-4  # float32 engine vs float32 torch forward; seen ~3e-6
 

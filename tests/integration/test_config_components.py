@@ -17,7 +17,7 @@ from examples.terminus.config import TerminusTrainConfig
 from fullasync.api import RESTART_GRACE_S, RUN_ENGINE_FIELDS, client_config, engine_config
 from fullasync.client import ClientConfig
 from fullasync.config import EngineSection, ModelSection, RunConfig
-from fullasync.engines.vllm_engine import VLLMEngineConfig
+from fullasync.engines.vllm import VLLMEngineConfig
 
 
 def test_an_engine_on_its_own_has_the_run_defaults():

@@ -13,9 +13,8 @@ import warnings
 import pytest
 import torch
 
-from fullasync.config import RunConfig
+from fullasync.config import Correction, RunConfig, TrainerConfig
 from fullasync.trainer.batch import TrainBatch
-from fullasync.trainer.config import Correction, TrainerConfig
 from fullasync.trainer.corrections import CorrectionStats, correct, loglinear_proximal
 from fullasync.trainer.verl_setup import policy_loss_fn, to_tensordict
 from fullasync.types import PROMPT_VERSION

@@ -10,9 +10,9 @@ import ray
 from ray.exceptions import RayActorError
 
 from fullasync.client import RolloutService
-from fullasync.engines.protocol import GenerateRequest
+from fullasync.contracts.engine import GenerateRequest
 from fullasync.engines.router import EngineRouter
-from fullasync.engines.vllm_engine import RayEngine, VLLMEngineActor, VLLMEngineConfig
+from fullasync.engines.vllm import RayEngine, VLLMEngineActor, VLLMEngineConfig
 from fullasync.errors import EngineDiedError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.contracts.engine import GenerateRequest, SamplingOptions
 
 LONG = 2000  # tokens (the shared engine's context is 2,048): the slot holders outlast the test; they are aborted
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import inspect
 
-from fullasync.engines.protocol import Engine
-from fullasync.engines.vllm_engine import RayEngine, VLLMEngineConfig
+from fullasync.contracts.engine import Engine
+from fullasync.engines.vllm import RayEngine, VLLMEngineConfig
 
 
 def test_the_ray_engine_satisfies_the_engine_protocol():

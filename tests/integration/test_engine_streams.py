@@ -8,7 +8,7 @@ import asyncio
 
 from events import freeze_mid_generation
 
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 
 
 def request(request_id: str, seed: int, max_tokens: int = 200) -> GenerateRequest:

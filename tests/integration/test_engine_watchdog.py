@@ -13,8 +13,8 @@ import pytest
 from events import wait_for_tokens
 
 from fullasync.client import RolloutService
-from fullasync.engines.protocol import GenerateRequest, SamplingOptions
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.contracts.engine import GenerateRequest, SamplingOptions
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.errors import EngineDiedError, InvalidRequestError
 
 STALL_TIMEOUT_S = 6.0

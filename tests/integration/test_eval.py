@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
+from fullasync.cli.evaluate import evaluate_model
 from fullasync.config import ModelSection, RunConfig
-from fullasync.evaluation import evaluate_model
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.tasks import arithmetic
 

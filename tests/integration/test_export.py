@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from fullasync.api import AsyncAgentTrainer
+from fullasync.cli.export import export_checkpoint
 from fullasync.config import CheckpointSection, RunConfig
-from fullasync.export import export_checkpoint
 
 
 def tensors(directory: Path) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 from fullasync.gateway.delivery import ABANDON_GRACE_S
 
 IDLE_DEADLINE_S = 30.0  # bounds a hang only; the time the engine took to go idle is asserted against the grace

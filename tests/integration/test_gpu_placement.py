@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from fullasync.placement import LayoutError, gpu_blocks, layout_table, plan_gpus
+from fullasync.infra.placement import LayoutError, gpu_blocks, layout_table, plan_gpus
 
 ENGINES, TENSOR_PARALLEL, RANKS = 2, 2, 4  # 2 × 2 + 4 = 8 GPUs: one node of 8, or two of 4
 
@@ -72,7 +72,7 @@ class Probe:
     """Stands where an engine or a trainer rank would: reports its node, GPU ids and CUDA_VISIBLE_DEVICES."""
 
     def where(self) -> dict:
-        from fullasync.placement import where_am_i
+        from fullasync.infra.placement import where_am_i
 
         node, gpus = where_am_i()
         return {"node": node, "gpus": gpus, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
@@ -81,8 +81,8 @@ class Probe:
 async def _place(report: dict) -> None:
     import ray
 
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, engine_actor_options
-    from fullasync.placement import cluster_gpus
+    from fullasync.engines.vllm import VLLMEngineConfig, engine_actor_options
+    from fullasync.infra.placement import cluster_gpus
     from fullasync.trainer.worker_group import WorkerResources, place_ranks, rank_options
 
     report["plan"] = plan_gpus(gpu_blocks(ENGINES, TENSOR_PARALLEL, RANKS), cluster_gpus())

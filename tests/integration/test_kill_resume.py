@@ -43,7 +43,7 @@ DRIVER = """
 import os, time
 from pathlib import Path
 
-from fullasync.cli import main
+from fullasync.cli.main import main
 from fullasync.run import checkpoint
 
 gate = Path(os.environ["HOLD_SAVE"])

@@ -13,9 +13,9 @@ import json
 from mlflow.tracking import MlflowClient
 
 from fullasync.api import AsyncAgentTrainer
+from fullasync.cli.report import write_report
 from fullasync.config import LoggingSection, RunConfig
-from fullasync.report import write_report
-from fullasync.tracking import LOGGERS
+from fullasync.config.checks import LOGGERS
 
 MARGIN = 0.15
 

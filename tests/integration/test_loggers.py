@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from fullasync.metrics import MetricsSink
-from fullasync.samples import RolloutSamples
-from fullasync.tracking import IDS_FILE, TrackingSettings, open_loggers
+from fullasync.observe.metrics import MetricsSink
+from fullasync.observe.samples import RolloutSamples
+from fullasync.observe.tracking import IDS_FILE, TrackingSettings, open_loggers
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 CONFIG = {"mode": "fully_async", "rollout.n": 8, "logging.loggers": ["wandb"]}

@@ -50,8 +50,7 @@ LOOPBACK_PREFIXES = ("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:")
     ({"engine_node": "a lot"}, "must be a number"),
 ])
 def test_bad_ray_resources_are_refused_at_start_up_naming_the_field(resources, message):
-    from fullasync.config import EngineSection, RunConfig
-    from fullasync.trainer.config import TrainerConfig
+    from fullasync.config import EngineSection, RunConfig, TrainerConfig
 
     with pytest.raises(ValueError, match=message) as raised:
         RunConfig(engine=EngineSection(ray_resources=resources)).validate()
@@ -65,8 +64,8 @@ def test_ray_resources_reach_the_engine_and_trainer_from_the_command_line():
     from hydra import compose, initialize
     from omegaconf import OmegaConf
 
-    from fullasync import cli
     from fullasync.api import engine_config
+    from fullasync.cli import main as cli
 
     cli._register()
     with initialize(version_base=None):
@@ -79,7 +78,7 @@ def test_ray_resources_reach_the_engine_and_trainer_from_the_command_line():
 
 
 def test_joining_a_cluster_refuses_local_cpu_and_gpu_counts():
-    from fullasync.runtime import join_cluster
+    from fullasync.infra.runtime import join_cluster
 
     with pytest.raises(ValueError, match="RAY_ADDRESS='127.0.0.1:1' joins an existing cluster"):
         join_cluster("127.0.0.1:1", num_cpus=2, num_gpus=None, log_to_driver=False)
@@ -88,7 +87,7 @@ def test_joining_a_cluster_refuses_local_cpu_and_gpu_counts():
 async def test_a_resource_no_node_offers_fails_at_once_naming_it(ray_cluster, tiny_model_path):
     import ray
 
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 
     actors_before = set(ray.util.list_named_actors())
     with pytest.raises(ValueError, match="engine.ray_resources asks for {'gpu_node': 0.01}.*no live node"):
@@ -185,7 +184,7 @@ async def _node_of(actor) -> str:
 
 async def _greedy_next(engine, prompt_ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The engine's greedy next token after a fixed text, with its log-prob: changes when the weights do."""
-    from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+    from fullasync.contracts.engine import GenerateRequest, SamplingOptions
 
     request = GenerateRequest(request_id=f"probe-{time.monotonic_ns()}", prompt_ids=prompt_ids, max_tokens=1,
                               sampling=SamplingOptions(temperature=0.0))
@@ -197,11 +196,10 @@ async def _train_on_cluster(report: dict) -> None:
     import ray
 
     from fullasync.api import AsyncAgentTrainer, engine_config
-    from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig
-    from fullasync.engines.vllm_engine import launch_vllm_engines
+    from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig, TrainerConfig
+    from fullasync.engines.vllm import launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
     from fullasync.models import build_tiny_model
-    from fullasync.runtime import init_ray
-    from fullasync.trainer.config import TrainerConfig
     from fullasync.trainer.verl_trainer import VerlTrainer
 
     model_path = str(build_tiny_model())

@@ -13,11 +13,11 @@ from test_client_chat import TOOLS
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.gateway import Gateway
-from fullasync.queue import MessageQueue
 from fullasync.rollout.generator import CustomGenerator
 from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.run.assemble import episodes_on
+from fullasync.run.queue import MessageQueue
 
 NAMELESS_CALL = "<tool_call>\n" + json.dumps({"name": "", "arguments": {}}).replace("{", r"\{").replace(
     "}", r"\}") + "\n</tool_call>"

@@ -21,13 +21,13 @@ from transformers import AutoModelForCausalLM
 
 from fullasync.client import RolloutService
 from fullasync.client.messages import normalize_messages
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.contracts.engine import PauseMode
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.gateway import Gateway
 from fullasync.models import build_pretrained_model, load_tokenizer, with_chat_template
 from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.types import Trajectory, TrajectoryGroup
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 pytestmark = pytest.mark.slow
 

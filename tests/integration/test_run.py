@@ -15,19 +15,19 @@ import pytest
 from fullasync.api import AsyncAgentTrainer
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import DataSection, RunConfig
-from fullasync.metrics import MetricsSink
-from fullasync.queue import MessageQueue
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.run import GroupQueue, RayGroupQueue, Run, RunSettings, Trainer, assemble
 from fullasync.run.assemble import GC_THRESHOLDS, settled_heap
 from fullasync.run.loop import QUEUE_POLL_S
+from fullasync.run.queue import MessageQueue
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
 from fullasync.trainer import TrainerConfig, VerlTrainer
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 COST = DecodeCost(max_num_seqs=16, push_s=0.1)
 

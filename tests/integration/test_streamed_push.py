@@ -9,14 +9,15 @@ import pytest
 import torch
 from policy_weights import PolicyWeights
 
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.weight_digests import digest
-from fullasync.engines.weight_transport import StreamedWeights, StreamTransport, WeightsMovedOn, weight_transport
+from fullasync.contracts.engine import PauseMode
+from fullasync.contracts.weights import StreamedWeights, WeightsMovedOn
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.errors import EngineDiedError
 from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.digests import digest
+from fullasync.weights.sync import WeightSync
+from fullasync.weights.transport import StreamTransport, weight_transport
 
 TOLERANCE = 1e-4
 
@@ -45,7 +46,7 @@ def _groups() -> list[TrajectoryGroup]:
 async def test_the_engine_serves_exactly_the_trainers_weights_streamed_from_its_ranks(stack, tiny_model_path,
                                                                                      tokenizer):
     trainer, engine = stack
-    transport = weight_transport(trainer)
+    transport = weight_transport(trainer.config.weight_transport, trainer)
     assert isinstance(transport, StreamTransport)
     sync = WeightSync([engine], version=await engine.version(), transport=transport)
     reference = PolicyWeights(tiny_model_path, sync)

@@ -23,7 +23,7 @@ from fullasync.client import ClientConfig, RolloutService
 from fullasync.client.messages import normalize_messages
 from fullasync.client.reasoning import ReasoningSplitter
 from fullasync.client.tool_parsers import make_tool_parser
-from fullasync.engines.protocol import GenerateRequest, GenerateResult
+from fullasync.contracts.engine import GenerateRequest, GenerateResult
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway import Gateway
 from fullasync.models import check_chat_setup

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from fullasync.engines.protocol import GenerateRequest, SamplingOptions
+from fullasync.contracts.engine import GenerateRequest, SamplingOptions
 from fullasync.trainer import TrainerConfig, VerlTrainer, build_batch
 from fullasync.trainer.verl_setup import policy_loss_fn, to_tensordict
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from fullasync.config import LoraConfig, TrainerConfig
 from fullasync.trainer.batch import PADDING_ROW, build_batch, shard_batch
-from fullasync.trainer.config import LoraConfig, TrainerConfig
 from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 ADV = 1 / math.sqrt(2)  # grpo advantage of a two-sample group with distinct rewards (std with Bessel)

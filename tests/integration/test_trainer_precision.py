@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_trainer import batch_hf_logprobs, fresh_model, groups_for
 
+from fullasync.config import LoraConfig
 from fullasync.trainer import TrainerConfig, VerlTrainer
-from fullasync.trainer.config import LoraConfig
 
 
 async def started(model_path: str, **settings) -> VerlTrainer:
@@ -76,10 +76,10 @@ async def test_bf16_mixed_precision_computes_in_bf16_on_fp32_master_weights(ray_
 async def test_smollm2_in_bf16_vllm_and_trainer_agree_and_two_steps_push(ray_cluster):
     from test_real_model_engine import sampled_groups
 
-    from fullasync.engines.protocol import PauseMode
-    from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.contracts.engine import PauseMode
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
     from fullasync.models import build_pretrained_model, load_tokenizer
-    from fullasync.weight_sync import WeightSync
+    from fullasync.weights.sync import WeightSync
 
     path = str(build_pretrained_model("smollm2-135m-instruct"))
     tokenizer = load_tokenizer(path)

@@ -15,14 +15,13 @@ import ray
 from events import gone
 
 from fullasync.api import AsyncAgentTrainer
-from fullasync.config import DataSection, EngineSection, RolloutSection, RunConfig
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
+from fullasync.config import DataSection, EngineSection, RolloutSection, RunConfig, TrainerConfig
+from fullasync.contracts.engine import PauseMode
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.errors import InfraError
 from fullasync.rollout.generator import CustomGenerator, run_process
 from fullasync.tasks import arithmetic
 from fullasync.tasks.warmup import build_warm_policy
-from fullasync.trainer.config import TrainerConfig
 from fullasync.trainer.verl_trainer import VerlTrainer
 
 TRAINER = TrainerConfig(lr=1e-3, micro_batch_size=32)

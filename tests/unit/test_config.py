@@ -16,8 +16,8 @@ from examples.mini_swe.config import MiniSweTrainConfig
 from examples.terminus.config import TerminusTrainConfig
 from fullasync.client import ClientConfig
 from fullasync.config import EngineSection, ModelSection, RolloutSection, RunConfig
-from fullasync.config_doc import REGENERATE, config_with_file, exit_with_help_if_asked, render_help, render_markdown
-from fullasync.config_fields import config_fields, config_sections
+from fullasync.config.doc import REGENERATE, config_with_file, exit_with_help_if_asked, render_help, render_markdown
+from fullasync.config.fields import config_fields, config_sections
 from fullasync.rollout.rollouter import RolloutSettings
 from fullasync.run.assemble import RunSettings
 

@@ -52,7 +52,7 @@ def test_work_a_run_hands_to_a_worker_thread_shares_the_lock_with_the_loop():
 
 
 def test_off_loop_runs_in_place_on_the_virtual_loop_and_records_its_cpu_as_a_workers():
-    from fullasync.offload import off_loop
+    from fullasync.infra.offload import off_loop
 
     async def main() -> tuple[LoopWork, int]:
         record = asyncio.get_running_loop().record_work()

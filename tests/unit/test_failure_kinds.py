@@ -19,10 +19,10 @@ from fullasync.errors import (
     InvalidRequestError,
     PolicyOutputError,
 )
-from fullasync.queue import MessageQueue
 from fullasync.rollout.ledger import failure_kind
 from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import StalenessManager
+from fullasync.run.queue import MessageQueue
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer

@@ -13,15 +13,15 @@ import asyncio
 
 import pytest
 
-from fullasync.engines.protocol import WeightsPayload
-from fullasync.metrics import MetricsSink
-from fullasync.queue import MessageQueue
+from fullasync.contracts.weights import WeightsPayload
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.loop import QUEUE_POLL_S, TrainingLoop
+from fullasync.run.queue import MessageQueue
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
-from fullasync.weight_sync import WeightPushTiming
+from fullasync.weights.sync import WeightPushTiming
 
 
 def group(row_id: str, version: int, tokens: int = 4) -> TrajectoryGroup:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fullasync.metrics import MetricsSink, format_line, generation_stats, token_staleness
+from fullasync.observe.metrics import MetricsSink, format_line, generation_stats, token_staleness
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 
@@ -22,7 +22,7 @@ def test_token_staleness_counts_every_sampled_token():
 def test_jsonl_and_tensorboard_sinks(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from fullasync.tracking import TrackingSettings, open_loggers
+    from fullasync.observe.tracking import TrackingSettings, open_loggers
 
     settings = TrackingSettings(("tensorboard",), "p", "", False, tmp_path)
     sink = MetricsSink(tmp_path / "m.jsonl", open_loggers(settings, {"seed": 0}, resume=False))
@@ -47,7 +47,7 @@ def test_the_step_line_shows_progress_and_the_time_left():
 
 
 def test_harness_metrics_aggregate_logged_values_and_numeric_metadata():
-    from fullasync.metrics import HARNESS_METRICS_KEY, harness_stats
+    from fullasync.observe.metrics import HARNESS_METRICS_KEY, harness_stats
 
     call = ModelCall((1,), (5,), (-0.1,), (0,), FinishReason.STOP)
     episodes = [Trajectory((call,), 1.0, {"turns": 3, "solved": True, "exit": "Submitted",
@@ -61,7 +61,7 @@ def test_harness_metrics_aggregate_logged_values_and_numeric_metadata():
 
 
 def test_rollout_samples_are_decoded_per_call_every_nth_step(tmp_path):
-    from fullasync.samples import RolloutSamples
+    from fullasync.observe.samples import RolloutSamples
 
     class Letters:
         def decode(self, ids, skip_special_tokens=False):

@@ -1,4 +1,4 @@
-"""`fullasync.offload`: the pacer that spreads bursts over the loop's clock, and piecewise release. No timing is
+"""`fullasync.infra.offload`: the pacer that spreads bursts over the loop's clock, and piecewise release. No timing is
 asserted: the pacer runs on the simulator's virtual clock, where its windows are exact."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from fullasync.offload import Pacer, drop_piecewise
+from fullasync.infra.offload import Pacer, drop_piecewise
 from fullasync.sim.clock import run_virtual
 
 

@@ -65,7 +65,7 @@ def test_a_wheel_builds_with_the_license_extras_and_every_package(tmp_path):
     assert metadata["License-Expression"] == "Apache-2.0"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert {"agents", "tracking", "gpu"} <= set(metadata.get_all("Provides-Extra"))
-    for module in ("fullasync/cli.py", "fullasync/doctor.py", "fullasync_agents/__init__.py",
+    for module in ("fullasync/cli/main.py", "fullasync/cli/doctor.py", "fullasync_agents/__init__.py",
                    "fullasync_patches/verl_cpu.py", "fullasync/models/chat_template.jinja"):
         assert module in names, f"{module} missing from the wheel"
 
@@ -81,7 +81,7 @@ def test_version_flag_prints_the_package_version():
 def test_doctor_compares_installed_versions_with_the_lock(tmp_path):
     from importlib.metadata import version
 
-    from fullasync import doctor
+    from fullasync.cli import doctor
 
     lock = tmp_path / "lock.txt"
     lock.write_text(f"pytest=={version('pytest')}\n# a comment\n")
@@ -94,7 +94,7 @@ def test_doctor_compares_installed_versions_with_the_lock(tmp_path):
 
 
 def test_doctor_names_an_unwritable_cache_and_how_to_fix_it(tmp_path):
-    from fullasync import doctor
+    from fullasync.cli import doctor
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
-from fullasync import weight_sync
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 from fullasync.errors import WeightPushError
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
-from fullasync.weight_sync import WeightSync
+from fullasync.weights import sync as weight_sync
+from fullasync.weights.sync import WeightSync
 
 COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
 
@@ -72,7 +72,7 @@ def test_without_restarts_the_push_fails_naming_the_engine_which_stays_paused():
 def test_checksums_compare_what_an_engine_holds_under_the_pushed_name_and_shape():
     import torch
 
-    from fullasync.engines.weight_digests import digest, mismatches, sampled_names
+    from fullasync.weights.digests import digest, mismatches, sampled_names
 
     pushed = {"norm.weight": torch.ones(4), "proj.weight": torch.eye(4), "embed.weight": torch.zeros(8, 4),
               "fused.weight": torch.ones(2, 4)}
@@ -89,7 +89,7 @@ def test_checksums_compare_what_an_engine_holds_under_the_pushed_name_and_shape(
 def test_checksums_compare_each_tensor_parallel_workers_shard():
     import torch
 
-    from fullasync.engines.weight_digests import digest, mismatches
+    from fullasync.weights.digests import digest, mismatches
 
     pushed = {"column.weight": torch.arange(32.0).view(8, 4), "row.weight": torch.arange(32.0).view(4, 8),
               "norm.weight": torch.ones(4), "padded.weight": torch.zeros(10, 4)}
@@ -101,7 +101,7 @@ def test_checksums_compare_each_tensor_parallel_workers_shard():
 
 
 def test_a_tensor_parallel_engine_on_cpu_binds_each_worker_to_its_own_cores():
-    from fullasync.engines.platform import cpu_tensor_parallel_binding
+    from fullasync.infra.platform import cpu_tensor_parallel_binding
 
     assert cpu_tensor_parallel_binding(2, cpus=[0, 1]) == "0|1"
     assert cpu_tensor_parallel_binding(2, cpus=[4, 5, 6, 7, 8]) == "4,5|6,7"  # equal groups; the odd core idle

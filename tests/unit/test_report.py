@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fullasync.report import ReportError, write_report
+from fullasync.cli.report import ReportError, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

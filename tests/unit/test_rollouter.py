@@ -16,13 +16,13 @@ import httpx
 import pytest
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.engines.protocol import PauseMode
-from fullasync.metrics import MetricsSink
-from fullasync.queue import MessageQueue
+from fullasync.contracts.engine import PauseMode
+from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.run import RunSettings, assemble
+from fullasync.run.queue import MessageQueue
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer

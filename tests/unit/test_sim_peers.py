@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from fullasync.engines.protocol import PauseMode
+from fullasync.contracts.engine import PauseMode
 from fullasync.sim import peers
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost

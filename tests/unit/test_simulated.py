@@ -13,14 +13,14 @@ import weakref
 import pytest
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.engines.protocol import GenerateRequest, PauseMode
+from fullasync.contracts.engine import GenerateRequest, PauseMode
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimSpec, SimTokenizer, simulate
 from fullasync.sim.trainer import TrainCost
 from fullasync.sim.workload import Workload, analytic_bound, split_bound
 from fullasync.types import FinishReason
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
 
 STEADY = DecodeCost(step_base_s=0.01, step_per_seq_s=0.0, prefill_per_token_s=0.0, max_num_seqs=8, push_s=0.25)
 
@@ -265,7 +265,7 @@ def test_a_row_counts_toward_concurrency_by_its_unfinished_episodes():
 
 
 def test_queue_hands_over_the_oldest_groups_first():
-    from fullasync.queue import MessageQueue
+    from fullasync.run.queue import MessageQueue
     from fullasync.types import ModelCall, Trajectory, TrajectoryGroup
 
     def group(row_id: str, first_version: int) -> TrajectoryGroup:

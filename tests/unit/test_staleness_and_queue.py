@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from fullasync.queue import MessageQueue
 from fullasync.rollout.staleness import StalenessManager, admission_capacity
+from fullasync.run.queue import MessageQueue
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 

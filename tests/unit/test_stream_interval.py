@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 from fullasync.client.continuation import StitchedGeneration, stream_with_resume
-from fullasync.engines.protocol import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 from fullasync.errors import EngineDiedError
 from fullasync.types import FinishReason
 

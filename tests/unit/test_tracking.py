@@ -12,8 +12,8 @@ import socket
 import pytest
 
 from fullasync.config import RunConfig
-from fullasync.logs import _Stdout, configure_logging, progress, progress_display
-from fullasync.tracking import LoggerUnavailableError, TrackingSettings, check_loggers
+from fullasync.observe.logs import _Stdout, configure_logging, progress, progress_display
+from fullasync.observe.tracking import LoggerUnavailableError, TrackingSettings, check_loggers
 
 
 def settings(tmp_path, *loggers, offline=False):

@@ -9,18 +9,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from fullasync.engines.protocol import Engine, GenerateRequest, InstallTiming, PauseMode, WeightsPayload
-from fullasync.engines.weight_transport import (
-    ObjectStoreTransport,
-    StreamedWeights,
-    StreamTransport,
-    WeightsMovedOn,
-    WeightTransport,
-)
-from fullasync.run.contracts import Trainer
+from fullasync.contracts.engine import Engine, GenerateRequest, InstallTiming, PauseMode
+from fullasync.contracts.run import Trainer
+from fullasync.contracts.weights import StreamedWeights, WeightsMovedOn, WeightsPayload, WeightTransport
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
-from fullasync.weight_sync import WeightSync
+from fullasync.weights.sync import WeightSync
+from fullasync.weights.transport import ObjectStoreTransport, StreamTransport
 
 STREAMING = {"generate_stream"}  # async generators
 PLAIN = {"mark_dead"}  # plain calls; every other method of the protocol is a coroutine

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from fullasync.engines.shm_weights import group_key
-from fullasync.engines.weight_digests import digest
-from fullasync.engines.weight_stream import (
+from fullasync.weights.digests import digest
+from fullasync.weights.shm import group_key
+from fullasync.weights.stream import (
     JOINED,
     PushAbandoned,
     StreamPlan,

@@ -1,0 +1,4 @@
+"""The commands: `fullasync train|eval|export|report|doctor` (`main.py`, one module per command) and the demo.
+
+Each command is a thin layer over `fullasync.api` and the components; nothing below imports this package.
+"""

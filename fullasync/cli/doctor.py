@@ -1,0 +1,265 @@
+"""`fullasync doctor`: is this environment able to run fullasync? One line per check, and how to fix a failure.
+
+Owns: the checks — Python version, installed versions against the tested lock (when the lock is there,
+i.e. in a clone), torch and its devices, Ray, vLLM (imported in a child process, timed: the import
+alone can take seconds), the model cache (writable, free space), the loopback interface (a server
+can listen on 127.0.0.1) — and their report. `--gpu` adds: CUDA devices and a driver new enough for the GPU
+lock's CUDA, Ray offering the GPUs, and the stack itself (one engine, one trainer step, one weight push whose
+checksums the engine verifies, on the tiny model); `--stack` runs that last check alone, on any platform.
+Exit status 0 when nothing failed (warnings allowed), 1 otherwise. Does not own: installing anything
+(`make setup` does).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fullasync.models.tiny import default_cache_root
+
+LOCK = Path(__file__).resolve().parent.parent / "requirements" / "cpu-lock.txt"
+GPU_LOCK = LOCK.with_name("gpu-lock.txt")
+# the oldest Linux driver each CUDA major of the GPU lock runs on (NVIDIA's CUDA toolkit release notes)
+MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
+VLLM_IMPORT_TIMEOUT_S = 180.0
+MIN_FREE_GB = 2.0
+MIN_PYTHON = (3, 11)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | FAIL
+    detail: str
+
+
+def python_check() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info[:2] >= MIN_PYTHON:  # an older interpreter gets here when run by path
+        return Check("python", "ok", f"{version} ({sys.executable})")
+    return Check("python", "FAIL", f"{version}: fullasync needs Python >= {'.'.join(map(str, MIN_PYTHON))}")
+
+
+def lock_check(lock: Path = LOCK) -> Check:
+    """Installed distributions against `name==version` lines of the tested lock."""
+    if not lock.exists():
+        return Check("versions", "warn", f"no lock file at {lock} (installed from a wheel?): versions not compared")
+    pinned = {}
+    for line in lock.read_text().splitlines():
+        line = line.split("#", 1)[0].split(";", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pinned[name.strip().lower()] = version.strip()
+    missing, different = [], []
+    for name, version in sorted(pinned.items()):
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+            continue
+        if installed != version and installed.split("+")[0] != version.split("+")[0]:
+            different.append(f"{name} {installed} (lock {version})")
+    if not missing and not different:
+        return Check("versions", "ok", f"all {len(pinned)} pinned distributions at the tested versions")
+    detail = f"{len(missing)} missing, {len(different)} at other versions than {lock.name}"
+    shown = [f"missing {name}" for name in missing[:3]] + different[:3]
+    return Check("versions", "warn", f"{detail}: {'; '.join(shown)} — `make setup` installs the tested set")
+
+
+def torch_check() -> Check:
+    try:
+        import torch
+    except ImportError as error:
+        return Check("torch", "FAIL", f"not importable ({error}); run `make setup`")
+    devices = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "CPU only"
+    return Check("torch", "ok", f"{torch.__version__}, {devices}")
+
+
+def ray_check() -> Check:
+    try:
+        import ray
+    except ImportError as error:
+        return Check("ray", "FAIL", f"not importable ({error}); run `make setup`")
+    return Check("ray", "ok", ray.__version__)
+
+
+def vllm_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
+    """Import vLLM in a child process (its import can take seconds and sets process-wide state)."""
+    probe = ("import json, time; t = time.perf_counter(); import vllm; "
+             "from vllm.platforms import current_platform as p; "
+             "print(json.dumps({'version': vllm.__version__, 'device': p.device_type, "
+             "'seconds': time.perf_counter() - t}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return Check("vllm", "FAIL", f"import did not finish in {timeout_s:.0f} s")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return Check("vllm", "FAIL", f"import failed: {last}; run `make setup` (CPU) or `make setup-gpu`")
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    return Check("vllm", "ok", f"{info['version']} on {info['device']}, imported in {info['seconds']:.1f} s")
+
+
+def cache_check(root: Path | None = None) -> Check:
+    root = root if root is not None else default_cache_root()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root):
+            pass
+    except OSError as error:
+        return Check("cache", "FAIL", f"{root} is not writable ({error}); set FULLASYNC_CACHE_DIR to a writable "
+                     "directory")
+    free_gb = shutil.disk_usage(root).free / 2**30
+    status = "ok" if free_gb >= MIN_FREE_GB else "warn"
+    return Check("cache", status, f"{root}, {free_gb:.1f} GiB free" + (
+        "" if status == "ok" else f" (models and checkpoints need more than {MIN_FREE_GB:g} GiB)"))
+
+
+def loopback_check() -> Check:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            port = server.getsockname()[1]
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass
+    except OSError as error:
+        return Check("loopback", "FAIL", f"cannot listen and connect on 127.0.0.1 ({error}): Ray, the engines "
+                     "and the gateway need it")
+    return Check("loopback", "ok", "a server on 127.0.0.1 accepts connections")
+
+
+def cuda_check(lock: Path = GPU_LOCK) -> Check:
+    """CUDA devices visible to torch, and the driver new enough for the CUDA the GPU lock pins."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return Check("cuda", "FAIL", f"torch {torch.__version__} sees no CUDA device (CUDA build: "
+                     f"{torch.version.cuda or 'none'}); on a GPU node install with `make setup-gpu` and run "
+                     "`.venv-gpu/bin/fullasync doctor --gpu`")
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    detail = f"{torch.cuda.device_count()} × {', '.join(names)}, torch CUDA {torch.version.cuda}"
+    driver = _driver_version()
+    pinned = _pinned_cuda_major(lock)
+    needed = MIN_DRIVER.get(pinned) if pinned else None
+    if driver is None:
+        return Check("cuda", "warn", f"{detail}; driver version unknown (nvidia-smi not found)")
+    if needed and driver < needed:
+        return Check("cuda", "FAIL", f"{detail}; driver {'.'.join(map(str, driver))} is older than "
+                     f"{'.'.join(map(str, needed))}, the oldest that runs CUDA {pinned} (requirements/gpu-lock.txt): "
+                     "update the driver")
+    return Check("cuda", "ok", f"{detail}, driver {'.'.join(map(str, driver))}")
+
+
+def _driver_version() -> tuple[int, ...] | None:
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return tuple(int(part) for part in done.stdout.split()[0].split(".")[:2])
+
+
+def _pinned_cuda_major(lock: Path) -> int | None:
+    if not lock.exists():
+        return None
+    for line in lock.read_text().splitlines():
+        if line.startswith("cuda-toolkit=="):
+            return int(line.split("==", 1)[1].split(".")[0])
+    return None
+
+
+def ray_gpus_check() -> Check:
+    """Ray counts the GPUs torch sees (so engines and trainer ranks can reserve them)."""
+    import ray
+    import torch
+
+    from fullasync.infra.runtime import init_ray
+
+    init_ray()
+    seen = int(ray.cluster_resources().get("GPU", 0))
+    local = torch.cuda.device_count()
+    if seen < max(local, 1):
+        return Check("ray-gpus", "FAIL", f"Ray offers {seen} GPU(s), torch sees {local} on this node: start Ray "
+                     "with its GPUs (`ray start --num-gpus=N`) or leave RAY_ADDRESS unset")
+    return Check("ray-gpus", "ok", f"Ray offers {seen} GPU(s) ({local} on this node)")
+
+
+def stack_check() -> Check:
+    """One engine, one trainer step and one weight push with checksums, on the tiny model and this platform."""
+    import asyncio
+
+    try:
+        figures = asyncio.run(_stack_round_trip())
+    except Exception as error:  # any failure of the stack is the finding; its type and message say which part
+        return Check("stack", "FAIL", f"{type(error).__name__}: {error}")
+    return Check("stack", "ok", figures)
+
+
+async def _stack_round_trip() -> str:
+    import torch
+
+    from fullasync.contracts.engine import PauseMode
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.infra.runtime import init_ray
+    from fullasync.models.tiny import build_tiny_model
+    from fullasync.trainer import TrainerConfig, VerlTrainer
+    from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
+    from fullasync.weights.sync import WeightSync
+
+    init_ray()
+    path = str(build_tiny_model())
+    began = time.perf_counter()
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=path, max_model_len=256))
+    trainer = VerlTrainer(path, TrainerConfig(lr=1e-2, micro_batch_size=2))
+    try:
+        await trainer.start()
+        started = time.perf_counter() - began
+        calls = [ModelCall((1, 2, 3), (4 + i, 5 + i), (-1.0, -1.0), (0, 0), FinishReason.STOP) for i in range(2)]
+        group = TrajectoryGroup("doctor", tuple(Trajectory((call,), reward=float(i)) for i, call in enumerate(calls)))
+        metrics = await trainer.train_step(trainer.build_batch([group]), trainer_version=0)
+        if not torch.isfinite(torch.tensor(metrics["loss"])):
+            raise RuntimeError(f"the train step's loss is {metrics['loss']}")
+        sync = WeightSync([engine], mode=PauseMode.ABORT, version=await engine.version())
+        timing = await sync.push(await trainer.export_weights())  # the engine checks the pushed tensors' digests
+        served = await engine.version()
+        if served != 1:
+            raise RuntimeError(f"after one push the engine serves version {served}, not 1")
+        return (f"engine and trainer up in {started:.0f} s; train step {metrics['step_time_s']:.2f} s; push "
+                f"{timing.total_s * 1000:.0f} ms, checksums matched, engine serves version {served}")
+    finally:
+        await trainer.shutdown()
+        await engine.shutdown()
+
+
+CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, torch_check, ray_check, vllm_check,
+                                           cache_check, loopback_check)
+GPU_CHECKS: tuple[Callable[[], Check], ...] = (cuda_check, ray_gpus_check, stack_check)
+
+
+def run(checks: tuple[Callable[[], Check], ...] = CHECKS) -> int:
+    """Print each check as it finishes; 0 when none failed. After a failed `cuda` check the GPU checks are not run."""
+    failed = 0
+    print(f"fullasync {importlib.metadata.version('fullasync')}", flush=True)
+    for check in checks:
+        if failed and check in GPU_CHECKS and check is not cuda_check:
+            name = check.__name__.removesuffix("_check").replace("_", "-")
+            print(f"skip {name:<9} (a check above failed)", flush=True)
+            continue
+        started = time.perf_counter()
+        result = check()
+        failed += result.status == "FAIL"
+        print(f"{result.status:<4} {result.name:<9} {result.detail} [{time.perf_counter() - started:.1f} s]",
+              flush=True)
+    print("all checks passed" if not failed else f"{failed} check(s) failed", flush=True)
+    return 1 if failed else 0

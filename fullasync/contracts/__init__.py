@@ -1,0 +1,11 @@
+"""The seams between components, as records and protocols (stdlib only; torch and Ray are named for the type
+checker). As AReaL's `areal/api`: a component implements one of these, another calls it, and neither imports the
+other.
+
+- `engine.py`: `Engine` (what the router, client, weight sync and run do with an engine), `GenerateRequest` /
+  `GenerateResult` / `TokenDelta`, `SamplingOptions`, `PauseMode`, `InstallTiming`.
+- `run.py`: `GroupQueue` and `Trainer` (the loop's view of the queue and the trainer), `QueueBatch`, `QueueStats`.
+- `weights.py`: `WeightsPayload` (what one version is on its way to `Engine.install`) and `WeightTransport`.
+
+Does not own: any implementation. Imports only `fullasync.types` and `fullasync.errors`.
+"""

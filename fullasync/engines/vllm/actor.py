@@ -1,0 +1,342 @@
+"""`VLLMEngineActor`: vLLM's `AsyncLLM` hosted in a Ray actor — start-up, generation with per-token weight
+versions, the delta outbox of streamed requests, pause/resume; weights are installed by `install.py`'s half of
+the class.
+
+Per-token versions: the engine core labels every batch of outputs with the weight version in force
+when it was sampled (set by `finish_weight_update(version)`; the final output of a request carries the
+spans): the tokens' `output_weight_versions`. A request's KV cache is computed by the weights of the version it was
+admitted under (its prefix-cache salt, so no request reuses KV blocks of another version; a reset of
+the prefix cache cannot do that while requests frozen by a "keep" pause hold blocks): that is the
+oldest version in the context of every token it samples. A request that arrives while a push is under way is
+admitted when the push ends (vLLM would hold it until then anyway, and the push's weights compute it), and a push
+waits for requests being admitted to reach vLLM first (`_admitted`). `output_versions` is the older of the two.
+After a "keep" push, a frozen request goes on sampling with the new weights over the old weights' KV:
+its later tokens have weight version v+1 and `output_versions` v — what the staleness bound and the
+proximal policy must count, since neither policy v nor v+1 alone sampled them. A "recompute" push is vLLM's
+"keep" pause that clears the cache: it preempts every running request (its KV freed), and after the update the
+scheduler prefills each again — prompt + tokens so far — under the new weights, so its later tokens have v+1 in
+both (each in-flight request's KV version moves to v+1 at that push).
+
+Does not own: the in-process handle (`handle.py`), the watchdog (`watchdog.py`), start-up of several (`launch.py`).
+"""
+
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
+
+import ray
+from ray.actor import ActorHandle
+
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
+from fullasync.engines.vllm.config import STREAM_DELTA_S, EngineDType, EngineHealth, LogprobsMode, VLLMEngineConfig
+from fullasync.engines.vllm.install import WeightInstall
+from fullasync.engines.vllm.sampling import oldest_versions, sampling_params, versions_from_spans
+from fullasync.errors import InvalidRequestError
+from fullasync.infra.placement import where_am_i
+from fullasync.infra.platform import (
+    CPU_BIND_ENV,
+    cpu_tensor_parallel_binding,
+    engine_env_vars,
+    is_cpu_platform,
+    platform_engine_kwargs,
+)
+from fullasync.types import FinishReason
+from fullasync.weights.shm import WeightSender
+
+if TYPE_CHECKING:
+    from vllm import RequestOutput
+    from vllm.logprobs import Logprob
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+
+
+
+class VLLMEngineActor(WeightInstall):
+    """Hosts one `AsyncLLM`; every method runs on the actor's event loop."""
+
+    def __init__(self, config: VLLMEngineConfig, name: str) -> None:
+        self.config = config
+        self.name = name
+        self._llm: AsyncLLM | None = None
+        self._version = 0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        # requests between reading the version and handing vLLM their ADD; a pause waits until none is (`_admitted`)
+        self._admitting = 0
+        self._none_admitting = asyncio.Event()
+        self._none_admitting.set()
+        self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
+        self._recomputed: dict[str, list[int]] = {}  # request id -> versions whose push recomputed its KV, in flight
+        self._pause_mode = PauseMode.ABORT
+        self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
+        self._last_request_id: str | None = None
+        # published requests' tokens not yet sent by `deltas()`: key -> (ids, log-probs, top log-probs)
+        self._outbox: dict[str, tuple[list[int], list[float], list[dict[int, float]]]] = {}
+        self._outbox_ready = asyncio.Event()
+        self._tied_embeddings = False
+        self._weights = WeightSender(config.weight_bucket_bytes)  # the shared-memory hand-off to the engine core
+
+    async def start(self, initial_version: int = 0) -> None:
+        from transformers import AutoConfig
+        from vllm.config.weight_transfer import WeightTransferConfig
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from fullasync.weights import vllm as vllm_transfer
+
+        vllm_transfer.check_installed()
+        cfg = self.config
+        if cfg.tensor_parallel_size > 1 and is_cpu_platform():
+            os.environ.setdefault(CPU_BIND_ENV, cpu_tensor_parallel_binding(cfg.tensor_parallel_size))
+        args = AsyncEngineArgs(
+            model=cfg.model_path,
+            served_model_name=cfg.served_model_name,
+            dtype=cast(EngineDType, cfg.dtype),  # checked in VLLMEngineConfig
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            logprobs_mode=cast(LogprobsMode, cfg.logprobs_mode),
+            seed=cfg.seed,
+            max_logprobs=cfg.max_logprobs,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            scheduling_policy="priority",  # GenerateRequest.priority: the rows nearest the staleness bound first
+            weight_transfer_config=WeightTransferConfig(backend=vllm_transfer.BACKEND),
+            **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
+        )
+        self._llm = llm = AsyncLLM.from_engine_args(args)
+        await llm.init_weight_transfer_engine(WeightTransferInitRequest())
+        self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
+        self._version = initial_version
+        await llm.update_weight_version(str(initial_version))
+        await self._warm_up(llm)
+
+    @staticmethod
+    async def _warm_up(llm: AsyncLLM) -> None:
+        """One token of a one-token prompt: the first request pays for the engine's warm-up (seconds on CPU), and
+        that is the engine's start, not the time of the first episode to call it (nor of one after a restart)."""
+        from vllm import SamplingParams
+
+        async for _ in llm.generate({"prompt_token_ids": [0]}, SamplingParams(max_tokens=1),
+                                    f"warm-up-{uuid.uuid4().hex}"):
+            continue
+
+    def _started(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RuntimeError(f"engine {self.name}: start() has not run, or shutdown() has")
+        return self._llm
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self._generate(request, None)
+
+    async def generate_published(self, request: GenerateRequest, key: str) -> GenerateResult:
+        """`generate`, its new tokens also published under `key` to `deltas()` as vLLM produces them."""
+        return await self._generate(request, key)
+
+    async def deltas(self) -> AsyncIterator[dict[str, TokenDelta]]:
+        """The engine's one delta channel: every published request's new tokens since the last item, gathered into
+        one item (one Ray object for all streams) at most every `STREAM_DELTA_S`, at once after a quiet spell."""
+        sent_at = -math.inf
+        while True:
+            await self._outbox_ready.wait()
+            wait = sent_at + STREAM_DELTA_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            batch, self._outbox = self._outbox, {}
+            self._outbox_ready.clear()
+            sent_at = time.monotonic()
+            yield {key: TokenDelta(tuple(ids), tuple(logprobs), tuple(top))
+                   for key, (ids, logprobs, top) in batch.items()}
+
+    async def _generate(self, request: GenerateRequest, key: str | None) -> GenerateResult:
+        """Run `request` to its end; with a `key`, each output's new tokens go to the outbox `deltas()` drains."""
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        top: list[dict[int, float]] = []
+        finish_reason, stop_reason, spans = None, None, None
+        want_top = request.sampling.num_top_logprobs > 0
+        if not self._progress:
+            self._progress_at = time.monotonic()
+        self._progress[request.request_id] = 0
+        recomputed: list[int] = []  # versions of "recompute" pushes while it runs (appended by update_weights)
+        self._recomputed[request.request_id] = recomputed
+        self._last_request_id = request.request_id
+        try:
+            kv_version, outputs = await self._admitted(request)
+            async with contextlib.aclosing(outputs):  # left early: the request is aborted in vLLM
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    new_ids = list(completion.token_ids)
+                    before = len(output_ids)
+                    output_ids += new_ids
+                    self._progress[request.request_id] = len(output_ids)
+                    self._progress_at = time.monotonic()
+                    entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
+                    for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
+                        logprobs.append(entry[token_id].logprob)
+                        if want_top:
+                            top.append({tid: lp.logprob for tid, lp in entry.items()})
+                    if completion.finish_reason is not None:
+                        finish_reason, stop_reason = completion.finish_reason, completion.stop_reason
+                        spans = completion.weight_versions
+                    if key is not None and new_ids:
+                        pending = self._outbox.setdefault(key, ([], [], []))
+                        pending[0].extend(new_ids)
+                        pending[1].extend(logprobs[before:])
+                        pending[2].extend(top[before:])
+                        self._outbox_ready.set()
+        finally:
+            del self._progress[request.request_id]
+            del self._recomputed[request.request_id]
+        if finish_reason is None:
+            raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
+        weight_versions = versions_from_spans(spans, len(output_ids), self._version)
+        versions = oldest_versions(weight_versions, kv_version, recomputed)
+        return GenerateResult(
+            request_id=request.request_id,
+            output_ids=tuple(output_ids),
+            output_logprobs=tuple(logprobs),
+            output_versions=versions,
+            finish_reason=FinishReason(finish_reason),
+            stop_reason=stop_reason,
+            top_logprobs=tuple(top),
+            engine=self.name,
+            output_weight_versions=weight_versions if weight_versions != versions else (),
+        )
+
+    async def _admitted(self, request: GenerateRequest) -> tuple[int, AsyncGenerator[RequestOutput, None]]:
+        """Hand `request` to vLLM under the weights that will compute it: (their version, its outputs).
+
+        vLLM holds a request added while it is paused until it resumes, so a request added during a push runs
+        under the weights the push installs. Its version (the KV's label and the prefix-cache salt) is therefore
+        read only while no pause is under way, and a pause waits until every request that read it has reached
+        vLLM (`pause`): ADD and pause travel to the engine core in order, so each such request is in the core
+        before the pause is, and the pause aborts or freezes it like any other. vLLM's input checks raise here:
+        reported as the caller's error."""
+        from vllm.exceptions import VLLMClientError, VLLMValidationError
+
+        while not self._resumed.is_set():
+            await self._resumed.wait()
+        version = self._version
+        self._admitting += 1
+        self._none_admitting.clear()
+        try:
+            llm = self._started()
+            collector = await llm.add_request(
+                request.request_id,
+                {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{version}"},
+                sampling_params(request), priority=request.priority,
+            )
+        except (VLLMClientError, ValueError, TypeError) as error:
+            param = error.parameter if isinstance(error, VLLMValidationError) else None
+            raise InvalidRequestError(f"engine {self.name} rejected request {request.request_id}: {error}",
+                                      param=param) from None
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._none_admitting.set()
+        return version, self._outputs(llm, collector)
+
+    @staticmethod
+    async def _outputs(llm: AsyncLLM, collector: RequestOutputCollector) -> AsyncGenerator[RequestOutput, None]:
+        """A request's outputs until the finished one (vLLM's `AsyncLLM.generate` after its `add_request`);
+        abandoned, the request is aborted in vLLM."""
+        try:
+            while True:
+                out = collector.get_nowait() or await collector.get()
+                yield cast("RequestOutput", out)
+                if out.finished:
+                    return
+        except (asyncio.CancelledError, GeneratorExit):
+            await llm.abort(collector.request_id, internal=True)
+            raise
+        finally:
+            collector.close()
+
+    async def health(self) -> EngineHealth:
+        """What the watchdog needs; answers from the actor's loop without touching the engine core."""
+        idle = not self._progress or not self._resumed.is_set()
+        return EngineHealth(
+            in_flight=len(self._progress),
+            paused=not self._resumed.is_set(),
+            core_errored=self._llm is not None and self._llm.errored,
+            seconds_without_progress=0.0 if idle else time.monotonic() - self._progress_at,
+            last_request_id=self._last_request_id,
+        )
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._started().abort(request_ids)
+
+    async def pause(self, mode: PauseMode) -> None:
+        self._resumed.clear()  # requests not yet admitted wait for the resume (`_admitted`)
+        await self._none_admitting.wait()  # those admitted reach the core before the pause does
+        self._pause_mode = mode = PauseMode(mode)
+        if mode is PauseMode.RECOMPUTE:  # preempts what runs: its KV is computed again after the update
+            await self._started().pause_generation(mode="keep", clear_cache=True)
+        else:
+            await self._started().pause_generation(mode=mode.value, clear_cache=False)
+
+    async def resume(self) -> None:
+        await self._started().resume_generation()
+        self._progress_at = time.monotonic()  # paused time is not a stall
+        self._resumed.set()
+
+    async def wait_resumed(self, timeout_s: float) -> bool:
+        return await wait_until_set(self._resumed, timeout_s)
+
+    async def is_paused(self) -> bool:
+        return not self._resumed.is_set()
+
+
+    async def version(self) -> int:
+        return self._version
+
+    async def served_version(self) -> int:
+        """The weight version vLLM itself reports serving (set by `finish_weight_update`)."""
+        return int(await self._started().get_weight_version())
+
+    async def vllm_weight_checksums(self) -> list[dict[str, str]]:
+        """vLLM's own SHA-256 of every parameter, one dict per worker (names prefixed `dp0:pp0:pcp0:tp<rank>:`)."""
+        return await self._started().compute_weight_checksums()
+
+    def placement(self) -> tuple[str, list[str]]:
+        """This actor's node and the GPU ids Ray assigned it."""
+        return where_am_i()
+
+    async def num_in_flight(self) -> int:
+        return len(self._progress)
+
+    async def in_flight_tokens(self) -> dict[str, int]:
+        """Tokens generated so far by each in-flight request (progress of long generations)."""
+        return dict(self._progress)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+        self._weights.close()
+
+
+
+def engine_actor_options(config: VLLMEngineConfig, actor_name: str, on_gpu: bool) -> dict[str, Any]:
+    """Ray options of one engine actor: on GPU it reserves its `tensor_parallel_size` GPUs (one node: Ray places an
+    actor whole), so Ray sets its CUDA_VISIBLE_DEVICES and no two engines share a GPU; on CPU it reserves none."""
+    return dict(name=actor_name, num_cpus=0, num_gpus=config.tensor_parallel_size if on_gpu else 0,
+                max_concurrency=4096, resources=dict(config.ray_resources))
+
+
+def spawn_actor(config: VLLMEngineConfig, name: str, actor_name: str) -> ActorHandle[VLLMEngineActor]:
+    options = engine_actor_options(config, actor_name, on_gpu=not is_cpu_platform())
+    actor = ray.remote(VLLMEngineActor).options(
+        **options, runtime_env={"env_vars": engine_env_vars()},
+    ).remote(config, name)
+    return cast("ActorHandle[VLLMEngineActor]", actor)  # Ray types `.remote()` as a handle or the class
