@@ -35,9 +35,10 @@ from fullasync.observe.logs import configure_logging, progress, progress_display
 from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
+from fullasync.rollout.generator import as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
-from fullasync.run.assemble import check_rollout_fn, settled_heap
+from fullasync.run.assemble import settled_heap
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.weights.transport import weight_transport
 
@@ -148,7 +149,7 @@ class AsyncAgentTrainer:
                              "or package.module:name), "
                              "or data.task=arithmetic")
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
-        check_rollout_fn(self.rollout_fn)
+        self.generator = as_generator(self.rollout_fn)  # refuses a non-async function here, before anything starts
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
         if train is None:
@@ -272,7 +273,7 @@ class AsyncAgentTrainer:
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)
-            run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.rollout_fn,
+            run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.generator,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
                                  checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer))
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,

@@ -26,8 +26,8 @@ from fullasync.engines.vllm import launch_vllm_engines
 from fullasync.gateway import Gateway
 from fullasync.infra.runtime import init_ray
 from fullasync.models import load_tokenizer
-from fullasync.rollout.generator import CustomGenerator, RolloutFn, run_harness
-from fullasync.run.assemble import check_rollout_fn, episodes_on, settled_heap
+from fullasync.rollout.generator import CustomGenerator, RolloutFn, as_generator, run_harness
+from fullasync.run.assemble import episodes_on, settled_heap
 from fullasync.run.validation import ValidationResult, evaluate
 
 
@@ -83,7 +83,7 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
     """Score `config.model` on the rows; `engines` already started by the caller are used and left running."""
     config.validate()
     harness, listed = eval_inputs(config, rollout_fn, rows)
-    check_rollout_fn(harness)
+    generator = as_generator(harness)  # refuses a non-async function before engines start
     model_path = resolve_model_path(config)
     own_engines = engines is None
     if engines is None:
@@ -95,7 +95,7 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
             raise RuntimeError(f"the engines serve different weight versions {sorted(versions)}: evaluate on "
                                "engines that all serve one")
         service = RolloutService(engines, load_tokenizer(model_path), client_config(config))
-        result = await _score(config, harness, service, listed)
+        result = await _score(config, generator, service, listed)
         after = set(await asyncio.gather(*(engine.version() for engine in engines)))
         if after != versions:
             raise RuntimeError(f"the engines' weights changed during the evaluation ({versions} → {after}): "
@@ -113,23 +113,21 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
     return report
 
 
-async def _score(config: RunConfig, harness: RolloutFn, service: RolloutService,
+async def _score(config: RunConfig, generator: CustomGenerator, service: RolloutService,
                  rows: list[Any]) -> ValidationResult:
     """The harness's episodes on `service` (a CustomGenerator set up, and on the gateway if it uses one)."""
-    gateway = Gateway(service) if isinstance(harness, CustomGenerator) and harness.uses_gateway else None
+    gateway = Gateway(service) if generator.uses_gateway else None
     context = episodes_on(gateway) if gateway is not None else None
-    if isinstance(harness, CustomGenerator):
-        await harness.setup()
+    await generator.setup()
     try:
         if gateway is not None:
             await gateway.start()
         try:
             with settled_heap():  # as a run's driver: thousands of episodes' objects, few collections
-                return await evaluate(service, lambda client, row: run_harness(harness, context, client, row), rows,
+                return await evaluate(service, lambda client, row: run_harness(generator, context, client, row), rows,
                                       config.val_samples_per_row, config.rollout.episode_timeout_s)
         finally:
             if gateway is not None:
                 await gateway.stop()
     finally:
-        if isinstance(harness, CustomGenerator):
-            await harness.teardown()
+        await generator.teardown()

@@ -85,9 +85,15 @@ class AnswerFormat:
         if self.parser is not None:
             if self.parser.hold is None:
                 return reasoning, ""
-            content = _before_partial(_before_any(content, self.parser.hold), self.parser.hold)
+            content = before_markers(content, self.parser.hold)
             content = content.rstrip()  # whitespace before a call is trimmed from the answer: sent only if no call
         return reasoning, content
+
+
+def before_markers(text: str, markers: Sequence[str]) -> str:
+    """What of `text` may be sent before the end: up to the first of `markers` in it, and without a suffix that may
+    yet become one."""
+    return _before_partial(_before_any(text, markers), markers)
 
 
 def _before_any(text: str, markers: Sequence[str]) -> str:

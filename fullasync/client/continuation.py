@@ -38,19 +38,6 @@ class StitchedGeneration:
     engine: str = ""
 
 
-def _request(request_id: str, prompt_ids: list[int], done: StitchedGeneration, max_tokens: int,
-             sampling: SamplingOptions, priority: Callable[[], int]) -> GenerateRequest:
-    """The next engine request of a logical generation: prompt + tokens so far, remaining budget, and the
-    priority its episode has now (a resubmission after a push is served by the row's age then)."""
-    return GenerateRequest(
-        request_id=f"{request_id}-{done.num_resumes}",
-        prompt_ids=tuple(prompt_ids) + tuple(done.output_ids),
-        max_tokens=max_tokens - len(done.output_ids),
-        sampling=sampling,
-        priority=priority(),
-    )
-
-
 def no_priority() -> int:
     return 0
 
@@ -68,8 +55,42 @@ class InfraHooks:
 NO_HOOKS = InfraHooks()
 
 
-async def _absorb(router: EngineRouter, episode_id: str, request_id: str, done: StitchedGeneration,
-                  result: GenerateResult, max_tokens: int, resume_timeout_s: float) -> bool:
+@dataclass(frozen=True)
+class ResumableCall:
+    """One logical generation: `max_tokens` tokens after `prompt_ids`, resubmitted (prompt + tokens so far) after
+    each interruption. `resume_timeout_s` bounds the wait for a paused engine to resume, `restart_wait_s` the wait
+    for a dead one to be restarted; `on_versions` gets every segment's token versions as it comes back
+    (interrupted segments too), `priority` the episode's engine priority at each (re)submission."""
+
+    router: EngineRouter
+    episode_id: str
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingOptions
+    resume_timeout_s: float
+    restart_wait_s: float = 0.0
+    on_versions: Callable[[tuple[int, ...]], None] | None = None
+    infra: InfraHooks = NO_HOOKS
+    priority: Callable[[], int] = no_priority
+
+    def request(self, done: StitchedGeneration) -> GenerateRequest:
+        """The next engine request: prompt + tokens so far, the remaining budget, and the priority the episode has
+        now (a resubmission after a push is served by the row's age then)."""
+        return GenerateRequest(
+            request_id=f"{self.request_id}-{done.num_resumes}",
+            prompt_ids=tuple(self.prompt_ids) + tuple(done.output_ids),
+            max_tokens=self.max_tokens - len(done.output_ids),
+            sampling=self.sampling,
+            priority=self.priority(),
+        )
+
+    def note_versions(self, result: GenerateResult) -> None:
+        if self.on_versions is not None:
+            self.on_versions(result.output_versions)
+
+
+async def _absorb(call: ResumableCall, done: StitchedGeneration, result: GenerateResult) -> bool:
     """Stitch `result` into `done`; True when the generation is complete, else ready to resubmit."""
     done.output_ids += result.output_ids
     done.output_logprobs += result.output_logprobs
@@ -80,64 +101,49 @@ async def _absorb(router: EngineRouter, episode_id: str, request_id: str, done: 
     if result.finish_reason is not FinishReason.ABORT:
         done.finish_reason, done.stop_reason = result.finish_reason, result.stop_reason
         return True
-    if len(done.output_ids) >= max_tokens:
+    if len(done.output_ids) >= call.max_tokens:
         done.finish_reason = FinishReason.LENGTH
         return True
-    engine = router.pick(episode_id)
-    if not await engine.wait_resumed(resume_timeout_s):
+    engine = call.router.pick(call.episode_id)
+    if not await engine.wait_resumed(call.resume_timeout_s):
         raise EngineResumeTimeoutError(
-            f"engine {engine.name} did not resume within {resume_timeout_s:.0f} s after interrupting "
-            f"request {request_id}; raise client resume_timeout_s or check the weight sync"
+            f"engine {engine.name} did not resume within {call.resume_timeout_s:.0f} s after interrupting "
+            f"request {call.request_id}; raise client resume_timeout_s or check the weight sync"
         )
     done.num_resumes += 1
     done.resubmitted_tokens += len(done.output_ids)
     return False
 
 
-async def generate_with_resume(
-    router: EngineRouter,
-    episode_id: str,
-    request_id: str,
-    prompt_ids: list[int],
-    max_tokens: int,
-    sampling: SamplingOptions,
-    resume_timeout_s: float,
-    restart_wait_s: float = 0.0,
-    on_versions: Callable[[tuple[int, ...]], None] | None = None,
-    infra: InfraHooks = NO_HOOKS,
-    priority: Callable[[], int] = no_priority,
-) -> StitchedGeneration:
-    """Generate up to `max_tokens` tokens after `prompt_ids`, resuming across aborts; `on_versions` gets the
-    versions of every segment's tokens as it comes back (interrupted segments too)."""
+async def generate_with_resume(call: ResumableCall) -> StitchedGeneration:
+    """The call's generation, resumed across aborts and engine restarts, stitched into one."""
     done = StitchedGeneration()
     while True:
-        request = _request(request_id, prompt_ids, done, max_tokens, sampling, priority)
+        request = call.request(done)
         try:
-            result = await router.generate(request, episode_id)
-            if on_versions is not None:
-                on_versions(result.output_versions)
-            finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
+            result = await call.router.generate(request, call.episode_id)
+            call.note_versions(result)
+            finished = await _absorb(call, done, result)
         except EngineDiedError as error:
-            await _after_engine_death(router, done, error, restart_wait_s, infra)
+            await _after_engine_death(call, done, error)
             continue
         except EngineResumeTimeoutError:
-            infra.failed()
+            call.infra.failed()
             raise
         except asyncio.CancelledError:  # the caller gave up (its harness went away): free the engine's slot now
-            await router.pick(episode_id).abort([request.request_id])
+            await call.router.pick(call.episode_id).abort([request.request_id])
             raise
         if finished:
             return done
 
 
-async def _after_engine_death(router: EngineRouter, done: StitchedGeneration, error: EngineDiedError,
-                              restart_wait_s: float, infra: InfraHooks) -> None:
+async def _after_engine_death(call: ResumableCall, done: StitchedGeneration, error: EngineDiedError) -> None:
     """A segment died with its engine: count its resubmission, or re-raise when no engine serves (in time). The
     wait for a restart does not count against the episode's deadline (`infra.waiting`)."""
-    with infra.waiting():
-        alive = await router.wait_alive(restart_wait_s)
+    with call.infra.waiting():
+        alive = await call.router.wait_alive(call.restart_wait_s)
     if not alive:
-        infra.failed()
+        call.infra.failed()
         raise error
     done.num_resumes += 1
     done.resubmitted_tokens += len(done.output_ids)
@@ -174,20 +180,7 @@ class _Held:
         self.segment = []
 
 
-async def stream_with_resume(
-    router: EngineRouter,
-    episode_id: str,
-    request_id: str,
-    prompt_ids: list[int],
-    max_tokens: int,
-    sampling: SamplingOptions,
-    resume_timeout_s: float,
-    restart_wait_s: float = 0.0,
-    on_versions: Callable[[tuple[int, ...]], None] | None = None,
-    infra: InfraHooks = NO_HOOKS,
-    interval: int = 1,
-    priority: Callable[[], int] = no_priority,
-) -> AsyncIterator[TokenDelta | StitchedGeneration]:
+async def stream_with_resume(call: ResumableCall, interval: int = 1) -> AsyncIterator[TokenDelta | StitchedGeneration]:
     """Like `generate_with_resume`, yielding token deltas as they come; the stitched whole comes last.
 
     An interruption is invisible in the deltas: after the resume they simply continue. `interval` > 1 (vLLM's
@@ -200,9 +193,9 @@ async def stream_with_resume(
     request, result = None, None
     try:
         while True:
-            request, result, sent = _request(request_id, prompt_ids, done, max_tokens, sampling, priority), None, False
+            request, result, sent = call.request(done), None, False
             try:
-                async for item in router.generate_stream(request, episode_id):
+                async for item in call.router.generate_stream(request, call.episode_id):
                     if isinstance(item, GenerateResult):
                         result = item
                         continue
@@ -212,16 +205,15 @@ async def stream_with_resume(
                         yield held.take()
                 if result is None:
                     raise RuntimeError(f"engine stream for {request.request_id} ended without a result")
-                if on_versions is not None:
-                    on_versions(result.output_versions)
+                call.note_versions(result)
                 held.segment_ended(absorbed=True)
-                finished = await _absorb(router, episode_id, request_id, done, result, max_tokens, resume_timeout_s)
+                finished = await _absorb(call, done, result)
             except EngineDiedError as error:
                 if sent and result is None:  # the consumer saw tokens no record will hold: the stream cannot go on
-                    infra.failed()
+                    call.infra.failed()
                     raise
                 held.segment_ended(absorbed=False)
-                await _after_engine_death(router, done, error, restart_wait_s, infra)
+                await _after_engine_death(call, done, error)
                 request = None
                 continue
             if finished:
@@ -230,8 +222,8 @@ async def stream_with_resume(
                 yield done
                 return
     except EngineResumeTimeoutError:
-        infra.failed()
+        call.infra.failed()
         raise
     finally:
         if request is not None and result is None:  # abandoned mid-generation: free the engine's slot
-            await router.pick(episode_id).abort([request.request_id])
+            await call.router.pick(call.episode_id).abort([request.request_id])

@@ -33,6 +33,7 @@ from fullasync.client import responses
 from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.continuation import (
+    ResumableCall,
     StitchedGeneration,
     generate_with_resume,
     stream_with_resume,
@@ -267,12 +268,7 @@ class RolloutClient:
         service = self.service
         call_id = next(service.call_ids)  # request ids carry the episode's id, so a counter makes them unique
         generations = (
-            generate_with_resume(
-                service.router, self.episode.id, f"{self.episode.id}-{call_id}-{i}", request.prompt_ids,
-                request.max_tokens, request.sampling, service.config.resume_timeout_s, service.config.restart_wait_s,
-                on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
-                priority=self.episode.priority,
-            )
+            generate_with_resume(self._resumable(request, f"{self.episode.id}-{call_id}-{i}"))
             for i in range(request.n)
         )
         if request.n == 1:  # the common case: awaited in this task, without a task and a gather of one
@@ -308,14 +304,16 @@ class RolloutClient:
             template_kwargs=tuple(sorted(answers.template_kwargs.items())),
         )
 
+    def _resumable(self, request: _Request, request_id: str) -> ResumableCall:
+        config = self.service.config
+        return ResumableCall(self.service.router, self.episode.id, request_id, request.prompt_ids, request.max_tokens,
+                             request.sampling, config.resume_timeout_s, config.restart_wait_s,
+                             on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
+                             priority=self.episode.priority)
+
     def _stream(self, request: _Request) -> AsyncIterator[Any]:
-        return stream_with_resume(
-            self.service.router, self.episode.id, f"{self.episode.id}-{next(self.service.call_ids)}",
-            request.prompt_ids, request.max_tokens, request.sampling, self.service.config.resume_timeout_s,
-            self.service.config.restart_wait_s, on_versions=self.episode.note_versions,
-            infra=self.episode.infra_hooks(), interval=self.service.config.stream_interval,
-            priority=self.episode.priority,
-        )
+        call = self._resumable(request, f"{self.episode.id}-{next(self.service.call_ids)}")
+        return stream_with_resume(call, interval=self.service.config.stream_interval)
 
     def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], answers: AnswerFormat,
                      model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[Any]:

@@ -24,7 +24,7 @@ from openai.types.chat.chat_completion_chunk import (
 )
 
 from fullasync.client import responses
-from fullasync.client.answers import Answer, AnswerFormat
+from fullasync.client.answers import Answer, AnswerFormat, before_markers
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 
@@ -96,16 +96,7 @@ class TextDeltas:
         text = self.text.push(ids)
         if text.endswith("\ufffd"):
             text = text[:-1]  # half of a multi-byte character
-        for marker in self.hold:
-            at = text.find(marker)
-            if at >= 0:
-                text = text[:at]
-        for marker in self.hold:
-            for size in range(min(len(marker) - 1, len(text)), 0, -1):
-                if text.endswith(marker[:size]):
-                    text = text[:-size]
-                    break
-        return text
+        return before_markers(text, self.hold)
 
 
 class Sent:

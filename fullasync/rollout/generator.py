@@ -26,6 +26,7 @@ is killed, so nothing outlives its episode.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import tempfile
@@ -115,13 +116,37 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
 RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
 
 
-async def run_harness(rollout_fn: RolloutFn, episode_context: OpenEpisode | None, client: RolloutClient,
+class FunctionGenerator(CustomGenerator):
+    """A plain `async def rollout_fn(client, row)` as a generator (`as_generator`): no set-up, no gateway."""
+
+    def __init__(self, rollout_fn: Callable[[RolloutClient, Any], Awaitable[float | Trajectory]]) -> None:
+        self.rollout_fn = rollout_fn
+
+    async def generate(self, episode: EpisodeContext, row: Any) -> float | Trajectory:
+        return await self.rollout_fn(episode.client, row)
+
+
+def as_generator(rollout_fn: RolloutFn) -> CustomGenerator:
+    """The user's harness as a `CustomGenerator` (a plain function wrapped once, where a run or an evaluation is
+    assembled); refuses at once what would fail every episode later."""
+    if isinstance(rollout_fn, CustomGenerator):
+        if not inspect.iscoroutinefunction(rollout_fn.generate):
+            raise TypeError(f"{type(rollout_fn).__name__}.generate must be `async def generate(self, episode, row)`")
+        return rollout_fn
+    if inspect.iscoroutinefunction(rollout_fn) or callable(rollout_fn) and inspect.iscoroutinefunction(
+            type(rollout_fn).__call__):
+        return FunctionGenerator(rollout_fn)
+    raise TypeError(
+        f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` "
+        "and `await` the client's calls (or pass a fullasync.CustomGenerator)"
+    )
+
+
+async def run_harness(generator: CustomGenerator, episode_context: OpenEpisode | None, client: RolloutClient,
                       row: Any) -> Any:
-    """One episode of the user's harness on `client` (a plain function, or a `CustomGenerator`, which gets the
-    episode's context: `episode_context(client)` when the run opens episodes on a gateway, else the client only)."""
-    if not isinstance(rollout_fn, CustomGenerator):
-        return await rollout_fn(client, row)
+    """One episode of the harness on `client`, with the episode's context: `episode_context(client)` when the run
+    opens episodes on a gateway, else the client only."""
     if episode_context is None:
-        return await rollout_fn.generate(EpisodeContext(client.episode.id, client), row)
+        return await generator.generate(EpisodeContext(client.episode.id, client), row)
     with episode_context(client) as episode:
-        return await rollout_fn.generate(episode, row)
+        return await generator.generate(episode, row)

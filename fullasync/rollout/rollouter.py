@@ -33,7 +33,7 @@ from fullasync.errors import FailureKind, FullasyncError
 from fullasync.infra.offload import Pacer
 from fullasync.observe.metrics import HARNESS_METRICS_KEY
 from fullasync.rollout.deadline import EpisodeDeadline
-from fullasync.rollout.generator import CustomGenerator, OpenEpisode, RolloutFn, run_harness
+from fullasync.rollout.generator import OpenEpisode, RolloutFn, as_generator, run_harness
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
@@ -120,7 +120,7 @@ class Rollouter:
                  settings: RolloutSettings, episode_context: OpenEpisode | None = None) -> None:
         """`episode_context(client)`: what a `CustomGenerator` episode gets for its length (e.g. a base URL on
         the run's gateway); by default its in-process client only."""
-        self.rollout_fn = rollout_fn
+        self.generator = as_generator(rollout_fn)  # a plain function is wrapped here once (assemble did already)
         self.service = service
         self.queue = queue
         self.staleness = staleness
@@ -147,14 +147,12 @@ class Rollouter:
 
     async def open(self) -> None:
         """A `CustomGenerator`'s set-up (the gateway it may use is started by the run, before)."""
-        if isinstance(self.rollout_fn, CustomGenerator):
-            await self.rollout_fn.setup()
+        await self.generator.setup()
 
     async def close(self) -> None:
         """Stop episodes, then the generator's tear-down."""
         await self.stop()
-        if isinstance(self.rollout_fn, CustomGenerator):
-            await self.rollout_fn.teardown()
+        await self.generator.teardown()
 
     def start(self, rows: Iterable[tuple[str, Any]]) -> None:
         """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run."""
@@ -398,7 +396,7 @@ class Rollouter:
 
     async def run_harness(self, client: RolloutClient, row: Any) -> Any:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
-        return await run_harness(self.rollout_fn, self.episode_context, client, row)
+        return await run_harness(self.generator, self.episode_context, client, row)
 
     async def _run_episode(self, row_id: str, index: int, client: RolloutClient,
                            row: Any) -> tuple[Trajectory | None, FailureKind | None]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import inspect
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.contracts.weights import WeightTransport
 from fullasync.gateway import Gateway
 from fullasync.observe.metrics import MetricsSink
-from fullasync.rollout.generator import CustomGenerator, EpisodeContext, OpenEpisode
+from fullasync.rollout.generator import EpisodeContext, OpenEpisode, as_generator
 from fullasync.rollout.rollouter import Rollouter, RolloutFn, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import GENERATE_AHEAD, RUNNING_COUNTS, StalenessManager
 from fullasync.run import checkpoint
@@ -127,21 +126,6 @@ class RunSettings:
     def queue_capacity(self) -> int:
         """k + 1 batches, plus room for every running row, so draining for validation never blocks on a full queue."""
         return (self.max_staleness + 1) * self.batch_size + self.rollout.max_running_rows
-
-
-def check_rollout_fn(rollout_fn: Any) -> None:
-    """Refuse at start-up what would fail every episode later."""
-    if isinstance(rollout_fn, CustomGenerator):
-        if not inspect.iscoroutinefunction(rollout_fn.generate):
-            raise TypeError(f"{type(rollout_fn).__name__}.generate must be `async def generate(self, episode, row)`")
-        return
-    if inspect.iscoroutinefunction(rollout_fn) or callable(rollout_fn) and inspect.iscoroutinefunction(
-            rollout_fn.__call__):
-        return
-    raise TypeError(
-        f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` "
-        "and `await` the client's calls (or pass a fullasync.CustomGenerator)"
-    )
 
 
 class Run:
@@ -310,7 +294,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                    checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
     travel (default: the object store, `engines/weight_transport.py`)."""
-    check_rollout_fn(rollout_fn)
+    generator = as_generator(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
                              restart_on_failure=settings.restart_engines, transport=transport,
                              in_flight=service.router.load)
@@ -320,9 +304,8 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                                  count_running=settings.admission, generate_ahead=settings.generate_ahead)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
-    gateway = (Gateway(service, join_identical=settings.join_identical_requests)
-               if isinstance(rollout_fn, CustomGenerator) and rollout_fn.uses_gateway else None)
-    rollouter = Rollouter(rollout_fn, service, queue, staleness, settings.rollout,
+    gateway = Gateway(service, join_identical=settings.join_identical_requests) if generator.uses_gateway else None
+    rollouter = Rollouter(generator, service, queue, staleness, settings.rollout,
                           episode_context=episodes_on(gateway) if gateway is not None else None)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
                settings=settings, sink=sink, val_rows=val_rows, checkpoints=checkpoints, gateway=gateway)

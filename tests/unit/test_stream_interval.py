@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
-from fullasync.client.continuation import StitchedGeneration, stream_with_resume
+from fullasync.client.continuation import ResumableCall, StitchedGeneration, stream_with_resume
 from fullasync.contracts.engine import GenerateRequest, GenerateResult, SamplingOptions, TokenDelta
 from fullasync.errors import EngineDiedError
 from fullasync.types import FinishReason
@@ -51,8 +51,9 @@ class ScriptedSegments:
 async def streamed(router: ScriptedSegments, interval: int, max_tokens: int = 100
                    ) -> tuple[list[tuple[int, ...]], StitchedGeneration]:
     deltas, whole = [], None
-    async for item in stream_with_resume(router, "episode", "call", [1, 2], max_tokens, SamplingOptions(),
-                                         resume_timeout_s=1.0, restart_wait_s=1.0, interval=interval):
+    call = ResumableCall(router, "episode", "call", [1, 2], max_tokens, SamplingOptions(), resume_timeout_s=1.0,
+                         restart_wait_s=1.0)
+    async for item in stream_with_resume(call, interval=interval):
         if isinstance(item, StitchedGeneration):
             whole = item
         else:
