@@ -84,7 +84,13 @@ test-all: setup setup-terminus
 
 # The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.
 test-slow: setup setup-terminus
-	$(PY) -m pytest -m slow -q
+	$(PY) -m pytest -m "slow and not learning" -q
+
+# The longest learning runs (an example trained and evaluated held out before and after, ~16 min each here),
+# kept out of CI's time budget; run them before changing an example's defaults.
+.PHONY: test-learning
+test-learning: setup setup-terminus
+	$(PY) -m pytest -m learning -q
 
 clean-venv:
 	rm -rf $(VENV) $(HARBOR_VENV)

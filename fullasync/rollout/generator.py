@@ -113,13 +113,14 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
                              err.read().decode(errors="replace"))
 
 
-RolloutFn = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]] | CustomGenerator
+RolloutFunction = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]]  # async def rollout_fn(client, row)
+RolloutFn = RolloutFunction | CustomGenerator
 
 
 class FunctionGenerator(CustomGenerator):
     """A plain `async def rollout_fn(client, row)` as a generator (`as_generator`): no set-up, no gateway."""
 
-    def __init__(self, rollout_fn: Callable[[RolloutClient, Any], Awaitable[float | Trajectory]]) -> None:
+    def __init__(self, rollout_fn: RolloutFunction) -> None:
         self.rollout_fn = rollout_fn
 
     async def generate(self, episode: EpisodeContext, row: Any) -> float | Trajectory:

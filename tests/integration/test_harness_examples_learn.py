@@ -35,6 +35,8 @@ async def assert_rises(example: str, output_dir: Path, shortened: tuple[str, ...
     assert after > before, f"{example}: held-out solve rate {before:.3f} -> {after:.3f}: the example did not learn"
 
 
+# Budget: each run is a full example (warm-up, held-out evaluations before and after, training): ~16 min for
+# mini-swe here. CI runs the Terminus-2 one; `make test-learning` runs both (marker `learning`).
 # mini-swe starts near 0.5-0.65 held out, where 2 episodes per task leave a standard error of ~0.05 on each side: a
 # 20-step gain of ~0.1 then reads as a fall about one run in ten (seen once: 0.650 -> 0.625, training reward
 # 0.69 -> 0.94). Four episodes per task and 30 steps measure the same rise with ~0.038 each side and a larger gain.
@@ -42,6 +44,7 @@ MINI_SWE_SHORTENED = ("total_steps=30", "val_samples_per_row=4")
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 async def test_the_mini_swe_example_raises_its_held_out_solve_rate(ray_cluster, tmp_path):
     await assert_rises("mini_swe", tmp_path / "run", MINI_SWE_SHORTENED)
 

@@ -66,7 +66,7 @@ async def test_a_request_held_by_a_keep_push_carries_the_version_that_computed_i
 FAST = StormSettings(min_tokens=200, max_tokens=400, max_pushes=15)  # 48 calls; ~15 s each
 
 
-@pytest.mark.parametrize("mode", [PauseMode.ABORT, PauseMode.KEEP])
+@pytest.mark.parametrize("mode", [PauseMode.ABORT, PauseMode.RECOMPUTE, PauseMode.KEEP])
 async def test_a_push_storm_leaves_every_token_labelled_true(engine, policy, tokenizer, mode):
     """Long calls of every kind under dense pushes; then a deliberately mislabelled token is caught."""
     result = await run_storm(engine, policy, tokenizer, dataclasses.replace(FAST, mode=mode))
@@ -76,8 +76,10 @@ async def test_a_push_storm_leaves_every_token_labelled_true(engine, policy, tok
     assert len({v for versions in weight_versions for v in versions}) > 3, summary(result, report)
     if mode is PauseMode.ABORT:
         assert result.resumes > len(result.calls), summary(result, report)
-    else:
+    elif mode is PauseMode.KEEP:  # frozen across pushes: later tokens' weights are newer than their KV
         assert any(call.output_weight_versions for call in result.calls), summary(result, report)
+    else:  # recompute: preempted and prefilled again in the engine, so one call's tokens span versions
+        assert any(len(set(call.output_versions)) > 1 for call in result.calls), summary(result, report)
     assert not report.mismatches, "\n".join([summary(result, report), *map(str, report.mismatches)])
     # the check can fail: a token that says the weights before a push sampled it is found, at its position
     index, position = next((index, i) for index, versions in enumerate(weight_versions)
@@ -92,11 +94,12 @@ async def test_a_push_storm_leaves_every_token_labelled_true(engine, policy, tok
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [PauseMode.ABORT, PauseMode.RECOMPUTE, PauseMode.KEEP])
+@pytest.mark.parametrize("mode", [PauseMode.ABORT])
 @pytest.mark.parametrize("seed", [11])
 async def test_full_push_storms_leave_every_token_labelled_true(engine, policy, tokenizer, mode, seed):
-    """The storm at full size (48 calls of 300-900 tokens, 40 pushes) per mode and seed; `python
-    tests/integration/label_storm.py --runs N --mode M` runs many more."""
+    """The storm at full size (48 calls of 300-900 tokens, 40 pushes) with client resumes, where labels broke; the
+    other modes run at the fast size above, and `python tests/integration/label_storm.py --runs N --mode M` runs many
+    more of any mode."""
     result = await run_storm(engine, policy, tokenizer, StormSettings(mode=mode, seed=seed))
     report = check_calls(policy.model, result.calls, result.temperatures, result.weights)
     assert not report.mismatches, "\n".join([summary(result, report), *map(str, report.mismatches)])
