@@ -86,8 +86,8 @@ test-all: setup setup-terminus
 test-slow: setup setup-terminus
 	$(PY) -m pytest -m "slow and not learning" -q
 
-# The longest learning runs (an example trained and evaluated held out before and after, ~16 min each here),
-# kept out of CI's time budget; run them before changing an example's defaults.
+# The longest learning runs (the harness examples trained and evaluated held out before and after: ~17 and ~23 min
+# here), kept out of CI's time budget; run them before changing an example's defaults.
 .PHONY: test-learning
 test-learning: setup setup-terminus
 	$(PY) -m pytest -m learning -q
