@@ -51,4 +51,9 @@ async def engine(ray_cluster, tiny_model_path):
 
 @pytest.fixture(scope="session")
 async def policy(engine, tiny_model_path) -> PolicyWeights:
-    return PolicyWeights(tiny_model_path, WeightSync([engine], version=await engine.version()))
+    """The shared engine's weights as tests know them. A test before may have trained on the shared engine and pushed
+    its own weights (a training run through the gateway): the policy starts by installing the model's, so what it
+    says the engine serves is what the engine serves."""
+    policy = PolicyWeights(tiny_model_path, WeightSync([engine], version=await engine.version()))
+    await policy.push({name: tensor for name, tensor in policy.current.items() if name != "lm_head.weight"})
+    return policy
