@@ -83,7 +83,6 @@ class BucketLayout(BucketsAsData):
     readers: int = 1  # workers that read every bucket (the engine's tensor-parallel ranks on this node)
 
 
-
 Bucket: TypeAlias = "list[tuple[TensorEntry, torch.Tensor]]"  # whole layers: each tensor's place and its source
 
 

@@ -20,7 +20,6 @@ both (each in-flight request's KV version moves to v+1 at that push).
 Does not own: the in-process handle (`handle.py`), the watchdog (`watchdog.py`), start-up of several (`launch.py`).
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
     from vllm.logprobs import Logprob
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.output_processor import RequestOutputCollector
-
-
 
 
 class VLLMEngineActor(WeightInstall):
@@ -324,7 +321,6 @@ class VLLMEngineActor(WeightInstall):
             self._llm.shutdown()
             self._llm = None
         self._weights.close()
-
 
 
 def engine_actor_options(config: VLLMEngineConfig, actor_name: str, on_gpu: bool) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 Owns: the engine's settings and their checks; the stream tick (`STREAM_DELTA_S`). Pure: no Ray, no vLLM.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Mapping

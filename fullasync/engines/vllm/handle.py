@@ -7,7 +7,6 @@ Does not own: routing between engines (`fullasync.engines.router`) or the pauseâ
 (`fullasync.weights.sync`).
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -58,7 +57,6 @@ class RayEngine(WatchedActor):
         self.death = None
         self.watch()
         log.warning("engine %s restarted (restart %d) serving version %d", self.name, self.restarts, version)
-
 
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:

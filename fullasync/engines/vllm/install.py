@@ -6,7 +6,6 @@ weight-transfer API; after each, a sample of tensors is compared with what every
 `WeightInstall` is the half of `VLLMEngineActor` that does this; the other half (`actor.py`) generates.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +24,6 @@ from fullasync.weights.stream import StreamPlan
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
-
-
 
 
 class WeightInstall:

@@ -1,7 +1,6 @@
 """Start engines: `launch_vllm_engines` spawns the actors on the nodes that offer their `ray_resources`, waits
 until every one serves (with progress), and starts their watchdogs."""
 
-
 from __future__ import annotations
 
 import asyncio

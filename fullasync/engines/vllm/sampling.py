@@ -2,7 +2,6 @@
 `SamplingParams`, and vLLM's weight-version spans as per-token versions (the older of the weights that sampled a
 token and the KV it read; see `actor.py`)."""
 
-
 from __future__ import annotations
 
 import json
@@ -13,8 +12,6 @@ from fullasync.contracts.engine import GenerateRequest
 if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.outputs import WeightVersionSpan
-
-
 
 
 def compact_json_grammar(schema: Any) -> str:

@@ -3,7 +3,6 @@
 engine is probed every `probe_interval_s`; an actor that is gone, an engine core that errored, or in-flight
 requests with no token for `stall_timeout_s` while not paused mark it dead."""
 
-
 from __future__ import annotations
 
 import asyncio
