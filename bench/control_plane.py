@@ -37,13 +37,12 @@ import cProfile
 import math
 import os
 import pstats
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduling import write_section  # bench/ is on sys.path when run as a script
+from _report import DOCS, command_line, report  # bench/ is on sys.path when run as a script
 
 from fullasync.contracts.engine import PauseMode
 from fullasync.sim.engine import DecodeCost
@@ -52,7 +51,6 @@ from fullasync.sim.loop_lag import percentile
 from fullasync.sim.trainer import TrainCost
 from fullasync.sim.workload import LONG_TAIL, Workload
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 BEGIN, END = "<!-- control-plane:begin -->", "<!-- control-plane:end -->"
 POINTS = "64x16,1024x16,1024x128,1024x512,8192x16,8192x128,8192x512"
 WINDOW_TOKENS = 2_000_000  # measure at least this many generated tokens per point (more steps at low C)
@@ -214,13 +212,12 @@ def main() -> None:
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             results = list(pool.map(run_point, jobs))
     elapsed = time.perf_counter() - started
-    command = "python " + " ".join(["bench/control_plane.py", *sys.argv[1:]])
+    command = command_line()
     section = ("## Control plane at scale (simulated engines, real driver code)\n\n"
                + render(results, command, elapsed, load))
-    print(section)
     if not args.no_write:
         plot(results, DOCS / "control_plane.png")
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
+
+from _report import command_line, report  # bench/ is on sys.path when run as a script
 
 from fullasync.api import AsyncAgentTrainer, engine_config
 from fullasync.config import RunConfig
@@ -34,7 +34,6 @@ from fullasync.tasks.warmup import build_warm_policy
 from fullasync.trainer.verl_trainer import VerlTrainer
 from fullasync.weights.sync import WeightSync
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 BEGIN, END = "<!-- e2e-cpu:begin -->", "<!-- e2e-cpu:end -->"
 MODES = {
     "sync": dict(mode="sync"),
@@ -187,14 +186,9 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     args = parser.parse_args()
     args.modes = args.modes.split(",")
-    report = asyncio.run(run(args))
-    command = "python " + " ".join(["bench/e2e_cpu.py", *sys.argv[1:]])
-    section = "## End to end on this machine (real stack, CPU)\n\n" + render(report, command)
-    print(section)
-    if not args.no_write:
-        from scheduling import write_section  # bench/ is on sys.path when run as a script
-
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    measured = asyncio.run(run(args))
+    section = "## End to end on this machine (real stack, CPU)\n\n" + render(measured, command_line())
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

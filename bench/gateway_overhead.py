@@ -39,14 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _report import report, run_note
 from _timing import MESSAGES, completion_tokens, mean_se, sustained, tiny_engine_service, turn_length
-from scheduling import write_section
 
 from fullasync.gateway import Gateway
 from fullasync.run.assemble import settled_heap
 
 BENCH = Path(__file__).resolve().parent
-DOCS = BENCH.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- gateway-overhead:begin -->", "<!-- gateway-overhead:end -->"
 VARIED_SIGMA = 1.0  # as the long-tail workload's lengths (fullasync.sim.workload)
 
@@ -276,7 +275,7 @@ def _body(row: dict) -> str:
     return "SSE stream" if interval == 1 else f"SSE stream, interval {interval}"
 
 
-def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, ...]) -> str:
+def render(rows: list[dict], note: str) -> str:
     lines = [
         "## Gateway overhead",
         "",
@@ -307,8 +306,7 @@ def render(rows: list[dict], command: str, elapsed_s: float, load: tuple[float, 
         "batches (the worst case); *varied*: lognormal lengths (σ 1, the same sequence on both paths), so that "
         "CPU overlaps decoding as in a rollout.",
         "",
-        f"Command: `{command}` — {elapsed_s:.0f} s; load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} "
-        "(1 / 5 / 15 min) at the end, on this 2-core machine.",
+        f"Command: {note}, on this 2-core machine.",
     ]
     return "\n".join(lines)
 
@@ -341,9 +339,7 @@ def main() -> None:
         print(f"{setting.label}:")
         rows += asyncio.run(measure(args.max_tokens, args.rounds, Window(args.seconds, args.warmup), concurrencies,
                                     setting, [int(i) for i in args.stream_intervals.split(",")]))
-    if not args.no_write:
-        command = "python bench/gateway_overhead.py " + " ".join(sys.argv[1:])
-        write_section(DOCS, render(rows, command.strip(), time.perf_counter() - started, os.getloadavg()), BEGIN, END)
+    report(render(rows, run_note(started)), BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

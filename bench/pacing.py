@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from scheduling import DOCS, write_section  # bench/ is on sys.path when run as a script
+from _report import command_line, report  # bench/ is on sys.path when run as a script
 
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, bound_terms
@@ -94,13 +93,11 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         runs = list(pool.map(_run, specs))
     results = {(*cell, mode): run for (cell, mode), run in zip(jobs, runs, strict=True)}
-    command = "python " + " ".join(["bench/pacing.py", *sys.argv[1:]])
+    command = command_line()
     section = ("## Staleness as a ceiling: adaptive lead vs the bound (simulated)\n\n"
                + render(cells, results, workloads, time.perf_counter() - started, load)
                + f"\n\nCommand: `{command}`")
-    print(section)
-    if not args.no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from scheduling import DOCS, token_fraction, write_section
+from _report import command_line, report
+from scheduling import token_fraction
 
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, analytic_bound
@@ -80,12 +77,10 @@ def main() -> None:
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(_run, [(workload, spec) for spec in specs]))
-    command = "python " + " ".join(["bench/pause_modes.py", *sys.argv[1:]])
+    command = command_line()
     section = (f"## Pause modes at a push: KEEP, ABORT, RECOMPUTE (simulated, `{workload.name}`)\n\n"
                + render(workload, results, command, time.perf_counter() - started))
-    print(section)
-    if not args.no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from scheduling import DOCS, write_section  # bench/ is on sys.path when run as a script
+from _report import command_line, report  # bench/ is on sys.path when run as a script
 
 from fullasync.sim import peers
 from fullasync.sim.harness import SimResult, SimSpec, simulate
@@ -170,13 +169,11 @@ def main() -> None:
                                      for name, k in realised]))
     ours = {cell: rs[0] for cell, rs in results.items()} | dict(zip(realised, extra, strict=True))
     elapsed = time.perf_counter() - started
-    command = "python " + " ".join(["bench/peer_schedulers.py", *sys.argv[1:]])
+    command = command_line()
     section = "## Side by side with the peers' schedulers (simulated)\n\n" + render(
         results, workloads, args.gen_devices, elapsed, load) + "\n\n" + render_realised(results, ours) + (
         f"\n\nCommand: `{command}`")
-    print(section)
-    if not args.no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _report import DOCS, command_line, report
+
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, analytic_bound, bound_terms, split_bound, sync_bound_without_tail
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 BEGIN, END = "<!-- scheduling:begin -->", "<!-- scheduling:end -->"
 
 
@@ -226,16 +225,6 @@ def plot(workload: Workload, results: list[SimResult], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def write_section(markdown: Path, section: str, begin: str, end: str) -> None:
-    text = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{section}\n{end}"
-    if begin in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    markdown.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="long-tail", choices=sorted(PRESETS))
@@ -257,7 +246,7 @@ def main() -> None:
         results = list(pool.map(_run, [(workload, spec) for spec in specs]))
         ablation_results = dict(zip(ablation, variant_runs, strict=True))
     elapsed = time.perf_counter() - started
-    command = "python " + " ".join(["bench/scheduling.py", *sys.argv[1:]])
+    command = command_line()
     section = (f"## Scheduling efficiency (simulated, `{workload.name}`)\n\n"
                + render(workload, results, command, elapsed))
     if ablation_results:
@@ -267,13 +256,11 @@ def main() -> None:
                     " × engine slots / n, same workload and window; the earlier policies are chosen by constructor "
                     "arguments (`StalenessManager(count_running=\"rows\")`, `MessageQueue(hand_over=\"arrival\")`) "
                     "for the 'before' rows.\n\n" + render_ablation(workload, ablation_results))
-    print(section)
     if not args.no_write:
-        DOCS.mkdir(exist_ok=True)
         image = "scheduling.png" if workload.name == "long-tail" else f"scheduling-{workload.name}.png"
         plot(workload, results, DOCS / image)
-        write_section(DOCS / "benchmarks.md", section, BEGIN.replace("scheduling", f"scheduling-{workload.name}"),
-                      END.replace("scheduling", f"scheduling-{workload.name}"))
+    report(section, BEGIN.replace("scheduling", f"scheduling-{workload.name}"),
+           END.replace("scheduling", f"scheduling-{workload.name}"), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-from scheduling import write_section
+from _report import report
 
 from fullasync.client import streaming
 from fullasync.models import build_pretrained_model, build_tiny_model, load_tokenizer
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- stream-decode:begin -->", "<!-- stream-decode:end -->"
 TEXT = ("The answer is 42. It isn't 41, is it? café naïve 日本語 数学 Привет 🙂 → ≤\n"
         "def double(x):\n    return x * 2  # the value, doubled\n\n")
@@ -86,8 +84,7 @@ def main() -> None:
         "|---|---|---|---|---|",
         *rows,
     ])
-    if not args.no_write:
-        write_section(DOCS, section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,12 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from scheduling import DOCS, write_section
+from _report import command_line, report
 
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.infra.runtime import init_ray
@@ -165,12 +160,10 @@ def main() -> None:
     init_ray()
     started = time.perf_counter()
     rows = [row for label in args.models.split(",") for row in asyncio.run(measure(label, args.ranks, args.pushes))]
-    command = "python " + " ".join(["bench/streamed_push.py", *sys.argv[1:]])
+    command = command_line()
     section = ("## Streamed pushes from the trainer's ranks\n\n"
                + render(rows, command, time.perf_counter() - started, args.ranks))
-    print(section)
-    if not args.no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -186,12 +186,9 @@ def render(bw: Bandwidths) -> str:
 
 def write(no_write: bool = False) -> None:
     """Measure, print, and (unless `no_write`) rewrite the section of docs/benchmarks.md (Ray must be up)."""
-    from scheduling import DOCS, write_section
+    from _report import report
 
-    section = render(measure())
-    print(section)
-    if not no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(render(measure()), BEGIN, END, write=not no_write)
 
 
 def main() -> None:

@@ -19,18 +19,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import ray
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import transfer_model
-from scheduling import DOCS, write_section
+from _report import command_line, report
 
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.infra.runtime import init_ray
@@ -179,11 +174,9 @@ def main() -> None:
     figures = []
     for label in args.models.split(","):
         figures.append(asyncio.run(measure(label, args.pushes, bucket_bytes, args.zero_copy_export)))
-    command = "python " + " ".join(["bench/weight_push.py", *sys.argv[1:]])
+    command = command_line()
     section = "## Weight push at real sizes\n\n" + render(figures, command, time.perf_counter() - started, bucket_bytes)
-    print(section)
-    if not args.no_write:
-        write_section(DOCS / "benchmarks.md", section, BEGIN, END)
+    report(section, BEGIN, END, write=not args.no_write)
     transfer_model.write(args.no_write)  # the same push at GPU sizes and bandwidths, modelled
 
 

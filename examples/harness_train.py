@@ -1,6 +1,7 @@
 """What the harness examples (`examples/mini_swe`, `examples/terminus`) share around training.
 
-Owns: the adapter's kwargs from an `agent` section, the generator mixin
+Owns: the defaults both examples train with (`HarnessTrainConfig`), their one `main` and run (`HarnessExample`:
+what differs between them is data), the adapter's kwargs from an `agent` section, the generator mixin
 that counts the weight versions each episode's tokens came from, the run itself with its summary
 (`<output_dir>/summary.json`: held-out solve rate before and after with binomial standard errors, wall
 time, episodes/s, a per-episode count, exits, episodes a weight push landed in) and the closing lines.
@@ -9,13 +10,38 @@ Does not own: the task sets, the adapters' configs or the warm-up policies (each
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from fullasync.config import DataSection, RunConfig, TrainerConfig
+
+
+@dataclass
+class HarnessTrainConfig(RunConfig):
+    """What both harness examples train with; each adds its `agent` section, its task sets and its sizes."""
+
+    TASK_SETS: ClassVar[tuple[str, ...]] = ()  # the `agent.tasks` choices (the example's task families)
+
+    data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
+    # each episode weighs alike (seq-mean-token-mean): with token-mean the long failed turns (format errors, 96
+    # tokens of noise) carried most of the gradient and the policy collapsed to empty replies; lr 5e-4 collapsed it
+    # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out; a KL penalty
+    # to the warm policy keeps what the reward does not see (mini-swe's submit call; Terminus-2's replies, which
+    # otherwise drifted into overflowing the context or harbor's agent timeout) from drifting into noise (READMEs)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7, kl_coef=0.1))
+    val_samples_per_row: int = 4
+
+    def validate(self) -> None:
+        super().validate()
+        check_run_against_agent(self, self.TASK_SETS)
 
 
 def agent_kwargs(section: Any) -> dict[str, Any]:
@@ -50,10 +76,13 @@ def check_served_name(agent_model_name: str, served_name: str) -> None:
                          f"set agent.model_name=hosted_vllm/{served_name}")
 
 
-def check_run_against_agent(config) -> None:
-    """The harness must ask the gateway for the served model, and sample at the temperature the trainer divides
-    logits by (otherwise every trained token's log-prob is off-policy by the difference); the adapter's own
-    checks run too, before anything starts (their field names are the `agent` section's)."""
+def check_run_against_agent(config, task_sets: tuple[str, ...]) -> None:
+    """The task set must be one of `task_sets`; the harness must ask the gateway for the served model, and sample at
+    the temperature the trainer divides logits by (otherwise every trained token's log-prob is off-policy by the
+    difference); the adapter's own checks run too, before anything starts (their field names are the `agent`
+    section's)."""
+    if config.agent.tasks not in task_sets:
+        raise ValueError(f"agent.tasks={config.agent.tasks!r}; choose one of {task_sets}")
     check_served_name(config.agent.model_name, config.model.served_name)
     if config.agent.temperature != config.trainer.temperature:
         raise ValueError(f"agent.temperature={config.agent.temperature} differs from trainer.temperature="
@@ -115,3 +144,58 @@ def report(summary: dict[str, Any], tag: str, per_episode_key: str, per_episode_
         f"{summary['episodes_spanning_weight_versions']} spanned weight versions (a push landed mid-episode), "
         f"{summary['episodes_with_resumed_calls']} had a generation interrupted and resumed",
     ])
+
+
+@dataclass(frozen=True)
+class HarnessExample:
+    """One harness example: what differs between mini-swe and Terminus-2 around the same run and `main`."""
+
+    tag: str  # "mini_swe": the closing lines' prefix and the Hydra schema's name (`<tag>_schema`)
+    schema: type[HarnessTrainConfig]
+    builtin_policy: str  # `model.path` meaning the example's warm tiny policy, built (once) by `warm_policy`
+    warm_policy: Callable[[Any], Path]  # config → the warm policy's folder
+    task_families: Callable[[], dict[str, Callable[..., list[dict[str, Any]]]]]  # `agent.tasks` → its rows(split, hint)
+    generator: Callable[[Any], Any]  # config → the adapter, with `TracksWeightVersions` mixed in
+    per_episode: tuple[str, str, Callable[[Any], list[int]]]  # summary key, its words, the generator's counts
+
+    def __post_init__(self) -> None:
+        from hydra.core.config_store import ConfigStore
+
+        ConfigStore.instance().store(name=f"{self.tag}_schema", node=self.schema)  # what train.yaml's defaults name
+
+    async def run(self, config: Any) -> dict[str, Any]:
+        """Build the warm policy when asked for, train on the task set, and return (and write) the summary."""
+        started = time.monotonic()
+        if config.model.path == self.builtin_policy:
+            config.model.path = str(self.warm_policy(config))
+            print(f"[{self.tag}] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s",
+                  flush=True)
+        rows = self.task_families()[config.agent.tasks]
+        train, held_out = rows("train", hint=config.agent.hint), rows("held_out", hint=config.agent.hint)
+        generator = self.generator(config)
+        key, _, counts = self.per_episode
+        return await train_and_summarize(config, generator, train, held_out, started, key, lambda: counts(generator))
+
+    def report(self, summary: dict[str, Any]) -> str:
+        key, words, _ = self.per_episode
+        return report(summary, self.tag, key, words)
+
+    def main(self, doc: str, config_dir: Path) -> None:
+        """`python -m examples.<tag>.train [overrides]`: `--help` prints every field; otherwise Hydra composes
+        `config_dir/train.yaml` with the overrides, and the run's closing lines are printed."""
+        import hydra
+        from omegaconf import OmegaConf
+
+        from fullasync.config.doc import exit_with_help_if_asked
+        from fullasync.observe.logs import configure_logging
+
+        exit_with_help_if_asked(sys.argv[1:], self.schema, doc, config_dir / "train.yaml")
+
+        @hydra.main(config_path=str(config_dir), config_name="train", version_base=None)
+        def train(cfg: Any) -> None:
+            configure_logging()
+            config = OmegaConf.to_object(cfg)
+            config.validate()
+            print(self.report(asyncio.run(self.run(config))), flush=True)
+
+        train()

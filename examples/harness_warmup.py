@@ -72,7 +72,7 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fullasync.tasks.warmup import extend_vocabulary, prefix_logits, share_updates, shared_prefix_batch
+    from fullasync.tasks.warmup import extend_vocabulary, fine_tune, prefix_logits, share_updates, shared_prefix_batch
 
     torch.manual_seed(spec.seed)
     tokenizer = load_tokenizer(base)
@@ -86,25 +86,24 @@ def train_on_demonstrations(spec, base: Path, out_dir: Path, demonstrate: Callab
     examples = [encode_turns(tokenizer, messages) for messages in conversations]
     first_turns = [encode_turns(tokenizer, copy_example(messages)) for messages in conversations] if copy_steps else []
     name_ids = torch.tensor(tokenizer.convert_tokens_to_ids(list(names)), dtype=torch.long)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 if not names else min(1.0, (s + 1) / 50)
-                                                 * max(0.1, 1 - max(0, s - copy_steps) / max(1, spec.steps)))
     started = time.monotonic()
-    for step in range(copy_steps + spec.steps):
-        pool, size = (first_turns, spec.copy_batch_size) if step < copy_steps else (examples, spec.batch_size)
+
+    def loss_of(phase: str) -> torch.Tensor:
+        pool, size = (first_turns, spec.copy_batch_size) if phase == "copy" else (examples, spec.batch_size)
         batch = [pool[rng.randrange(len(pool))] for _ in range(size)]
         prefix, input_ids, attention, labels = shared_prefix_batch(batch)
-        loss = _loss(prefix_logits(model, prefix, input_ids, attention), labels, name_ids)
-        optimizer.zero_grad()
-        loss.backward()
-        if names:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % log_every == 0 or step == copy_steps + spec.steps - 1:
-            probed = f" probe {probe(model, tokenizer):.2f}" if probe is not None else ""
-            log.info("%s warm-up step %4d/%d (%s) loss %.3f%s (%.0f s)", name, step, copy_steps + spec.steps,
-                     "copy" if step < copy_steps else "full", loss.item(), probed, time.monotonic() - started)
+        return _loss(prefix_logits(model, prefix, input_ids, attention), labels, name_ids)
+
+    def on_log(step: int, steps: int, phase: str, loss: float) -> None:
+        probed = f" probe {probe(model, tokenizer):.2f}" if probe is not None else ""
+        log.info("%s warm-up step %4d/%d (%s) loss %.3f%s (%.0f s)", name, step, steps, phase, loss, probed,
+                 time.monotonic() - started)
+
+    # with names: constant through the copy phase, then a linear decay to 10%, gradients clipped
+    rate = (lambda s: min(1.0, (s + 1) / 50) * max(0.1, 1 - max(0, s - copy_steps) / max(1, spec.steps))) if names \
+        else None
+    fine_tune(model, ["copy"] * copy_steps + ["full"] * spec.steps, loss_of, lr=spec.lr, rate=rate,
+              clip_norm=1.0 if names else None, log_every=log_every, on_log=on_log)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return model, tokenizer

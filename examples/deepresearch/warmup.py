@@ -56,6 +56,7 @@ from fullasync.models import TinyModelSpec, load_tokenizer
 from fullasync.tasks.warmup import (
     cached_warm_policy,
     extend_vocabulary,
+    fine_tune,
     prefix_logits,
     share_updates,
     shared_prefix_batch,
@@ -220,24 +221,19 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     names = extend_vocabulary(tokenizer, model, entity_names(world), spec.seed, spec.name_scale)
     model.get_input_embeddings().weight.register_hook(share_updates(names))
     batcher = _Batcher(spec, tokenizer, train_rows, Bm25Index(documents(world)), random.Random(spec.seed))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     steps_per_phase = (spec.copy_steps, spec.short_steps, spec.steps)
     plan = [phase for phase, steps in zip(PHASES, steps_per_phase, strict=True) for _ in range(steps)]
-    total, decay = len(plan), spec.short_steps + spec.steps
-    # constant through the copy phase (the circuit forms abruptly, late), then a linear decay to 10%
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50) * max(
-        0.1, 1 - max(0, s - spec.copy_steps) / max(1, decay)))
+    decay = spec.short_steps + spec.steps
     started = time.monotonic()
-    for step, phase in enumerate(plan):
-        loss = shared_prefix_loss(model, *batcher.batch(phase))
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        if step % 50 == 0 or step == total - 1:
-            print(f"[warm-up] step {step:>4}/{total} ({phase}) loss {loss.item():.3f} "
-                  f"({time.monotonic() - started:.0f} s)", flush=True)
+
+    def on_log(step: int, steps: int, phase: str, loss: float) -> None:
+        print(f"[warm-up] step {step:>4}/{steps} ({phase}) loss {loss:.3f} ({time.monotonic() - started:.0f} s)",
+              flush=True)
+
+    # constant through the copy phase (the circuit forms abruptly, late), then a linear decay to 10%
+    fine_tune(model, plan, lambda phase: shared_prefix_loss(model, *batcher.batch(phase)), lr=spec.lr,
+              weight_decay=0.0, rate=lambda s: min(1.0, (s + 1) / 50) * max(
+                  0.1, 1 - max(0, s - spec.copy_steps) / max(1, decay)), clip_norm=1.0, log_every=50, on_log=on_log)
     heldout = [row for row in questions(world) if row["split"] == "heldout"]
     accuracy = copy_accuracy(model, tokenizer, random.Random(spec.seed).sample(heldout, min(100, len(heldout))),
                              spec)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from examples.harness_train import agent_kwargs, check_run_against_agent
-from fullasync.config import DataSection, ModelSection, RolloutSection, RunConfig, TrainerConfig, section, setting
+from examples.harness_train import HarnessTrainConfig, agent_kwargs
+from fullasync.config import ModelSection, RolloutSection, section, setting
 from fullasync_agents.mini_swe import MiniSweConfig
 
 TASK_SETS = ("settings", "bugs")  # fullasync_agents.swe_tasks: settings.setting_rows | tasks.rows
@@ -38,29 +38,18 @@ class AgentSection:
 
 
 @dataclass
-class MiniSweTrainConfig(RunConfig):
-    """`RunConfig` with an `agent` section; the fields redeclared here change defaults only (help: RunConfig's)."""
+class MiniSweTrainConfig(HarnessTrainConfig):
+    """`RunConfig` with an `agent` section; the fields redeclared here and in `HarnessTrainConfig` change defaults
+    only (help: RunConfig's)."""
+
+    TASK_SETS = TASK_SETS
 
     agent: AgentSection = section(AgentSection, "how mini-swe-agent runs an episode (the adapter's MiniSweConfig)")
     model: ModelSection = field(default_factory=lambda: ModelSection(path=BUILTIN_POLICY))
-    data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
         n=4, batch_size=4, max_running_rows=8, episode_timeout_s=400.0))
-    # each episode weighs alike (seq-mean-token-mean): with token-mean the long failed turns (format errors, 96
-    # tokens of noise) carried most of the gradient and the policy collapsed to empty replies; lr 5e-4 collapsed it
-    # too; T = 0.7 (sampling and the trainer's logits alike) keeps the one-token typos of T = 1 out; a KL penalty
-    # to the warm policy keeps the submit call, which the reward does not see, from drifting into noise (README)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
-        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7, kl_coef=0.1))
     total_steps: int = 25
-    val_samples_per_row: int = 4
     output_dir: str = "outputs/mini_swe"
-
-    def validate(self) -> None:
-        super().validate()
-        check_run_against_agent(self)
-        if self.agent.tasks not in TASK_SETS:
-            raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
 
     def agent_config(self) -> MiniSweConfig:
         return MiniSweConfig(**agent_kwargs(self.agent))

@@ -18,60 +18,36 @@ episodes/s, model calls per episode, and episodes a weight push landed in. Train
 
 from __future__ import annotations
 
-import asyncio
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
-
-from examples import harness_train
+from examples.harness_train import HarnessExample, TracksWeightVersions
 from examples.mini_swe.config import BUILTIN_POLICY, MiniSweTrainConfig
-from fullasync.config.doc import exit_with_help_if_asked
 from fullasync_agents.mini_swe import MiniSweAgentGenerator
 
-ConfigStore.instance().store(name="mini_swe_schema", node=MiniSweTrainConfig)
-PER_EPISODE = "model_calls_per_episode"
 
-
-class TrackedMiniSwe(harness_train.TracksWeightVersions, MiniSweAgentGenerator):
+class TrackedMiniSwe(TracksWeightVersions, MiniSweAgentGenerator):
     """The adapter, counting the weight versions each episode's tokens came from (pushes that landed mid-episode)."""
 
 
-async def run(config: MiniSweTrainConfig) -> dict[str, Any]:
+def warm_policy(config: MiniSweTrainConfig) -> Path:
+    from examples.mini_swe.warmup import build_warm_policy
+
+    return build_warm_policy()
+
+
+def task_families() -> dict[str, Callable[..., list[dict[str, Any]]]]:
     from fullasync_agents.swe_tasks import rows, setting_rows
 
-    started = time.monotonic()
-    if config.model.path == BUILTIN_POLICY:
-        from examples.mini_swe.warmup import build_warm_policy
-
-        config.model.path = str(build_warm_policy())
-        print(f"[mini_swe] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s", flush=True)
-    task_rows = setting_rows if config.agent.tasks == "settings" else rows
-    train, held_out = task_rows("train", hint=config.agent.hint), task_rows("held_out", hint=config.agent.hint)
-    generator = TrackedMiniSwe(config.agent_config())
-    return await harness_train.train_and_summarize(config, generator, train, held_out, started, PER_EPISODE,
-                                                   lambda: generator.model_calls)
+    return {"settings": setting_rows, "bugs": rows}
 
 
-def report(summary: dict[str, Any]) -> str:
-    return harness_train.report(summary, "mini_swe", PER_EPISODE, "model calls")
-
-
-@hydra.main(config_path="config", config_name="train", version_base=None)
-def main(cfg) -> None:
-    from fullasync.observe.logs import configure_logging
-
-    configure_logging()
-    config: MiniSweTrainConfig = OmegaConf.to_object(cfg)
-    config.validate()
-    print(report(asyncio.run(run(config))), flush=True)
-
+EXAMPLE = HarnessExample(
+    tag="mini_swe", schema=MiniSweTrainConfig, builtin_policy=BUILTIN_POLICY, warm_policy=warm_policy,
+    task_families=task_families, generator=lambda config: TrackedMiniSwe(config.agent_config()),
+    per_episode=("model_calls_per_episode", "model calls", lambda generator: generator.model_calls))
+run, report = EXAMPLE.run, EXAMPLE.report
 
 if __name__ == "__main__":
-    exit_with_help_if_asked(sys.argv[1:], MiniSweTrainConfig, __doc__ or "",
-                            Path(__file__).parent / "config" / "train.yaml")
-    main()
+    EXAMPLE.main(__doc__ or "", Path(__file__).parent / "config")

@@ -11,17 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from examples.harness_train import agent_kwargs, check_run_against_agent
-from fullasync.config import (
-    DataSection,
-    EngineSection,
-    ModelSection,
-    RolloutSection,
-    RunConfig,
-    TrainerConfig,
-    section,
-    setting,
-)
+from examples.harness_train import HarnessTrainConfig, agent_kwargs
+from fullasync.config import EngineSection, ModelSection, RolloutSection, section, setting
 from fullasync_agents.terminus import TerminusConfig
 
 TASK_SETS = ("settings", "commands")  # fullasync_agents.terminal_tasks: settings.setting_rows | rows
@@ -54,32 +45,25 @@ class AgentSection:
 
 
 @dataclass
-class TerminusTrainConfig(RunConfig):
-    """`RunConfig` with an `agent` section; the fields redeclared here change defaults only (help: RunConfig's)."""
+class TerminusTrainConfig(HarnessTrainConfig):
+    """`RunConfig` with an `agent` section; the fields redeclared here and in `HarnessTrainConfig` change defaults
+    only (help: RunConfig's)."""
+
+    TASK_SETS = TASK_SETS
 
     agent: AgentSection = section(AgentSection, "how Terminus-2 runs an episode (the adapter's TerminusConfig)")
     model: ModelSection = field(default_factory=lambda: ModelSection(path=BUILTIN_POLICY))
     engine: EngineSection = field(default_factory=lambda: EngineSection(max_model_len=CONTEXT))
-    data: DataSection = field(default_factory=lambda: DataSection(task="", epochs=4))
     rollout: RolloutSection = field(default_factory=lambda: RolloutSection(
         n=4, batch_size=4, max_running_rows=6, episode_timeout_s=400.0))
-    # as the mini-swe example measured: each episode weighs alike, a rate that does not collapse the tiny policy,
-    # T = 0.7 for sampling and the trainer's logits alike, and a KL penalty to the warm policy (without it, later
-    # runs drifted into replies that overflowed the context or ran into harbor's agent timeout: README)
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
-        lr=2e-4, micro_batch_size=8, loss_agg_mode="seq-mean-token-mean", temperature=0.7, kl_coef=0.1))
     total_steps: int = 20
-    val_samples_per_row: int = 4
     output_dir: str = "outputs/terminus"
 
     def validate(self) -> None:
-        super().validate()
-        if self.agent.tasks not in TASK_SETS:
-            raise ValueError(f"agent.tasks={self.agent.tasks!r}; choose one of {TASK_SETS}")
         if self.agent.max_tokens >= self.engine.max_model_len:
             raise ValueError(f"agent.max_tokens={self.agent.max_tokens} must be below engine.max_model_len="
                              f"{self.engine.max_model_len}; lower agent.max_tokens or raise engine.max_model_len")
-        check_run_against_agent(self)
+        super().validate()
 
     def agent_config(self) -> TerminusConfig:
         """The adapter's config: the `agent` section, and the engines' context length as Terminus-2's context."""

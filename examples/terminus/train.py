@@ -18,61 +18,37 @@ Training itself is fullasync's.
 
 from __future__ import annotations
 
-import asyncio
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
-
-from examples import harness_train
+from examples.harness_train import HarnessExample, TracksWeightVersions
 from examples.terminus.config import BUILTIN_POLICY, TerminusTrainConfig
-from fullasync.config.doc import exit_with_help_if_asked
 from fullasync_agents.terminus import Terminus2Generator
 
-ConfigStore.instance().store(name="terminus_schema", node=TerminusTrainConfig)
-PER_EPISODE = "turns_per_episode"
 
-
-class TrackedTerminus(harness_train.TracksWeightVersions, Terminus2Generator):
+class TrackedTerminus(TracksWeightVersions, Terminus2Generator):
     """The adapter, counting the weight versions each episode's tokens came from (pushes that landed mid-episode)."""
 
 
-async def run(config: TerminusTrainConfig) -> dict[str, Any]:
+def warm_policy(config: TerminusTrainConfig) -> Path:
+    from examples.terminus.warmup import TerminusWarmupSpec, build_warm_policy
+
+    return build_warm_policy(TerminusWarmupSpec(pane_height=config.agent.pane_height))
+
+
+def task_families() -> dict[str, Callable[..., list[dict[str, Any]]]]:
     from fullasync_agents.terminal_tasks import rows
     from fullasync_agents.terminal_tasks.settings import setting_rows
 
-    started = time.monotonic()
-    if config.model.path == BUILTIN_POLICY:
-        from examples.terminus.warmup import TerminusWarmupSpec, build_warm_policy
-
-        config.model.path = str(build_warm_policy(TerminusWarmupSpec(pane_height=config.agent.pane_height)))
-        print(f"[terminus] warm policy {config.model.path} ready in {time.monotonic() - started:.0f} s", flush=True)
-    task_rows = setting_rows if config.agent.tasks == "settings" else rows
-    train, held_out = task_rows("train", hint=config.agent.hint), task_rows("held_out", hint=config.agent.hint)
-    generator = TrackedTerminus(config.agent_config())
-    return await harness_train.train_and_summarize(config, generator, train, held_out, started, PER_EPISODE,
-                                                   lambda: generator.turns)
+    return {"settings": setting_rows, "commands": rows}
 
 
-def report(summary: dict[str, Any]) -> str:
-    return harness_train.report(summary, "terminus", PER_EPISODE, "agent turns")
-
-
-@hydra.main(config_path="config", config_name="train", version_base=None)
-def main(cfg) -> None:
-    from fullasync.observe.logs import configure_logging
-
-    configure_logging()
-    config: TerminusTrainConfig = OmegaConf.to_object(cfg)
-    config.validate()
-    print(report(asyncio.run(run(config))), flush=True)
-
+EXAMPLE = HarnessExample(
+    tag="terminus", schema=TerminusTrainConfig, builtin_policy=BUILTIN_POLICY, warm_policy=warm_policy,
+    task_families=task_families, generator=lambda config: TrackedTerminus(config.agent_config()),
+    per_episode=("turns_per_episode", "agent turns", lambda generator: generator.turns))
+run, report = EXAMPLE.run, EXAMPLE.report
 
 if __name__ == "__main__":
-    exit_with_help_if_asked(sys.argv[1:], TerminusTrainConfig, __doc__ or "",
-                            Path(__file__).parent / "config" / "train.yaml")
-    main()
+    EXAMPLE.main(__doc__ or "", Path(__file__).parent / "config")

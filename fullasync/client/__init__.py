@@ -1,4 +1,16 @@
-"""The OpenAI-style, token-exact client that harnesses call."""
+"""The OpenAI-style, token-exact client that harnesses call.
+
+- `rollout_client.py`: `RolloutService` (what every episode shares: tokenizer, router, settings) and
+  `RolloutClient` (one episode: `chat.completions.create`, `completions.create`, `responses.create`).
+- `request_schema.py` / `messages.py`: requests checked and normalised; `chat_tokens.py`: prompt ids that
+  continue a turn without re-tokenization; `tool_parsers.py` / `reasoning.py`: every vLLM tool and reasoning
+  format; `answers.py` / `streaming.py` / `responses.py`: the answer, streamed or whole.
+- `continuation.py`: a call interrupted by a push resubmits its tokens under the new weights; `episode.py`: what
+  one episode recorded (its model calls, their versions) and which calls are held.
+
+Does not own: engines (it calls them through `Engine`), HTTP (`gateway`), episodes' scheduling (`rollout`).
+May import: `contracts`, `config`, `infra`, `observe`, `engines`, `types`, `errors`.
+"""
 
 from fullasync.client.rollout_client import ClientConfig, RolloutClient, RolloutService
 

@@ -8,8 +8,10 @@ generation prompt). Only that inserted text is tokenized, so earlier turns never
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fullasync.errors import InvalidRequestError
@@ -97,3 +99,13 @@ class ChatTokenizer:
         if turn.ended_with_eos:
             closing_at += len(self.eos_text)
         return self.encode(assistant_section[closing_at:] + extended[len(with_turn) :])
+
+
+def model_vocab_size(model_dir: Path | str | None) -> int:
+    """Rows of the model's token embedding (`vocab_size` in its config.json; 0 when absent or no
+    directory): the ids its engine can sample, which a padded embedding puts beyond the tokenizer's last id."""
+    path = Path(model_dir) / "config.json" if model_dir else None
+    if path is None or not path.is_file():
+        return 0
+    config = json.loads(path.read_text(encoding="utf-8"))
+    return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)

@@ -32,7 +32,8 @@ from fullasync.client.tool_parsers import ParsedToolCall
 from fullasync.types import FinishReason
 
 # ids of responses and tool calls, 32 hex digits like a uuid4's: a random prefix per process, then a counter,
-# so unique without an urandom system call per response (one was 2% of the driver's CPU at scale)
+# so unique without an urandom system call per response (a measurable share of the driver's CPU at scale:
+# docs/benchmarks.md, "Figures behind the code")
 _unique_hex = map(f"{uuid.uuid4().hex[:16]}{{:016x}}".format, itertools.count())
 
 

@@ -31,7 +31,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import responses
 from fullasync.client.answers import Answer, AnswerFormat
-from fullasync.client.chat_tokens import ChatTokenizer, TurnState
+from fullasync.client.chat_tokens import ChatTokenizer, TurnState, model_vocab_size
 from fullasync.client.continuation import (
     ResumableCall,
     StitchedGeneration,
@@ -48,7 +48,6 @@ from fullasync.config import EngineSection, ModelSection, RolloutSection
 from fullasync.contracts.engine import Engine, SamplingOptions
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
-from fullasync.models.tiny import model_vocab_size
 from fullasync.types import FinishReason, ModelCall, Trajectory
 
 log = logging.getLogger("fullasync")

@@ -1,6 +1,5 @@
 """The run's configuration: every knob, declared once with its default, its help and whether a resumed run may
-change it. A leaf: it imports no component (only `fullasync.contracts`, `fullasync.types` and `fullasync.errors`);
-the components take their defaults from it.
+change it. A leaf: it imports no component; the components take their defaults from it.
 
 - `run.py`: `RunConfig` and its sections, the meaning of `mode`, the cross-field checks (`RunConfig.validate`).
 - `trainer.py`: `TrainerConfig` (optimiser, loss, corrections, LoRA, the weight transport), nested in `RunConfig`.
@@ -9,6 +8,7 @@ the components take their defaults from it.
 - `doc.py`: the help printed by `fullasync train --help` and docs/config.md.
 
 Does not own: what a component does with a value, or any I/O beyond checking that a named file exists.
+May import: `contracts`, `types`, `errors`.
 """
 
 from fullasync.config.fields import ConfigField, config_fields, section, setting, shared_settings

@@ -7,5 +7,5 @@ other.
 - `run.py`: `GroupQueue` and `Trainer` (the loop's view of the queue and the trainer), `QueueBatch`, `QueueStats`.
 - `weights.py`: `WeightsPayload` (what one version is on its way to `Engine.install`) and `WeightTransport`.
 
-Does not own: any implementation. Imports only `fullasync.types` and `fullasync.errors`.
+Does not own: any implementation. May import: `types`, `errors`.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -20,7 +20,10 @@ from starlette.routing import Route
 
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
-from fullasync.gateway.server import Gateway, error_body, error_of, sse
+from fullasync.gateway.wire import error_body, error_of, sse
+
+if TYPE_CHECKING:
+    from fullasync.gateway.server import Gateway
 
 log = logging.getLogger("fullasync")
 

@@ -1,25 +1,23 @@
 """The OpenAI-compatible HTTP gateway: one base URL per episode, in front of the token-exact client.
 
-Owns: the HTTP surface (`/sessions/{key}/v1/chat/completions`, `/sessions/{key}/v1/completions`,
-`/sessions/{key}/v1/models`, `/v1/models`), OpenAI-style error bodies, SSE streaming, and the map
-from an episode's unguessable key to its `RolloutClient`. Binds loopback by default. Runs in the
-caller's event loop (uvicorn as a task), so requests share the loop with the rollouter.
+Owns: the map from an episode's unguessable key to its `RolloutClient`, the episodes' lifetimes, and serving
+the routes (`routes.py`: `/sessions/{key}/v1/chat/completions`, `/sessions/{key}/v1/completions`,
+`/sessions/{key}/v1/models`, `/v1/models`; error bodies and SSE in `wire.py`). Binds loopback by default. Runs in
+the caller's event loop (uvicorn as a task), so requests share the loop with the rollouter.
 Does not own: generation, recording or continuation — the client does all of that, identically
 for in-process and HTTP harnesses — nor when a call counts as delivered (`delivery`).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
-from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InvalidRequestError
 from fullasync.gateway.delivery import Deliveries
 from fullasync.gateway.http import ServedApp
+from fullasync.gateway.routes import build_app
 
 
 @dataclass(frozen=True)
@@ -30,12 +28,6 @@ class GatewayEpisode:
     base_url: str  # e.g. http://127.0.0.1:PORT/sessions/KEY/v1 — pass as the OpenAI base URL
     api_key: str  # the episode key; harnesses may send it as the bearer token
     client: RolloutClient  # the same episode in-process (its recorded calls make the trajectory)
-
-
-def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or str(status)}}
 
 
 class Gateway:
@@ -60,8 +52,6 @@ class Gateway:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        from fullasync.gateway.routes import build_app
-
         self._http = ServedApp(build_app(self), "gateway", self.host, self.port, timeout_keep_alive=30)
         await self._http.start()
         self.port = self._http.port
@@ -99,25 +89,3 @@ class Gateway:
             state = "has finished" if key in self._finished else "is unknown"
             raise LookupError(f"episode {state}: use the base URL the rollouter gave this episode, while it runs")
         return episode
-
-
-def status_of(error: BaseException) -> int:
-    """HTTP status for an error of the request path: 4xx for the caller's mistakes, 503 for engine faults."""
-    if isinstance(error, InvalidRequestError):
-        return 400
-    if isinstance(error, (EngineDiedError, EngineResumeTimeoutError, TimeoutError)):
-        return 503
-    return 500
-
-
-def error_of(error: BaseException) -> tuple[dict[str, Any], int]:
-    """The OpenAI-style body and status of any error raised while serving a request."""
-    if isinstance(error, InvalidRequestError):
-        return error_body(str(error), 400, error.param, error.code), 400
-    status = status_of(error)
-    return error_body(f"{type(error).__name__}: {error}", status), status
-
-
-def sse(payload: Any) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return f"data: {data}\n\n".encode()

@@ -1,5 +1,11 @@
 """Model artifacts fullasync builds itself (the tiny offline Qwen2-style model, named pretrained models
-converted offline, chat-template overrides), and the build cache they share."""
+converted offline, chat-template overrides), and the build cache they share.
+
+- `tiny.py`: the tiny model and its tokenizer; `pretrained.py` / `hub.py`: a real model shipped in a registry
+  package, and hub ids; `chat_templates.py`: built-in templates; `cache.py`: atomic, complete-or-absent builds.
+
+Does not own: serving or training a model. May import: `contracts`, `config`, `infra`, `types`, `errors`.
+"""
 
 from fullasync.models.cache import BUILD_MARKER, cached_build, is_complete_build
 from fullasync.models.chat_templates import (
@@ -21,7 +27,6 @@ from fullasync.models.tiny import (
     build_tiny_model,
     default_cache_root,
     load_tokenizer,
-    model_vocab_size,
     read_chat_template,
 )
 
@@ -41,7 +46,6 @@ __all__ = [
     "default_cache_root",
     "is_complete_build",
     "load_tokenizer",
-    "model_vocab_size",
     "read_chat_template",
     "read_chat_template_source",
     "with_chat_template",

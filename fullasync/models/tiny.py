@@ -139,16 +139,6 @@ def load_tokenizer(model_dir: Path | str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def model_vocab_size(model_dir: Path | str | None) -> int:
-    """Rows of the model's token embedding (`vocab_size` in its config.json; 0 when absent or no
-    directory): the ids its engine can sample, which a padded embedding puts beyond the tokenizer's last id."""
-    path = Path(model_dir) / "config.json" if model_dir else None
-    if path is None or not path.is_file():
-        return 0
-    config = json.loads(path.read_text(encoding="utf-8"))
-    return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size") or 0)
-
-
 def _build_into(spec: TinyModelSpec, out_dir: Path) -> dict:
     """Write tokenizer, weights and configs into `out_dir`; the build record is the return value."""
     tokenizer = _build_tokenizer(spec)

@@ -4,7 +4,7 @@ Owns: admission (through `StalenessManager`), running the episodes of a row conc
 timeout, turning their results into a `TrajectoryGroup`, the zero-variance filter, stopping rows that
 became too stale, and the tasks that do all this. What it knows of rows lives in one `RowLedger`
 (`fullasync.rollout.ledger`): a record per running row and the outcome of every row; the rollouter is
-its only writer (the loop reports trained and dropped rows through `on_trained` / `on_dropped`).
+its only writer (the loop reports trained and dropped rows through `on_trained` / `on_handed_over`).
 An exception or timeout in `rollout_fn` is recorded with its traceback and counted by reason; it
 never stops the run. A crash of the rollouter itself (the dispatcher, or a row failing outside the
 harness, e.g. `queue.put` on a dead queue) ends every row at once and is kept: `check()` raises it
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
-from fullasync.contracts.run import oldest_allowed
+from fullasync.contracts.run import QueueBatch, oldest_allowed
 from fullasync.errors import FailureKind, FullasyncError
 from fullasync.infra.offload import Pacer
 from fullasync.observe.metrics import HARNESS_METRICS_KEY
@@ -41,11 +41,9 @@ from fullasync.types import Trajectory, TrajectoryGroup
 
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
 # loop iteration and hold every engine reply and gateway request behind them; the dispatcher starts at most this
-# many episodes per this interval (`Pacer`), so the loop serves what is waiting in between
-# (bench/control_plane.py: loop lag at 8,192 episodes). Episodes wait for engine slots anyway. At most ~2,100
-# starts a second: an episode's first step costs the driver ~0.2 ms, so admission takes under half a core and the
-# loop keeps up with the replies beside it (6,400 a second took 1.2 cores for as long as 8,192 episodes were
-# admitted: a backlog of 0.2–0.7 s).
+# many episodes per this interval (`Pacer`), so the loop serves what is waiting in between. Episodes wait for
+# engine slots anyway. The rate is chosen so that admission takes under half a core and the loop keeps up with the
+# replies beside it (bench/control_plane.py; the figures: docs/benchmarks.md, "Figures behind the code").
 ADMISSION_BURST_EPISODES = 32
 ADMISSION_REST_S = 0.015
 
@@ -180,9 +178,10 @@ class Rollouter:
         assert self._crash is not None
         return self._crash
 
-    def on_version(self) -> None:
-        """The trainer's version advanced: the admission slots of rows stopped while the batch trained are free
-        now, more rows may be admissible, and rows already too stale stop."""
+    def on_version(self, version: int) -> None:
+        """The trainer's version advanced to `version` (the rollouter observes the weight sync): the admission
+        slots of rows stopped while the batch trained are free now, more rows may be admissible, and rows already
+        too stale stop."""
         for _ in range(self._held_slots):
             self.staleness.release()
         self._held_slots = 0
@@ -239,14 +238,13 @@ class Rollouter:
         for group in groups:
             self.ledger.mark(group.row_id, RowOutcome.TRAINED)
 
-    def on_batch_request(self, ready: int) -> None:
-        """The trainer asked for a batch and found `ready` groups waiting: admission adapts its lead."""
-        self.staleness.on_batch_request(ready)
-        self._wake.set()
-
-    def on_dropped(self, row_ids: Sequence[str]) -> None:
-        """The queue dropped these rows' groups as too stale: they will never train, their slots are free."""
-        for row_id in row_ids:
+    def on_handed_over(self, got: QueueBatch, asked: bool) -> None:
+        """A queue get for the trainer returned. `asked`: it was a batch's first, and found `got.ready` groups
+        waiting (admission adapts its lead to that). Rows whose groups it dropped as too stale will never train:
+        their admission slots are free."""
+        if asked:
+            self.staleness.on_batch_request(got.ready)
+        for row_id in got.dropped_row_ids:
             self.ledger.mark(row_id, RowOutcome.TOO_STALE)
             self.staleness.release()
         self._wake.set()

@@ -47,9 +47,9 @@ VALIDATION_DRAIN_TIMEOUT_S = 600.0  # running rows must finish within this befor
 
 
 # Python's defaults: (700, 10, 10). A young collection traverses every container allocated since the last one
-# and still alive; with thousands of episodes in flight most of them are (token lists of running calls), so at
-# 100,000 the collections cost 0.2 µs per generated token at 8,192 episodes and nothing at 1,024. At 1,000,000
-# the episodes' objects die (by reference counting: an episode holds no cycle) before a collection sees them.
+# and still alive; with thousands of episodes in flight most of them are (token lists of running calls). At
+# 1,000,000 the episodes' objects die (by reference counting: an episode holds no cycle) before a collection sees
+# them (bench/control_plane.py; the figures: docs/benchmarks.md, "Figures behind the code").
 GC_THRESHOLDS = (1_000_000, 20, 100)
 
 
@@ -139,6 +139,7 @@ class Run:
         self.gateway = gateway
         self.queue = queue
         self.weight_sync = weight_sync
+        weight_sync.observe(rollouter.on_version)  # admission follows the published version
         self.service = service
         self.trainer = trainer
         self.settings = settings
@@ -223,10 +224,8 @@ class Run:
         With `resume`, the run continues that checkpoint instead of validating first."""
         result = self.loop.result
         self._task = asyncio.current_task()
-        supervisor = None
-        if self.settings.restart_engines:
-            supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
-                                             name="engine-restarts")
+        supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
+                                         name="engine-supervisor")
         try:
             if self.gateway is not None:
                 await self.gateway.start()
@@ -247,9 +246,8 @@ class Run:
             result.failure_kinds, result.infra_retries = dict(report.failure_kinds), report.infra_retries
             return result
         finally:
-            if supervisor is not None:
-                supervisor.cancel()
-                await asyncio.wait([supervisor])
+            supervisor.cancel()
+            await asyncio.wait([supervisor])
             try:
                 await self.rollouter.close()
             finally:
@@ -259,18 +257,20 @@ class Run:
                     self.queue.shutdown()
 
     async def _train(self) -> None:
-        """The training loop with the rollouter's crash watched beside it: a crash ends the loop at once and is
-        raised (naming the row), instead of waiting for the loop to look."""
+        """The training loop with the rollouter's crash and the engines' failure watched beside it: either ends
+        the loop at once and is raised (naming the row or the engine), instead of waiting for the loop to look."""
         training = asyncio.create_task(self.loop.run(), name="training-loop")
-        crash = asyncio.create_task(self.rollouter.wait_crashed(), name="rollouter-crash")
+        failures = [asyncio.create_task(self.rollouter.wait_crashed(), name="rollouter-crash"),
+                    asyncio.create_task(self.weight_sync.wait_failed(), name="engines-failed")]
         try:
-            await asyncio.wait([training, crash], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([training, *failures], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (training, crash):
+            for task in (training, *failures):
                 task.cancel()
-            await asyncio.wait([training, crash])
-        if crash.done() and not crash.cancelled():
-            raise crash.result()
+            await asyncio.wait([training, *failures])
+        for failure in failures:
+            if failure.done() and not failure.cancelled():
+                raise failure.result()
         training.result()
 
     async def validate_paused(self) -> float:
@@ -293,7 +293,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                    settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
                    checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
-    travel (default: the object store, `engines/weight_transport.py`)."""
+    travel (default: the object store, `weights/transport.py`)."""
     generator = as_generator(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
                              restart_on_failure=settings.restart_engines, transport=transport,

@@ -1,17 +1,18 @@
 """The training loop: pull groups, train, push weights, repeat — while the rollouter keeps generating.
 
-Owns: the order of one step (wait for a batch → train → export → push → bump version), the per-step
-metrics and the step line. It meets the rollouter only through `RolloutControl` (what happened to
-rows it trained or the queue dropped, and the rollouter's health), the queue through `GroupQueue`
-and the trainer through `Trainer`. Does not own: generation, storage, the update itself, validation
-(the `Run` hands it a `validate` that pauses generation) or the final row accounting (`Run`).
+Owns: the order of one step (wait for a batch → train → export → push), the per-step metrics and the step
+line. It meets the rollouter only through `RolloutControl` (what became of the rows it was handed, trained
+or dropped), the queue through `GroupQueue` and the trainer through `Trainer`. Does not own: generation,
+storage, the update itself, the version's news (the weight sync tells its observers, the rollouter among
+them), crashes elsewhere (the `Run` awaits them beside the loop), validation (the `Run` hands it a
+`validate` that pauses generation) or the final row accounting (`Run`).
 
     while not done:
-        batch = await queue.get(B, version, k)        # trainer idle while waiting
-        metrics = await trainer.train_step(trainer.build_batch(batch.groups), version)
+        groups = await queue.get(B, version, k)       # trainer idle while waiting
+        metrics = await trainer.train_step(trainer.build_batch(groups), version)
         # (a last-chance step trains its oldest groups first and takes its last ones when it reaches them)
-        await weight_sync.push(await trainer.export_weights())   # version += 1
-        rollouter.on_trained(batch.groups); rollouter.on_version()
+        await weight_sync.push(await trainer.export_weights())   # version += 1; observers hear of it
+        rollouter.on_trained(groups)
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
-from fullasync.contracts.run import BatchT, GroupQueue, Trainer, oldest_allowed, oldest_version
+from fullasync.contracts.run import BatchT, GroupQueue, QueueBatch, Trainer, oldest_allowed, oldest_version
 from fullasync.infra.offload import drop_piecewise, off_loop
 from fullasync.observe.logs import progress
 from fullasync.observe.metrics import MetricsSink, format_line, step_stats
 from fullasync.rollout.rollouter import RolloutReport
 from fullasync.run.checkpoint import LoopState
 from fullasync.types import JsonValue, TrajectoryGroup
-from fullasync.weights.sync import WeightSync
+from fullasync.weights.sync import WeightPushTiming, WeightSync
 
-QUEUE_POLL_S = 2.0  # a queue wait returns at least this often, so a crash elsewhere is noticed within seconds
+# A queue wait returns at least this often: the rows a get dropped as too stale free their admission slots (the
+# rollouter hears of them when it returns), and rows that ran out while the trainer waited end the run. Crashes do
+# not wait for it: the `Run` awaits the rollouter's and the weight sync's failures beside the loop.
+QUEUE_WAIT_S = 2.0
 
 step_log = logging.getLogger("fullasync.steps")
 
@@ -42,26 +46,37 @@ def _now() -> float:
 
 
 class RolloutControl(Protocol):
-    """The rollouter as the loop sees it."""
+    """The rollouter as the loop sees it. New versions reach it from the weight sync (it observes the sync), and
+    its crash from the `Run`, which waits for it beside the loop: the loop only tells it what became of rows."""
 
     @property
     def exhausted(self) -> bool: ...  # no more rows to admit and none running
 
-    def check(self) -> None: ...  # raise a crash of the rollouter (naming the row), if any
-
-    def on_trained(self, groups: Sequence[TrajectoryGroup]) -> None: ...
-
-    def on_dropped(self, row_ids: Sequence[str]) -> None: ...  # too stale: never trained, slots freed
-
-    def on_version(self) -> None: ...  # admission may open
+    def on_handed_over(self, got: QueueBatch, asked: bool) -> None: ...  # a get's drops (asked: a batch's first get)
 
     def on_batch_taken(self, version: int) -> None: ...  # rows that only the batch just taken could train stop
 
+    def on_trained(self, groups: Sequence[TrajectoryGroup]) -> None: ...
+
     def last_chance_rows(self, version: int) -> int: ...  # running rows only the batch at `version` can train
 
-    def on_batch_request(self, ready: int) -> None: ...  # the trainer asked for a batch; `ready` groups waited
-
     def report(self, rows: bool = True) -> RolloutReport: ...  # rows=False: without the per-row outcomes
+
+
+@dataclass
+class StepOutcome:
+    """What one update did: the groups it trained (in order), its metrics, and the batch's statistics (computed
+    beside the update, off the loop, once the batch is complete)."""
+
+    groups: list[TrajectoryGroup]
+    metrics: dict[str, float]
+    batch_stats: asyncio.Future[dict[str, float]] | None = None
+
+    async def all_metrics(self) -> dict[str, float]:
+        if self.batch_stats is None:
+            raise RuntimeError("the trainer never asked for the rest of its batch: a `train_step` given `late` must "
+                               "await it once")
+        return {**self.metrics, **await self.batch_stats}
 
 
 @dataclass
@@ -206,18 +221,13 @@ class TrainingLoop(Generic[BatchT]):
         groups: list[TrajectoryGroup] = []
         version = self.weight_sync.version
         waited = _now()
-        asked = True
+        asked = True  # the first get answers the trainer's request (admission paces by what it found)
         while len(groups) < self.batch_size and not self.stop_requested:
-            self.rollouter.check()
-            self.weight_sync.check_engines()  # a dead engine ends the run now, with its name
             exhausted = self.rollouter.exhausted  # read before the get: then nothing arrives after it
             got = await self.queue.get(self.batch_size - len(groups), version, self.max_staleness,
-                                       0.0 if exhausted else QUEUE_POLL_S)
-            if asked:
-                self.rollouter.on_batch_request(got.ready)  # what the first get found, not the later polls
-                asked = False
-            if got.dropped_row_ids:
-                self.rollouter.on_dropped(got.dropped_row_ids)
+                                       0.0 if exhausted else QUEUE_WAIT_S)
+            self.rollouter.on_handed_over(got, asked)
+            asked = False
             groups += got.groups
             if exhausted:
                 break
@@ -240,8 +250,7 @@ class TrainingLoop(Generic[BatchT]):
         """The step's last `len(held)` groups: the oldest of `held` and of what finished meanwhile (the rows
         that only this batch can train come first); the others go back to the queue for the next step."""
         got = await self.queue.get(len(held), version, self.max_staleness, 0.0)
-        if got.dropped_row_ids:
-            self.rollouter.on_dropped(got.dropped_row_ids)
+        self.rollouter.on_handed_over(got, asked=False)
         offered = sorted(held + got.groups, key=oldest_version)  # stable: the held ones came first
         taken, back = offered[: len(held)], offered[len(held):]
         if back:
@@ -249,48 +258,62 @@ class TrainingLoop(Generic[BatchT]):
         return taken
 
     async def _step(self, groups: list[TrajectoryGroup], started: float) -> None:
-        result = self.result
+        """Train one batch, push its weights (the weight sync's observers learn the new version), report it."""
         version = self.weight_sync.version
+        trained = await self._train(groups, version)
+        push = await self.weight_sync.push(await self.trainer.export_weights())
+        self.rollouter.on_trained(trained.groups)
+        result = self.result
+        result.steps += 1
+        result.trained_samples += sum(len(g.trajectories) for g in trained.groups)
+        metrics = await trained.all_metrics()
+        result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
+        metrics.update(await self._run_metrics(push, started, metrics["rollout/output_tokens"]))
+        self._tokens += metrics["rollout/output_tokens"]
+        result.history.append(metrics)
+        self.sink.write(result.steps, metrics)
+        self.sink.samples(result.steps, trained.groups, version)
+        step_log.info(format_line(result.steps, metrics),
+                      extra=progress("steps", result.steps, self.total_steps) if self.total_steps else None)
+        await off_loop(drop_piecewise, trained.groups)  # the step's trajectories freed beside the loop
+
+    async def _train(self, groups: list[TrajectoryGroup], version: int) -> StepOutcome:
+        """One update on `groups` at `version`; a step that binds late takes its last groups when the trainer
+        reaches them (`_late_places`)."""
         late = self._late_places(version, groups)
-        batch_stats: list[asyncio.Future[dict[str, float]]] = []  # computed beside the train step, off the loop
+        outcome = StepOutcome(groups, {"batch/late_places": float(late), "batch/late_joined": 0.0})
 
         def taken(final: list[TrajectoryGroup]) -> None:
             self.rollouter.on_batch_taken(version)
-            batch_stats.append(asyncio.ensure_future(off_loop(step_stats, final, version)))
+            outcome.batch_stats = asyncio.ensure_future(off_loop(step_stats, final, version))  # beside the update
 
-        if late:
-            groups.sort(key=oldest_version)  # each get hands over oldest first, but a batch may take several
-            groups, held = groups[:-late], groups[-late:]  # the youngest wait
-            joined: list[int] = []  # groups that finished while the trainer worked through the first part
-
-            async def take_late() -> BatchT:
-                second = await self._bind_late(held, version)
-                joined.append(len({id(g) for g in second} - {id(h) for h in held}))
-                groups.extend(second)
-                taken(groups)
-                return await off_loop(self.trainer.build_batch, second)
-
-            batch = await off_loop(self.trainer.build_batch, groups)  # in proportion to the batch: off the loop
-            metrics = dict(await self.trainer.train_step(batch, version, take_late))
-            metrics["batch/late_joined"] = float(joined[0])
-        else:
+        if not late:
             taken(groups)
-            batch = await off_loop(self.trainer.build_batch, groups)
-            metrics = dict(await self.trainer.train_step(batch, version))
-        metrics["batch/late_places"] = float(late)
-        metrics.setdefault("batch/late_joined", 0.0)
-        timing = await self.weight_sync.push(await self.trainer.export_weights())
-        self.rollouter.on_trained(groups)
-        self.rollouter.on_version()
-        result.steps += 1
-        result.trained_samples += sum(len(g.trajectories) for g in groups)
-        metrics.update(await batch_stats[0])
-        result.max_token_staleness = max(result.max_token_staleness, int(metrics["staleness/max"]))
+            batch = await off_loop(self.trainer.build_batch, groups)  # in proportion to the batch: off the loop
+            outcome.metrics.update(await self.trainer.train_step(batch, version))
+            return outcome
+        groups.sort(key=oldest_version)  # each get hands over oldest first, but a batch may take several
+        groups[:], held = groups[:-late], groups[-late:]  # the youngest wait
+
+        async def take_late() -> BatchT:
+            second = await self._bind_late(held, version)
+            outcome.metrics["batch/late_joined"] = float(len({id(g) for g in second} - {id(h) for h in held}))
+            groups.extend(second)
+            taken(groups)
+            return await off_loop(self.trainer.build_batch, second)
+
+        batch = await off_loop(self.trainer.build_batch, groups)
+        outcome.metrics.update(await self.trainer.train_step(batch, version, take_late))
+        return outcome
+
+    async def _run_metrics(self, push: WeightPushTiming, started: float, new_tokens: float) -> dict[str, float]:
+        """The run so far, after a step: queue, rollout, throughput, progress and the push's timing."""
+        result = self.result
         stats = await self.queue.stats()
         report = self.rollouter.report(rows=False)  # every step: the per-row map grows with the run
         elapsed = _now() - started
-        metrics.update({
-            "version": float(timing.version),
+        metrics = {
+            "version": float(push.version),
             "queue/size": float(stats.size),
             "queue/dropped_too_stale": float(stats.dropped_too_stale),
             "rollout/episode_failures": float(report.episode_failures),
@@ -301,22 +324,15 @@ class TrainingLoop(Generic[BatchT]):
             "progress/total_steps": float(self.total_steps),
             **({"progress/eta_s": elapsed / result.steps * (self.total_steps - result.steps)} if self.total_steps
                else {}),
-            "perf/tokens_per_s": (self._tokens + metrics["rollout/output_tokens"]) / elapsed,
-            "weight_sync/total_s": timing.total_s,
-            "weight_sync/pause_s": timing.pause_s,
-            "weight_sync/update_s": timing.update_s,
+            "perf/tokens_per_s": (self._tokens + new_tokens) / elapsed,
+            "weight_sync/total_s": push.total_s,
+            "weight_sync/pause_s": push.pause_s,
+            "weight_sync/update_s": push.update_s,
             "engines/restarts": float(self.weight_sync.restarts),
-        })
-        metrics.update({f"rows/{k}": float(v) for k, v in report.outcome_counts.items()})
-        metrics.update({f"rollout/failures/{kind}": float(count) for kind, count in report.failure_kinds.items()})
-        metrics["rollout/infra_retries"] = float(report.infra_retries)
+            **{f"rows/{k}": float(v) for k, v in report.outcome_counts.items()},
+            **{f"rollout/failures/{kind}": float(count) for kind, count in report.failure_kinds.items()},
+            "rollout/infra_retries": float(report.infra_retries),
+        }
         if self.more_stats is not None:
             metrics.update(self.more_stats())
-        self._tokens += metrics["rollout/output_tokens"]
-        result.history.append(metrics)
-        self.sink.write(result.steps, metrics)
-        self.sink.samples(result.steps, groups, version)
-        step_log.info(format_line(result.steps, metrics),
-                      extra=progress("steps", result.steps, self.total_steps) if self.total_steps else None)
-        del batch  # a trainer's batch may hold the groups (the simulated trainer's does)
-        await off_loop(drop_piecewise, groups)  # the step's trajectories freed beside the loop: ~0.1 s at 8,192
+        return metrics

@@ -7,4 +7,7 @@ protocols as vLLM and verl. `bench/scheduling.py` uses it to measure how close e
 the throughput bound of a workload, `bench/control_plane.py` to measure the driver's CPU and event-loop
 lag at thousands of episodes (`loop_lag.py`), and `bench/peer_schedulers.py` to run other frameworks'
 scheduling rules (`peers.py`) on the same devices and workloads.
+
+Does not own: any control logic (it runs the real one). May import: `contracts`, `config`, `infra`, `observe`,
+`weights`, `client`, `rollout`, `run`, `types`, `errors`.
 """

@@ -6,7 +6,8 @@ the exact format the reward wants ("7") only `exact_format_share` of the time; o
 the format is one behaviour shared by all questions, so what RL learns on the training rows
 carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a minute.
 
-Also owns what every warm-up shares: the cache (`cached_warm_policy`, `spec_key`), single-token
+Also owns what every warm-up shares: the supervised loop (`fine_tune`), the cache (`cached_warm_policy`,
+`spec_key`), single-token
 names for copying (`extend_vocabulary`, `share_updates`), and batches whose shared prompt prefix runs
 once (`shared_prefix_batch`, `prefix_logits`), used by the examples' warm-ups.
 """
@@ -18,7 +19,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,6 +167,30 @@ def prefix_logits(model: PreTrainedModel, prefix_ids: torch.Tensor, input_ids: t
     return model(input_ids=input_ids, attention_mask=full_attention, past_key_values=cache).logits
 
 
+def fine_tune(model: PreTrainedModel, plan: Sequence[str], loss_of: Callable[[str], torch.Tensor], *, lr: float,
+              weight_decay: float = 0.01, rate: Callable[[int], float] | None = None, clip_norm: float | None = None,
+              log_every: int = 100, on_log: Callable[[int, int, str, float], None] | None = None) -> None:
+    """The supervised loop of every warm-up: one AdamW step (`lr`, `weight_decay`) per entry of `plan` (the step's
+    phase) on `loss_of(phase)` (which draws its batch), gradients clipped at `clip_norm` when given, the rate
+    multiplied by `rate(step)` when given; `on_log(step, steps, phase, loss)` every `log_every` steps and at the
+    last."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate) if rate is not None else None
+    for step, phase in enumerate(plan):
+        loss = loss_of(phase)
+        optimizer.zero_grad()
+        loss.backward()
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        if on_log is not None and (step % log_every == 0 or step == len(plan) - 1):
+            on_log(step, len(plan), phase, loss.item())
+
+
 def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -179,17 +204,15 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
         tokenizer.apply_chat_template(messages(row), tokenize=True, add_generation_prompt=True, return_dict=False)
         for row in rows
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    for step in range(spec.steps):
+
+    def loss_of(phase: str) -> torch.Tensor:
         picks = [rng.randrange(len(rows)) for _ in range(spec.batch_size)]
         examples = [(list(prompts[i]), _sloppy_label(tokenizer, rows[i]["answer"], spec, rng)) for i in picks]
         input_ids, attention, labels = _pad(examples)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 100 == 0 or step == spec.steps - 1:
-            log.info("warm-up step %4d/%d loss %.3f", step, spec.steps, loss.item())
+        return model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+
+    fine_tune(model, ["sums"] * spec.steps, loss_of, lr=spec.lr,
+              on_log=lambda step, steps, _, loss: log.info("warm-up step %4d/%d loss %.3f", step, steps, loss))
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
 

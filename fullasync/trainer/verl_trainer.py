@@ -97,7 +97,7 @@ class VerlTrainer:
         """
         workers = self._require_started()
         sharded = await off_loop(shard_batch, batch, len(workers.actors), 1, self.config.micro_batch_size,
-                                 self._pad_token_id)  # off the loop: ~0.6 s at 8,192 trajectories
+                                 self._pad_token_id)  # off the loop: in proportion to the batch
         results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in sharded.shards]), "log_probs")
         logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
         for shard, shard_logprobs in zip(sharded.shards, results, strict=True):
@@ -167,7 +167,7 @@ class VerlTrainer:
         workers = self._require_started()
         config = self.config
         sharded = await off_loop(shard_batch, batch, len(workers.actors), config.mini_batches,
-                                 config.micro_batch_size, self._pad_token_id)  # off the loop: ~0.6 s at 8,192
+                                 config.micro_batch_size, self._pad_token_id)  # off the loop: as the batch grows
         per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version, part)
                     for s in sharded.shards]
         return list(await workers.wait(workers.submit_each("train", per_rank), "train"))

@@ -156,7 +156,7 @@ def worker_env_vars(on_cpu: bool, threads: int) -> dict[str, str]:
         "OMP_WAIT_POLICY": "PASSIVE",
         "TOKENIZERS_PARALLELISM": "false",
         # exported weights go into Ray's object store as buffers the engine actor reads without a copy
-        # (SmolLM2-135M fp32: 25 ms instead of ~1.7 s, bench/weight_push.py)
+        # (bench/weight_push.py --zero-copy-export measures it)
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     }
     if on_cpu:

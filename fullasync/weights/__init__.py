@@ -9,5 +9,5 @@ the engines.
 - `vllm.py`: the shared-memory backend registered in vLLM's weight-transfer factory (loaded in vLLM's processes).
 
 Does not own: when a push happens (the run's loop) or pausing inside an engine (`Engine.install`).
-May import: `contracts`, `config`, `infra`, `types`, `errors`.
+May import: `contracts`, `config`, `infra`, `observe`, `types`, `errors`.
 """

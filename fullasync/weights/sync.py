@@ -6,16 +6,18 @@ the default `ObjectStoreTransport` each engine runs pause → update → resume 
 (`Engine.install`, one round trip per engine per push); engines install concurrently (an ABORT push starts them
 paced by the requests each interrupts, which all come back to the driver) and each resumes as soon as it holds the
 new weights, checked by checksums of a sample of the pushed tensors against what it serves
-(`engines/weight_digests.py`). An engine never serves from a failed load: it stays paused until a retry
+(`weights/digests.py`). An engine never serves from a failed load: it stays paused until a retry
 succeeds or it restarts. The version is published only when every live engine holds it: an engine whose
 install fails twice is declared dead and restarts from scratch with the new version (or, without restarts, the
 push fails naming it) — never torn weights. It also keeps every engine at the current version: with
 `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog declared dead and
-installs the current weights on it; an engine that dies during a push is skipped and gets the new weights at
+installs the current weights on it (without, it fails the run naming the engine; `wait_failed()` returns what
+ended it, as soon as it happens); an engine that dies during a push is skipped and gets the new weights at
 its restart — what the transport makes of them (`materialize`: a streamed push's weights are gathered from the
 trainer while it still holds them, taken right after the push when an engine is dead then, and otherwise the restart
-waits for the next push). Push and restart never interleave (one lock).
-Does not own: how the trainer exports weights, how they travel (`engines/weight_transport.py`), or how
+waits for the next push). Push and restart never interleave (one lock). Components that follow the version
+(the rollouter's admission) observe it: `observe(callback)`, called with each version as it is published.
+Does not own: how the trainer exports weights, how they travel (`weights/transport.py`), or how
 an engine notices it died (its watchdog).
 """
 
@@ -36,9 +38,9 @@ log = logging.getLogger("fullasync")
 
 INSTALL_ATTEMPTS = 2  # a failed install is tried once more before its engine is replaced (or the push fails)
 # An ABORT push returns every interrupted generation to the driver, which takes it in and, once its engine resumes,
-# sends it again (~70-90 µs of the loop each, bench/control_plane.py): 2,400 of them at one instant stalled the loop
-# 0.1-0.2 s at the pause and again at the resume. Engines start their install at most this many interrupted requests
-# per window (an engine with more takes the windows it needs), so both bursts are spread by engine.
+# sends it again: thousands at one instant stall the loop at the pause and again at the resume (bench/control_plane.py;
+# the figures: docs/benchmarks.md, "Figures behind the code"). Engines start their install at most this many
+# interrupted requests per window (an engine with more takes the windows it needs), so both bursts are spread.
 ABORT_BURST_REQUESTS = 64
 ABORT_REST_S = 0.010
 
@@ -79,7 +81,13 @@ class WeightSync:
         # the weights of `version` (None: the engines' own initial weights)
         self._latest: WeightsPayload | StreamedWeights | None = None
         self._lock = asyncio.Lock()
-        self._failure: BaseException | None = None  # a restart that failed ends the run
+        self._observers: list[Callable[[int], None]] = []
+        self._failure: BaseException | None = None  # what ends the run: a failed restart, or a death without restarts
+        self._failed = asyncio.Event()
+
+    def observe(self, on_version: Callable[[int], None]) -> None:
+        """Call `on_version(version)` each time a version is published (every live engine holds it)."""
+        self._observers.append(on_version)
 
     def check_engines(self) -> None:
         """Raise what ends the run: a failed restart, or a dead engine when restarts are off."""
@@ -89,6 +97,16 @@ class WeightSync:
             for engine in self.engines:
                 if engine.death is not None:
                     raise engine.death
+
+    async def wait_failed(self) -> BaseException:
+        """Return what ends the run as soon as `supervise` finds it (the run awaits this beside the training loop)."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        self._failed.set()
 
     async def push(self, weights: WeightsPayload | StreamedWeights) -> WeightPushTiming:
         """Install `weights` (a name→tensor mapping, a Ray ref to one, or what the trainer streams) as version + 1."""
@@ -113,6 +131,8 @@ class WeightSync:
             timings = await self._on_each(live, lambda e: self._install_on(e, new_version, turn))
             await self.transport.finish_weight_update(new_version)
             self.version, self._latest = new_version, weights  # published: every live engine holds it
+            for on_version in self._observers:
+                on_version(new_version)
             if self.restart_on_failure and any(e.death is not None for e in self.engines):
                 # what the dead engines restart with, taken now: a streamed push's trainer holds it only until
                 # its next step
@@ -199,14 +219,20 @@ class WeightSync:
             return restarted
 
     async def supervise(self, interval_s: float) -> None:
-        """Run as a task: restart dead engines as they appear; a restart that fails is kept for `check_engines`."""
+        """Run as a task: restart dead engines as they appear (`restart_on_failure`); a restart that fails, or a
+        death without restarts, is kept for `wait_failed` and `check_engines`, and the task ends."""
         while True:
             await asyncio.sleep(interval_s)
-            if not any(e.death is not None for e in self.engines):
+            dead = [e.death for e in self.engines if e.death is not None]
+            if not dead:
                 continue
+            if not self.restart_on_failure:
+                self._fail(dead[0])
+                return
             try:
                 await self.restart_dead()
-            except Exception as error:  # kept: the loop raises it as the run's error
-                self._failure = EngineDiedError(f"an engine could not be restarted: {error!r}")
-                self._failure.__cause__ = error
+            except Exception as error:  # kept: the run raises it as its error
+                failure = EngineDiedError(f"an engine could not be restarted: {error!r}")
+                failure.__cause__ = error
+                self._fail(failure)
                 return

@@ -142,7 +142,7 @@ class _ShortTokenizer:
 
 
 async def test_ids_the_model_can_sample_beyond_the_tokenizer_are_accepted_back(engine, tokenizer, tiny_model_path):
-    from fullasync.models import model_vocab_size
+    from fullasync.client.chat_tokens import model_vocab_size
 
     rows = model_vocab_size(tiny_model_path)
     unplaced = _ShortTokenizer(tokenizer, len(tokenizer) - 24, "")

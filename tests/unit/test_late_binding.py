@@ -16,7 +16,7 @@ import pytest
 from fullasync.contracts.weights import WeightsPayload
 from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutReport
-from fullasync.run.loop import QUEUE_POLL_S, TrainingLoop
+from fullasync.run.loop import QUEUE_WAIT_S, TrainingLoop
 from fullasync.run.queue import MessageQueue
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
@@ -40,26 +40,17 @@ class ScriptedRows:
         self.dropped: list[str] = []
         self.taken_at: list[tuple[int, float]] = []
 
-    def check(self) -> None:
-        return None
-
     def on_trained(self, groups) -> None:
         self.trained.append([g.row_id for g in groups])
 
-    def on_dropped(self, row_ids) -> None:
-        self.dropped += row_ids
-
-    def on_version(self) -> None:
-        return None
+    def on_handed_over(self, got, asked: bool) -> None:
+        self.dropped += got.dropped_row_ids
 
     def on_batch_taken(self, version: int) -> None:
         self.taken_at.append((version, asyncio.get_running_loop().time()))
 
     def last_chance_rows(self, version: int) -> int:
         return self.last_chance.get(version, 0)
-
-    def on_batch_request(self, ready: int) -> None:
-        return None
 
     def report(self, rows: bool = True) -> RolloutReport:
         return RolloutReport(outcome_counts={}, row_outcomes={}, trained_twice=[], episode_failures=0,
@@ -73,9 +64,6 @@ class VersionOnly:
 
     def __init__(self, version: int) -> None:
         self.version = version
-
-    def check_engines(self) -> None:
-        return None
 
     async def push(self, weights: WeightsPayload) -> WeightPushTiming:
         self.version += 1
@@ -136,12 +124,12 @@ def test_a_last_chance_row_finishing_after_the_late_places_are_bound_is_still_dr
 
 
 def test_the_held_places_are_the_youngest_groups_when_the_batch_came_in_several_gets():
-    # the first get hands over A (version 0) and B (version 1) when its wait (QUEUE_POLL_S) ends; O (version 0)
+    # the first get hands over A (version 0) and B (version 1) when its wait (QUEUE_WAIT_S) ends; O (version 0)
     # completes the batch in a later get, so it comes after B. Held as the batch's tail, O would keep its place and
     # the last-chance row C, finishing while the trainer works through A, would be dropped: B is the group that can
     # wait
     later = [(at + 2.2, finished) for at, finished in [*LATER, (1.7, group("F", 2))]]  # step 2 has 3 either way
-    rows, result, _, _ = run_steps(True, [(QUEUE_POLL_S + 0.2, group("O", 0)), (QUEUE_POLL_S + 0.7, group("C", 0)),
+    rows, result, _, _ = run_steps(True, [(QUEUE_WAIT_S + 0.2, group("O", 0)), (QUEUE_WAIT_S + 0.7, group("C", 0)),
                                           *later], batch_size=3)
     assert sorted(rows.trained[0]) == ["A", "C", "O"] and rows.dropped == []
     assert (result.history[0]["batch/late_places"], result.history[0]["batch/late_joined"]) == (1, 1)

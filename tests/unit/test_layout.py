@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "weights": BASE | {"infra", "observe"},
     "engines": BASE | {"infra", "observe", "weights"},
     "trainer": BASE | {"infra", "observe", "weights"},
-    "client": BASE | {"infra", "observe", "engines", "models"},
+    "client": BASE | {"infra", "observe", "engines"},
     "gateway": BASE | {"infra", "observe", "client"},
     "rollout": BASE | {"infra", "observe", "client"},
     "run": BASE | {"infra", "observe", "weights", "client", "gateway", "rollout"},
@@ -140,3 +140,20 @@ def test_architecture_page_names_only_packages_that_exist_and_every_package():
     assert not missing, f"docs/architecture.md names packages that do not exist: {missing}"
     packages = {f"{p.parent.relative_to(ROOT).as_posix()}/" for p in PACKAGE.rglob("*/__init__.py")}
     assert not packages - named, f"packages docs/architecture.md does not describe: {sorted(packages - named)}"
+
+
+def test_each_package_says_what_it_does_not_own_and_may_import_exactly_what_the_layering_allows():
+    """Each package's `__init__` docstring has a 'Does not own' and a 'May import:' naming the packages ALLOWED
+    gives it: the page a newcomer reads and the rule this file enforces are the same list."""
+    wrong = {}
+    for init in sorted(PACKAGE.rglob("*/__init__.py")):
+        name = _module_name(init)
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = re.search(r"May import:(.*?)(?:\n\n|$)", doc, re.S)
+        if "Does not own" not in doc or said is None:
+            wrong[name] = "no 'Does not own' / 'May import:' in its docstring"
+            continue
+        named = set(re.findall(r"`([a-z_]+)`", said.group(1)))
+        if named != ALLOWED[_owner(name)]:
+            wrong[name] = f"says {sorted(named)}, the layering allows {sorted(ALLOWED[_owner(name)])}"
+    assert not wrong, f"package docstrings out of step with ALLOWED: {wrong}"

@@ -307,7 +307,7 @@ def test_a_row_only_the_batch_just_taken_could_train_stops_when_that_batch_is_ta
         rollouter.start(rows(2, length=4000))
         await asyncio.sleep(0.1)  # both rows are in their long call, with version-0 tokens on record
         version[0] = 1
-        rollouter.on_version()  # the bound at version 1 still takes version 0: nothing stops
+        rollouter.on_version(1)  # the bound at version 1 still takes version 0: nothing stops
         assert rollouter.rows_stopped_stale == 0
         rollouter.on_batch_taken(taken_at)
         await asyncio.sleep(0.01)
@@ -337,7 +337,7 @@ def test_each_request_carries_its_rows_oldest_token_version_as_its_priority():
         rollouter.start(rows(4, length=4000))
         await asyncio.sleep(0.1)  # rows 0 and 1 are in their long calls
         version[0] = 3  # admission opens for rows 2 and 3 at version 3, whose first call runs at version 0 still
-        rollouter.on_version()
+        rollouter.on_version(3)
         await asyncio.sleep(0.01)  # they start: their one-token calls run on the engine's version-0 weights
         await engines[0].pause(PauseMode.ABORT)  # a push: every call is resubmitted, its row older than it
         await engines[0].update_weights({}, version=3)

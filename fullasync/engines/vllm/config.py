@@ -13,8 +13,8 @@ from fullasync.config import EngineSection, ModelSection, RunConfig
 from fullasync.config.checks import check_ray_resources
 
 # Streamed requests' new tokens go to the driver at most this often, all of an engine's streams in one Ray object
-# (at once after a quiet spell): one Ray object per vLLM step cost the driver ~1.7 ms of CPU per streamed token,
-# and one per stream per 20 ms still ~0.8 ms at 64 streams, where a delta held about one token.
+# (at once after a quiet spell): a Ray object per vLLM step, or per stream, costs the driver CPU per streamed token
+# that one per engine does not (the figures: docs/benchmarks.md, "Figures behind the code").
 STREAM_DELTA_S = 0.02
 
 EngineDType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]  # vLLM's model dtypes
