@@ -40,6 +40,7 @@ from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
 from fullasync.run.assemble import settled_heap
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
+from fullasync.types import JsonValue
 from fullasync.weights.transport import weight_transport
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ class AsyncAgentTrainer:
     def checkpoint_root(self) -> Path:
         return Path(self.config.output_dir) / "checkpoints"
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> dict[str, JsonValue]:
         """What a checkpoint of this run records and a resuming run must match: the config's fixed fields and
         the training rows (their number, and a digest of their ids and contents)."""
         digest = hashlib.sha256()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -22,6 +21,7 @@ from fullasync.config import RunConfig
 from fullasync.errors import FullasyncError
 from fullasync.run import checkpoint
 from fullasync.run.export_note import write_export_note
+from fullasync.types import JsonValue
 
 
 class HubUploadError(FullasyncError, RuntimeError):
@@ -61,7 +61,7 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
 FINGERPRINT_ONLY = ("data.num_rows", "data.rows_sha256")  # a run's fingerprint entries that are not config fields
 
 
-def config_from_fingerprint(fingerprint: Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
+def config_from_fingerprint(fingerprint: Mapping[str, JsonValue], overrides: Sequence[str] = ()) -> RunConfig:
     """The run's `RunConfig` as far as the fingerprint records it (other fields at their defaults), then
     `overrides` (`key=value`, e.g. trainer.worker_num_cpus=1)."""
     config = OmegaConf.structured(RunConfig)

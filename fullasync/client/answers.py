@@ -53,7 +53,7 @@ class AnswerFormat:
         end = len(ids)
         while end and ids[end - 1] == self.chat_tokens.eos_token_id:
             end -= 1
-        return self.chat_tokens.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
+        return self.chat_tokens.decode(ids[:end], skip_special_tokens=False)
 
     def visible_text(self, generation: StitchedGeneration) -> str:
         """`text` of the whole output, cut before a matched stop string (as OpenAI does)."""

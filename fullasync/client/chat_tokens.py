@@ -9,11 +9,12 @@ generation prompt). Only that inserted text is tokenized, so earlier turns never
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fullasync.contracts.tokenizer import Tokenizer, text
 from fullasync.errors import InvalidRequestError
 
 
@@ -29,27 +30,30 @@ class TurnState:
 
 
 class ChatTokenizer:
-    """Wraps a HF tokenizer with a chat template; all methods are pure functions of their input."""
+    """Wraps a tokenizer with a chat template (a HF one, or the simulator's); all methods are pure functions of their
+    input. The client reads text through it only."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        if not tokenizer.chat_template:
             raise ValueError("the tokenizer has no chat_template; chat completions need one")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no EOS token; a chat model's tokenizer names the one ending a turn")
         self.tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
-        self.eos_text: str = tokenizer.decode([self.eos_token_id])
+        self.eos_text = self.decode([self.eos_token_id], skip_special_tokens=False)
         self._shows_tools: bool | None = None  # does the template render `tools`? learnt on the first call with tools
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> str:
         extra = dict(template_kwargs or {})
         try:
-            rendered = self.tokenizer.apply_chat_template(
+            rendered = text(self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **extra
-            )
+            ))
             if tools and self._shows_tools is None:
-                without = self.tokenizer.apply_chat_template(
+                without = text(self.tokenizer.apply_chat_template(
                     messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
-                )
+                ))
                 self._shows_tools = rendered != without
         except Exception as error:  # jinja raises many types; the user needs to know the template refused
             raise InvalidRequestError(f"the chat template could not render these messages: {error}",
@@ -64,8 +68,8 @@ class ChatTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def decode(self, ids: Any) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return text(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fullasync.client.tool_parsers import vllm_chat_request
+from fullasync.client.tool_parsers import vllm_chat_request, vllm_tokenizer
+from fullasync.contracts.tokenizer import Tokenizer
 
 
 class ReasoningSplitter:
     """One of vLLM's reasoning parsers (by name), made per set of `chat_template_kwargs` (some read them)."""
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
+    def __init__(self, name: str, tokenizer: Tokenizer) -> None:
         from vllm.reasoning import ReasoningParserManager
 
         try:
@@ -45,7 +46,8 @@ class ReasoningSplitter:
         key = json.dumps(template_kwargs, sort_keys=True)
         if key not in self._parsers:
             try:
-                self._parsers[key] = self._class(self.tokenizer, chat_template_kwargs=dict(template_kwargs))
+                tokenizer = vllm_tokenizer(self.tokenizer)
+                self._parsers[key] = self._class(tokenizer, chat_template_kwargs=dict(template_kwargs))
             except (RuntimeError, ValueError, KeyError) as error:  # its marker tokens are not in the vocabulary
                 raise ValueError(f"vLLM's reasoning parser {self.name!r} does not fit this model's tokenizer: "
                                  f"{error}") from None

@@ -86,7 +86,7 @@ def tool_call_objects(calls: list[ParsedToolCall]) -> list[ChatCompletionMessage
 
 
 def _token_texts(chat_tokens: ChatTokenizer, ids: list[int]) -> list[str]:
-    return [chat_tokens.tokenizer.decode([i]) for i in ids]
+    return [chat_tokens.decode([i], skip_special_tokens=False) for i in ids]
 
 
 def chat_logprobs(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> ChoiceLogprobs:

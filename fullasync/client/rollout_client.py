@@ -46,6 +46,7 @@ from fullasync.client.streaming import chat_stream, completion_stream
 from fullasync.client.tool_parsers import make_tool_parser, tool_choice_schema
 from fullasync.config import EngineSection, ModelSection, RolloutSection
 from fullasync.contracts.engine import Engine, SamplingOptions
+from fullasync.contracts.tokenizer import Tokenizer
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
 from fullasync.types import FinishReason, ModelCall, Trajectory
@@ -89,7 +90,7 @@ class _Request:
 class RolloutService:
     """What all episodes share: the tokenizer, the engine router and the client settings."""
 
-    def __init__(self, engines: Sequence[Engine], tokenizer: Any, config: ClientConfig = ClientConfig()) -> None:
+    def __init__(self, engines: Sequence[Engine], tokenizer: Tokenizer, config: ClientConfig = ClientConfig()) -> None:
         self.router = EngineRouter(engines)
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
@@ -463,7 +464,7 @@ class _Completions:
         for generation in generations:
             client._record(request.prompt_ids, generation)
         first = generations[0]
-        raw_text = service.chat_tokens.tokenizer.decode(first.output_ids, skip_special_tokens=False)
+        raw_text = service.chat_tokens.decode(first.output_ids, skip_special_tokens=False)
         extendable = first.finish_reason is FinishReason.LENGTH and raw_text == response.choices[0].text
         if isinstance(prompt, str) and extendable:
             # only an output whose text is exactly its ids can be extended by text later

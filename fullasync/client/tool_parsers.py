@@ -17,7 +17,12 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from fullasync.contracts.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from vllm.tokenizers import TokenizerLike
 
 OURS = ("hermes", "qwen")  # our parser's names; `vllm:NAME` asks for vLLM's parser of a name we also use
 VLLM_PREFIX = "vllm:"
@@ -92,7 +97,7 @@ class VLLMToolParser:
     hold: tuple[str, ...] | None = None
     keeps_special_tokens = True
 
-    def __init__(self, name: str, tokenizer: Any) -> None:
+    def __init__(self, name: str, tokenizer: Tokenizer) -> None:
         from vllm.tool_parsers import ToolParserManager
 
         try:
@@ -102,7 +107,7 @@ class VLLMToolParser:
                              f"{ToolParserManager.list_registered()}") from None
         self.name = name
         try:
-            self._parser = parser_class(tokenizer)
+            self._parser = parser_class(vllm_tokenizer(tokenizer))
         except (RuntimeError, ValueError, KeyError) as error:  # vLLM's parsers refuse tokenizers without their tokens
             raise ValueError(f"vLLM's tool parser {name!r} does not fit this model's tokenizer: {error}") from None
         self._requests: dict[str, Any] = {}
@@ -124,6 +129,12 @@ class VLLMToolParser:
         return self._requests[key]
 
 
+def vllm_tokenizer(tokenizer: Tokenizer) -> TokenizerLike:
+    """`tokenizer` as vLLM's parsers are typed to take it: they read a Hugging Face tokenizer's vocabulary and
+    special tokens (its `TokenizerLike` lists more than they use), and refuse one without their markers."""
+    return cast("TokenizerLike", tokenizer)
+
+
 def vllm_chat_request(tools: Sequence[dict[str, Any]] = ()) -> Any:
     """A chat request as vLLM's parsers take it (they read its tools, and some its chat_template_kwargs)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -132,7 +143,7 @@ def vllm_chat_request(tools: Sequence[dict[str, Any]] = ()) -> Any:
                                                  "tools": list(tools) or None})
 
 
-def make_tool_parser(name: str, tokenizer: Any = None) -> ToolParser:
+def make_tool_parser(name: str, tokenizer: Tokenizer | None = None) -> ToolParser:
     """Ours for `hermes`/`qwen`; vLLM's registered parser for any other name (or `vllm:NAME`)."""
     if name in OURS:
         return HermesToolParser()

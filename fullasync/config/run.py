@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from fullasync.config.checks import check_chat_template_name, check_ray_resources, validate_logger_names
 from fullasync.config.fields import config_fields, section, setting
 from fullasync.config.trainer import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 from fullasync.contracts.engine import PauseMode
+from fullasync.types import JsonValue
 
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
 PARTIAL_ROLLOUT_RESUME = ("client", "engine")  # who resumes an interrupted generation (RunConfig.push_mode)
@@ -193,7 +193,7 @@ class RunConfig:
     trainer: TrainerConfig = section(_run_trainer, "the trainer (verl, FSDP2): optimiser, losses, corrections, "
                                      "workers")
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> dict[str, JsonValue]:
         """The fields a resumed run must share with the run that wrote the checkpoint (flattened, dotted names):
         every field but those declared `resume_may_change` (on the field or on a section above it)."""
         return {f.name: f.value.value if isinstance(f.value, enum.Enum) else f.value

@@ -6,6 +6,8 @@ other.
   `GenerateResult` / `TokenDelta`, `SamplingOptions`, `PauseMode`, `InstallTiming`.
 - `run.py`: `GroupQueue` and `Trainer` (the loop's view of the queue and the trainer), `QueueBatch`, `QueueStats`.
 - `weights.py`: `WeightsPayload` (what one version is on its way to `Engine.install`) and `WeightTransport`.
+- `tokenizer.py`: `Tokenizer`, what the client and the chat-template checks use of a tokenizer (a Hugging Face
+  tokenizer has it; so does the simulator's).
 
 Does not own: any implementation. May import: `types`, `errors`.
 """

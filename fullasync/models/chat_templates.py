@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.config.checks import BUILTIN_CHAT_TEMPLATES
+from fullasync.contracts.tokenizer import Tokenizer, text
 from fullasync.models.cache import BUILD_MARKER, cached_build
 from fullasync.models.tiny import default_cache_root
 
@@ -85,14 +86,14 @@ def _overlay_into(base: Path, tokenizer_config: dict, template: str, value: str,
     return {"format": OVERLAY_FORMAT, "base": str(base), "chat_template": value}
 
 
-def renders_tools(tokenizer: Any) -> bool:
+def renders_tools(tokenizer: Tokenizer) -> bool:
     """True iff the tokenizer's template shows the model the tools it is given."""
-    rendered = tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tools=[PROBE_TOOL], tokenize=False,
-                                             add_generation_prompt=True)
+    rendered = text(tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tools=[PROBE_TOOL], tokenize=False,
+                                                  add_generation_prompt=True))
     return PROBE_TOOL["function"]["name"] in rendered
 
 
-def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the model's chat template",
+def check_chat_setup(tokenizer: Tokenizer, tool_parser: Any, template_name: str = "the model's chat template",
                      reasoning: Any = None) -> None:
     """Fail with a message naming the fix when the template and the tool parser do not fit together.
 
@@ -105,7 +106,7 @@ def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the
     """
     if reasoning is not None:
         _check_reasoning(tokenizer, reasoning, template_name)
-    if not getattr(tokenizer, "chat_template", None):
+    if not tokenizer.chat_template:
         raise ValueError(f"{template_name} is missing: the tokenizer has no chat_template; set model.chat_template "
                          f"to a file or one of {sorted(BUILTIN_CHAT_TEMPLATES)}")
     plain = [*PROBE_MESSAGES[:2], {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Thanks."}]
@@ -118,9 +119,9 @@ def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the
     if not shows_tools:
         return
     try:
-        before = tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tools=[PROBE_TOOL], tokenize=False,
-                                               add_generation_prompt=True)
-        with_call = tokenizer.apply_chat_template(PROBE_MESSAGES[:3], tools=[PROBE_TOOL], tokenize=False)
+        before = text(tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tools=[PROBE_TOOL], tokenize=False,
+                                                    add_generation_prompt=True))
+        with_call = text(tokenizer.apply_chat_template(PROBE_MESSAGES[:3], tools=[PROBE_TOOL], tokenize=False))
         tokenizer.apply_chat_template(PROBE_MESSAGES, tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
     except Exception as error:  # as above
         raise ValueError(f"{template_name} shows tools but cannot render a tool call and its result ({error}); "
@@ -138,18 +139,18 @@ def check_chat_setup(tokenizer: Any, tool_parser: Any, template_name: str = "the
                          "model.chat_template=chatml-tools (Hermes format, read by tool_parser=hermes)")
 
 
-def _check_reasoning(tokenizer: Any, reasoning: Any, template_name: str) -> None:
+def _check_reasoning(tokenizer: Tokenizer, reasoning: Any, template_name: str) -> None:
     """The reasoning parser reads back thinking written with its markers, and the thinking the template writes."""
     name = f"the reasoning parser {reasoning.name!r}"
     texts = [f"{reasoning.start or ''}probe thought{reasoning.end}Done."]
     turn = {"role": "assistant", "content": "Done.", "reasoning_content": "probe thought"}
-    before = tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tokenize=False, add_generation_prompt=True)
-    written = tokenizer.apply_chat_template([*PROBE_MESSAGES[:2], turn], tokenize=False)
+    before = text(tokenizer.apply_chat_template(PROBE_MESSAGES[:2], tokenize=False, add_generation_prompt=True))
+    written = text(tokenizer.apply_chat_template([*PROBE_MESSAGES[:2], turn], tokenize=False))
     if "probe thought" in written and written.startswith(before):
         eos = tokenizer.eos_token or ""
         texts.append(written[len(before) : written.rfind(eos) if eos and eos in written else None])
-    for text in texts:
-        thought, answer = reasoning.split(text, {})
+    for sample in texts:
+        thought, answer = reasoning.split(sample, {})
         if "probe thought" not in (thought or "") or "Done." not in (answer or "") or "probe" in (answer or ""):
             raise ValueError(f"{name} does not split the thinking from the answer in {text!r} (got reasoning "
                              f"{thought!r}, content {answer!r}); choose model.reasoning_parser for the markers "

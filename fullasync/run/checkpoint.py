@@ -37,7 +37,14 @@ from typing import Any
 
 from fullasync.errors import FullasyncError
 from fullasync.rollout.state import RolloutState
-from fullasync.types import TrajectoryGroup, group_from_dict, group_to_dict, trajectory_from_dict, trajectory_to_dict
+from fullasync.types import (
+    JsonValue,
+    TrajectoryGroup,
+    group_from_dict,
+    group_to_dict,
+    trajectory_from_dict,
+    trajectory_to_dict,
+)
 
 log = logging.getLogger("fullasync")
 
@@ -74,7 +81,7 @@ class CheckpointPolicy:
     root: Path  # <output_dir>/checkpoints
     every: int = 0  # steps between checkpoints; 0 = only when stopped by a signal
     keep: int = 2  # newest complete checkpoints kept (0 = all)
-    fingerprint: Mapping[str, Any] = field(default_factory=dict)  # what a resuming run must match
+    fingerprint: Mapping[str, JsonValue] = field(default_factory=dict)  # what a resuming run must match
     hf_every: int = 0  # steps between Hugging Face copies of the policy (root/../hf/step_N); 0 = none
 
     def hf_dir(self, step: int) -> Path:
@@ -88,7 +95,7 @@ class Checkpoint:
     loop: LoopState
     rollout: RolloutState
     groups: list[TrajectoryGroup]
-    fingerprint: dict[str, Any]
+    fingerprint: dict[str, JsonValue]
 
     @property
     def trainer_dir(self) -> Path:
@@ -147,7 +154,7 @@ def _manifest(path: Path) -> dict[str, Any] | None:
 
 
 async def save(root: Path, *, save_trainer: Callable[[str], Awaitable[Any]], loop: LoopState, rollout: RolloutState,
-               groups: Iterable[TrajectoryGroup], fingerprint: Mapping[str, Any], keep: int) -> SavedCheckpoint:
+               groups: Iterable[TrajectoryGroup], fingerprint: Mapping[str, JsonValue], keep: int) -> SavedCheckpoint:
     """Write a checkpoint of step `loop.steps` atomically, then keep only the newest `keep` (0 = all)."""
     started = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
@@ -170,7 +177,7 @@ async def save(root: Path, *, save_trainer: Callable[[str], Awaitable[Any]], loo
 
 
 def _write_state(staging: Path, loop: LoopState, rollout: RolloutState, groups: list[TrajectoryGroup],
-                 fingerprint: Mapping[str, Any]) -> tuple[int, int]:
+                 fingerprint: Mapping[str, JsonValue]) -> tuple[int, int]:
     """Write everything but the trainer's part, the manifest last, and flush it all to disk; (bytes, trainer bytes)."""
     trainer_bytes = _size(staging / "trainer")
     _write_json(staging / "run.json", {"loop": asdict(loop), "rollout": _rollout_to_dict(rollout)})
@@ -204,7 +211,7 @@ def load(path: Path) -> Checkpoint:
                       fingerprint=manifest["fingerprint"])
 
 
-def find_resumable(root: Path, resume: str, fingerprint: Mapping[str, Any]) -> Checkpoint | None:
+def find_resumable(root: Path, resume: str, fingerprint: Mapping[str, JsonValue]) -> Checkpoint | None:
     """The checkpoint a run continues from: `resume` is "auto" (the newest complete one under `root`, if any),
     "never", or a checkpoint directory. Refuses an incompatible one, and "never" over existing checkpoints."""
     if resume == "never":
@@ -222,7 +229,7 @@ def find_resumable(root: Path, resume: str, fingerprint: Mapping[str, Any]) -> C
     return saved
 
 
-def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], where: Path) -> None:
+def check_compatible(saved: Mapping[str, JsonValue], current: Mapping[str, JsonValue], where: Path) -> None:
     """Refuse to resume when a fingerprint field differs; the error names every differing field."""
     differing = sorted(key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key))
     if differing:
@@ -240,7 +247,7 @@ def _rollout_from_dict(data: Mapping[str, Any]) -> RolloutState:
     return RolloutState(**{k: v for k, v in data.items() if k != "in_flight"})
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: JsonValue) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 

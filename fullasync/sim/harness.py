@@ -48,6 +48,7 @@ class SimTokenizer:
 
     chat_template = "simulated"
     eos_token_id = 0
+    eos_token = ""
     vocab_size = 2**31  # any token id is valid
 
     def __len__(self) -> int:
@@ -58,6 +59,11 @@ class SimTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [1] * max(1, len(text) // 4)
+
+    def apply_chat_template(self, conversation: list[Any], *, tools: list[Any] | None = None,
+                            add_generation_prompt: bool = False, tokenize: bool = False, **kwargs: Any) -> str:
+        """The messages' contents one per line (a simulated chat is only ever measured, never read)."""
+        return "\n".join(str(message.get("content") or "") for message in conversation)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fullasync"
 MAX_MODULE_LINES = 500
 MAX_TOP_LEVEL_MODULES = 6  # besides __init__.py
-ANY_CEILING = 351  # `Any` names in fullasync/ (368 before the layout pass); lower it as they go, never raise it
+ANY_CEILING = 336  # `Any` names in fullasync/ (368 before the layout pass); lower it as they go, never raise it
 
 LEAVES = {"types", "errors"}
 BASE = LEAVES | {"contracts", "config"}
