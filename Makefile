@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.fullasync-installed
 
-.PHONY: setup setup-terminus run demo test test-unit test-all test-slow clean-venv
+.PHONY: setup setup-terminus setup-containers run demo test test-unit test-all test-slow clean-venv
 
 setup: $(STAMP)
 
@@ -36,6 +36,12 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 	test -x $(HARBOR_VENV)/bin/python || $(HARBOR_PYTHON) -m venv $(HARBOR_VENV)
 	$(HARBOR_VENV)/bin/pip install --quiet --no-deps -r requirements/harbor-lock.txt
 	touch $(HARBOR_STAMP)
+
+# Containers for SWE and terminal tasks (SWE-bench-style rows): rootful podman with runc, configured for this machine
+# kind in /etc/containers/containers.conf, and the base images built from Debian's mirror (nothing is pulled).
+# Needs root (apt); idempotent: about a minute the first time, about a second after (containers/setup.sh).
+setup-containers:
+	containers/setup.sh
 
 # GPU nodes: vLLM's GPU build, CUDA torch and verl from requirements/gpu-lock.txt, resolver-free as above, into
 # a venv of its own (.venv-gpu; GPU_VENV=... overrides). Not exercised on this project's machines (no GPU).
@@ -76,20 +82,20 @@ docs: setup
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus
+test: setup setup-terminus setup-containers
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus
+test-all: setup setup-terminus setup-containers
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.
-test-slow: setup setup-terminus
+test-slow: setup setup-terminus setup-containers
 	$(PY) -m pytest -m "slow and not learning" -q
 
 # The longest learning runs (the harness examples trained and evaluated held out before and after: ~17 and ~23 min
 # here), kept out of CI's time budget; run them before changing an example's defaults.
 .PHONY: test-learning
-test-learning: setup setup-terminus
+test-learning: setup setup-terminus setup-containers
 	$(PY) -m pytest -m learning -q
 
 clean-venv:

@@ -1,11 +1,11 @@
 """fullasync_agents: existing agent harnesses plugged into fullasync unchanged, with offline task sets.
 
 Owns: adapters that run a harness's own released code against an episode's gateway base URL
-(`fullasync_agents.mini_swe.MiniSweAgentGenerator`; `fullasync_agents.terminus.Terminus2Generator`, in
-harbor's Python >= 3.12 interpreter), the task sets they train on (`fullasync_agents.swe_tasks`, toy
-repositories; `fullasync_agents.terminal_tasks`, harbor-format terminal tasks), per-episode sandboxes
-(`sandbox`), a warm harness process forking one process per episode under a hard time limit
-(`zygote`, `launcher`), and what both adapters share (`harness_generator`, `lazy_exports`). Installed
-from the repository's `agents/` folder under this name (the bare name `agents` belongs to the
-OpenAI Agents SDK). Does not own: the gateway, recording or training (all in `fullasync`).
+(`fullasync_agents.mini_swe.MiniSweAgentGenerator`; `fullasync_agents.terminus.Terminus2Generator`, in harbor's
+Python >= 3.12 interpreter), the task sets they train on (`fullasync_agents.swe_tasks`, toy repositories, also as
+SWE-bench-style records; `fullasync_agents.terminal_tasks`, harbor-format terminal tasks), per-episode sandboxes
+(`sandbox`, a copy on the host; `containers`, the row's container), a warm harness process forking one process per
+episode under a hard time limit (`zygote`, `launcher`), and what both adapters share (`harness_generator`,
+`lazy_exports`). Installed from the repository's `agents/` folder under this name (the bare name `agents` belongs to
+the OpenAI Agents SDK). Does not own: the gateway, recording or training (all in `fullasync`).
 """

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fullasync_agents.containers import ContainerSettings
+
 ACTION_FORMATS = ("text", "tool_call")  # LitellmTextbasedModel (```mswea_bash_command) | LitellmModel (bash tool)
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # LocalEnvironment's end-of-task signal
 
@@ -45,8 +47,11 @@ class MiniSweConfig:
     instance_template: str = INSTANCE_TEMPLATE  # jinja; {{task}} is the row's instruction
     observation_template: str = OBSERVATION_TEMPLATE  # jinja over `output` (returncode, output, exception_info)
     templates_from: str = ""  # a mini-swe-agent YAML config (e.g. its mini.yaml) whose agent/model templates win
-    # mini-swe-agent environment: local | docker (environment.executable=podman for Podman) | a class path
+    # where commands run: local (a copy of the row's repository on the host) | container (the row's own container,
+    # SWE-bench-style rows: mini-swe-agent's DockerEnvironment attached to it; `container` sets how it starts) |
+    # docker (mini-swe-agent starts its own; environment.image) | a class path
     environment_class: str = "local"
+    container: ContainerSettings = field(default_factory=ContainerSettings)
     environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs; "{repo}" = sandbox path
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # extra litellm kwargs for every call (e.g. top_p)
     sandbox_parent: str = ""  # where episode sandboxes are created ("" = the system temp dir)

@@ -23,11 +23,15 @@ from typing import Any
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
+from fullasync_agents.containers import Containers
 from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
 from fullasync_agents.mini_swe.messages import AgentSettings, MiniSweOutcome, MiniSweSpec
-from fullasync_agents.sandbox import Sandbox, create_sandbox, score
+from fullasync_agents.sandbox import create_sandbox, score
+from fullasync_agents.swe_tasks.swebench import WORKDIR, score_in_container, swe_row
 
+CONTAINER = "container"  # `environment_class`: the row's container, started and scored here
+ATTACHED = "fullasync_agents.mini_swe.environment.AttachedContainerEnvironment"
 # Harness exits that are the policy's doing and are scored like any other end state.
 SCORED_ERRORS = frozenset({"ContextWindowExceededError"})
 
@@ -77,6 +81,7 @@ class MiniSweAgentGenerator(HarnessGenerator):
         super().__init__()
         self.config = config if config is not None else MiniSweConfig()
         self.model_calls: list[int] = []  # model calls of each finished (scored) episode
+        self.containers = Containers(self.config.container)  # episode containers (environment_class=container)
         self._templates: dict[str, str] = {}
 
     async def setup(self) -> None:
@@ -94,22 +99,27 @@ class MiniSweAgentGenerator(HarnessGenerator):
         return {"temperature": self.config.temperature, "max_tokens": self.config.max_tokens,
                 **self.config.model_kwargs}
 
-    def environment(self, sandbox: Sandbox) -> dict[str, JsonValue]:
-        """mini-swe-agent environment config; local: commands run in the sandbox's repository."""
-        extra = {key: value.replace("{repo}", str(sandbox.repo)) if isinstance(value, str) else value
+    def environment(self, workdir: str, **container: JsonValue) -> dict[str, JsonValue]:
+        """mini-swe-agent environment config: commands run in `workdir`, on the host (local) or in the episode's
+        container (`container`: its id and executable)."""
+        extra = {key: value.replace("{repo}", workdir) if isinstance(value, str) else value
                  for key, value in self.config.environment.items()}
-        if self.config.environment_class == "local":
-            return {"environment_class": "local", "cwd": str(sandbox.repo), "timeout": self.config.command_timeout_s,
-                    **extra}
-        return {"environment_class": self.config.environment_class, "timeout": self.config.command_timeout_s, **extra}
+        kind = self.config.environment_class
+        if kind == "local":
+            return {"environment_class": "local", "cwd": workdir, "timeout": self.config.command_timeout_s, **extra}
+        if kind == CONTAINER:
+            return {"environment_class": ATTACHED, "cwd": workdir, "timeout": self.config.command_timeout_s,
+                    "image": "attached", **container, **extra}
+        return {"environment_class": kind, "timeout": self.config.command_timeout_s, **extra}
 
-    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], sandbox: Sandbox) -> MiniSweSpec:
+    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any],
+                     environment: dict[str, JsonValue]) -> MiniSweSpec:
         config = self.config
         base_url, api_key = self.gateway(episode)
         return MiniSweSpec(
             base_url=base_url, api_key=api_key, task=row["instruction"],
             action_format=config.action_format, model_name=config.model_name,
-            model_kwargs=self.model_kwargs(row), environment=self.environment(sandbox),
+            model_kwargs=self.model_kwargs(row), environment=environment,
             observation_template=self._templates.get("observation_template", config.observation_template),
             format_error_template=self._templates.get("format_error_template", ""),
             agent=AgentSettings(
@@ -123,17 +133,38 @@ class MiniSweAgentGenerator(HarnessGenerator):
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
         self.launcher_for(episode, "MiniSweAgentGenerator")
+        if self.config.environment_class == CONTAINER:
+            return await self._in_container(episode, row)
         sandbox = create_sandbox(row, self.config.sandbox_parent or None)
         try:
-            outcome = await self.run_harness(self.episode_spec(episode, row, sandbox), MiniSweOutcome,
-                                             self.config.episode_timeout_s)
-            self.exit_statuses[outcome.exit_status] += 1
-            self.log(episode, f"exit/{outcome.exit_status}", 1)  # per step: how many episodes ended so
-            if outcome.error and outcome.exit_status not in SCORED_ERRORS:
-                raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome.error}\n"
-                                   f"{outcome.traceback[-2000:]}")
-            self.model_calls.append(outcome.n_calls)
-            self.log(episode, "model_calls", outcome.n_calls)
+            await self._run_agent(episode, row, self.environment(str(sandbox.repo)))
             return await score(row, sandbox, self.config.score_timeout_s)
         finally:
             sandbox.remove()
+
+    async def _in_container(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
+        """The episode in the row's container (a SWE-bench-style record, `swe_row`): the agent's commands and then
+        the row's tests run in it, under deadlines of their own; the container is removed whatever happens."""
+        task = swe_row(row) if "instance_id" in row else row
+        workdir = str(task.get("workdir", WORKDIR))
+        container = await self.containers.start(await self.containers.image_for(task), workdir, episode.episode_id)
+        try:
+            await self._run_agent(episode, {**row, **task},  # the row's own fields stay for `model_kwargs`
+                                  self.environment(workdir, container_id=container.id, executable=container.executable))
+            return await score_in_container(task, container, self.config.score_timeout_s)
+        finally:
+            await container.remove()
+
+    async def _run_agent(self, episode: EpisodeContext, row: dict[str, Any],
+                         environment: dict[str, JsonValue]) -> MiniSweOutcome:
+        """mini-swe-agent on `row` under the episode's hard time limit; the harness's own failure raises."""
+        outcome = await self.run_harness(self.episode_spec(episode, row, environment), MiniSweOutcome,
+                                         self.config.episode_timeout_s)
+        self.exit_statuses[outcome.exit_status] += 1
+        self.log(episode, f"exit/{outcome.exit_status}", 1)  # per step: how many episodes ended so
+        if outcome.error and outcome.exit_status not in SCORED_ERRORS:
+            raise HarnessError(f"mini-swe-agent failed on row {row.get('id')!r}: {outcome.error}\n"
+                               f"{outcome.traceback[-2000:]}")
+        self.model_calls.append(outcome.n_calls)
+        self.log(episode, "model_calls", outcome.n_calls)
+        return outcome

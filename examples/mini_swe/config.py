@@ -30,8 +30,9 @@ class AgentSection:
     command_timeout_s: int = setting(MiniSweConfig.command_timeout_s, "one bash command's limit")
     templates_from: str = setting(MiniSweConfig.templates_from, "a mini-swe-agent YAML config whose templates to "
                                   "use (e.g. its mini.yaml, real models)")
-    environment_class: str = setting(MiniSweConfig.environment_class, "local | docker (passed through to "
-                                     "mini-swe-agent; needs a daemon)")
+    environment_class: str = setting(MiniSweConfig.environment_class, "local (a copy of the repository) | container "
+                                     "(the row's container: SWE-bench-style rows; make setup-containers) | docker "
+                                     "(mini-swe-agent's own)")
     hint: bool = setting(True, "the issue names the edit (what a tiny policy can learn); false for real models")
     tasks: str = setting("settings", "settings (one name to copy: what the tiny policy learns) | bugs (30 seeded "
                          "bugs needing ~30 tokens copied; for bigger models)")

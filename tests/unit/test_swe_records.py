@@ -1,0 +1,41 @@
+"""SWE-bench-style records (`fullasync_agents.swe_tasks.swebench`, `.records`): the shipped toy set loads through
+the data path as container rows, the file is what the generator writes, and bad records are refused naming the
+field. No container is started here (`tests/integration/test_agents_mini_swe_containers.py` runs them)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fullasync.data import load_rows
+from fullasync_agents.swe_tasks.records import SHIPPED, new_file_patch, shipped, swe_records
+from fullasync_agents.swe_tasks.swebench import patched_files, swe_row
+
+
+def test_the_shipped_records_load_through_the_data_path_as_container_rows():
+    records = list(load_rows(str(SHIPPED), "data.train_dataset"))
+    assert [r["instance_id"] for r in records] == [r["instance_id"] for r in shipped()]
+    assert shipped() == [*swe_records("settings"), *swe_records("bugs")]  # the file is what the generator writes
+    rows = [swe_row(record) for record in records]
+    assert len(rows) == 230 and {r["workdir"] for r in rows} == {"/testbed"}
+    assert all(r["fail_to_pass"] == ["hidden_tests/test_hidden.py"] and r["test_patch"].startswith("diff --git")
+               for r in rows)
+    with pytest.raises(ValueError, match="names no container image"):
+        swe_row({"instance_id": "x", "problem_statement": "fix it", "FAIL_TO_PASS": "[]"})
+    with pytest.raises(ValueError, match="FAIL_TO_PASS is empty"):
+        swe_row({"instance_id": "x", "problem_statement": "fix it", "image_name": "i", "FAIL_TO_PASS": "[]"})
+    with pytest.raises(ValueError, match="neither a list nor JSON"):
+        swe_row({"instance_id": "x", "problem_statement": "p", "image_name": "i", "FAIL_TO_PASS": "tests/a.py"})
+
+
+def test_a_swe_bench_record_keeps_its_fields_and_a_list_or_json_test_ids():
+    record = {"instance_id": "astropy__astropy-12907", "repo": "astropy/astropy", "base_commit": "d16bfe0",
+              "problem_statement": "separability_matrix is wrong for nested models", "image_name": "sweb.eval.x",
+              "test_patch": new_file_patch({"t/test_a.py": "def test_a():\n    assert True\n"}),
+              "FAIL_TO_PASS": '["t/test_a.py::test_a"]', "PASS_TO_PASS": ["t/test_b.py::test_b"]}
+    row = swe_row(record)
+    assert (row["id"], row["image"], row["base_commit"], row["repo"]) == ("astropy__astropy-12907", "sweb.eval.x",
+                                                                         "d16bfe0", "astropy/astropy")
+    assert row["fail_to_pass"] == ["t/test_a.py::test_a"] and row["pass_to_pass"] == ["t/test_b.py::test_b"]
+    assert patched_files(row["test_patch"]) == ["t/test_a.py"] and "{tests}" in row["test_command"]
+    assert swe_row({**record, "image_name": None, "docker_image": "r2e/x"})["image"] == "r2e/x"  # R2E-Gym's field
+    assert swe_row({**record, "test_cmd": "bash run_tests.sh"})["test_command"] == "bash run_tests.sh"
