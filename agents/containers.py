@@ -13,7 +13,6 @@ installs and configures it); a docker CLI works the same (`executable`). Does no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.errors import InfraError
+from fullasync_agents.sandbox import Finished, run_bounded
 
 MANAGED = "fullasync.managed"  # every container we start carries this label ...
 OWNER = "fullasync.owner"  # ... and "<host>/<pid>" of the process that started it
@@ -59,30 +59,12 @@ class ContainerSettings:
                              "agent inside that calls the gateway on 127.0.0.1); bridges are never used")
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    returncode: int
-    output: str
-    timed_out: bool = False
-
-
-async def _run(argv: Sequence[str], timeout_s: float, stdin: bytes | None = None) -> ExecResult:
-    """Run `argv` on the host; the whole output; at `timeout_s` the command is killed (`timed_out`)."""
+async def _run(argv: Sequence[str], timeout_s: float, stdin: bytes | None = None) -> Finished:
+    """Run `argv` (podman or docker) on the host; at `timeout_s` it is killed (`timed_out`)."""
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        return await run_bounded(argv, timeout_s, stdin=stdin)
     except OSError as error:
         raise InfraError(f"{argv[0]} could not start ({error}): {SETUP_HINT}") from error
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(stdin), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        out, _ = await process.communicate()
-        return ExecResult(-1, out.decode(errors="replace"), timed_out=True)
-    assert process.returncode is not None
-    return ExecResult(process.returncode, out.decode(errors="replace"))
 
 
 def _owner() -> str:
@@ -111,7 +93,7 @@ class Container:
     workdir: str
 
     async def exec(self, command: str, timeout_s: float, workdir: str | None = None,
-                   stdin: bytes | None = None) -> ExecResult:
+                   stdin: bytes | None = None) -> Finished:
         """`command` in the container's shell; at `timeout_s` the exec is abandoned (what it started keeps running
         until the container is removed)."""
         argv = [self.executable, "exec", *(["-i"] if stdin is not None else []), "-w", workdir or self.workdir,

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,35 @@ def _command(row: dict[str, Any]) -> list[str]:
     return [part.replace("{python}", sys.executable) for part in row["test_command"]]
 
 
+@dataclass(frozen=True)
+class Finished:
+    """How a bounded command ended: its exit status and output, or `timed_out` (it was killed, with its tree)."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+
+
+async def run_bounded(argv: Sequence[str], timeout_s: float, *, cwd: Path | None = None,
+                      env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> Finished:
+    """`argv` on the host in a session of its own; at `timeout_s` its whole process tree is killed. OSError when it
+    cannot start (the caller says whose fault that is)."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=None if env is None else dict(env),
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(stdin), timeout_s)
+    except TimeoutError:
+        return Finished(-1, "", timed_out=True)
+    finally:
+        if process.returncode is None:
+            kill_tree(process.pid)
+            await process.wait()
+    assert process.returncode is not None
+    return Finished(process.returncode, out.decode(errors="replace"))
+
+
 async def score(row: dict[str, Any], sandbox: Sandbox, timeout_s: float = 60.0) -> float:
     """Write the hidden tests into the repository, run the test command; 1.0 if it exits 0, else 0.0."""
     for name, content in row.get("hidden_tests", {}).items():
@@ -84,16 +114,7 @@ async def score(row: dict[str, Any], sandbox: Sandbox, timeout_s: float = 60.0) 
         path.write_text(content)
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
     try:
-        process = await asyncio.create_subprocess_exec(
-            *_command(row), cwd=sandbox.repo, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        done = await run_bounded(_command(row), timeout_s, cwd=sandbox.repo, env=env)
     except OSError as error:
         raise SandboxError(f"row {row.get('id')!r}: its test_command could not start: {error}") from error
-    try:
-        return 1.0 if await asyncio.wait_for(process.wait(), timeout_s) == 0 else 0.0
-    except TimeoutError:
-        return 0.0
-    finally:
-        if process.returncode is None:
-            kill_tree(process.pid)
-            await process.wait()
+    return 1.0 if done.returncode == 0 and not done.timed_out else 0.0

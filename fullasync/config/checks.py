@@ -62,3 +62,13 @@ def check_chat_template_name(value: str) -> None:
         return
     raise ValueError(f"model.chat_template={value!r} is neither a built-in template "
                      f"({', '.join(sorted(BUILTIN_CHAT_TEMPLATES))}) nor a readable file")
+
+
+def check_gateway_host(host: str) -> None:
+    """`rollout.gateway_host` must be one address a harness can be pointed at (not a wildcard bind)."""
+    if host in ("", "0.0.0.0", "::"):
+        raise ValueError(f"rollout.gateway_host={host!r} binds every address, and no base URL can name that; give "
+                         "the one address the harnesses reach (127.0.0.1 on this machine)")
+    if any(c in host for c in "/@ ") or host.startswith("["):
+        raise ValueError(f"rollout.gateway_host={host!r} is not an address or host name (no scheme, port or "
+                         "brackets: e.g. 127.0.0.1, ::1 or 10.0.0.5)")

@@ -14,7 +14,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from fullasync.config.checks import check_chat_template_name, check_ray_resources, validate_logger_names
+from fullasync.config.checks import (
+    check_chat_template_name,
+    check_gateway_host,
+    check_ray_resources,
+    validate_logger_names,
+)
 from fullasync.config.fields import config_fields, section, setting
 from fullasync.config.trainer import PROXIMAL_CORRECTIONS, Correction, TrainerConfig, default_correction
 from fullasync.contracts.engine import PauseMode
@@ -101,6 +106,11 @@ class RolloutSection:
                                             "running (a harness's retry) joins it instead of sampling again; "
                                             "false for harnesses that sample in parallel with identical requests "
                                             "(an Idempotency-Key header always joins)", resume_may_change=True)
+    gateway_host: str = setting("127.0.0.1", "address the gateway binds and names in each episode's base URL: "
+                                "127.0.0.1 for harnesses on this machine and containers on the host's network "
+                                "(--network=host); an address of this machine that a remote sandbox reaches "
+                                "otherwise (each episode's unguessable key is then the only way in)",
+                                resume_may_change=True)
 
 
 @dataclass
@@ -253,6 +263,7 @@ class RunConfig:
         if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
             raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
                              "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")
+        check_gateway_host(self.rollout.gateway_host)
         self._check_engine()
         if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
             raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")

@@ -15,6 +15,11 @@ START_TIMEOUT_S = 60.0  # a bound on a hang: start() returns as soon as uvicorn 
 STOP_TIMEOUT_S = 30.0
 
 
+def http_url(host: str, port: int) -> str:
+    """`http://host:port`, an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class ServedApp:
     """`await start()` binds and serves `app`; `url` is then valid; `await stop()` ends it."""
 
@@ -29,7 +34,7 @@ class ServedApp:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return http_url(self.host, self.port)
 
     async def start(self) -> None:
         import uvicorn

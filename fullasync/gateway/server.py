@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.gateway.delivery import Deliveries
-from fullasync.gateway.http import ServedApp
+from fullasync.gateway.http import ServedApp, http_url
 from fullasync.gateway.routes import build_app
 
 
@@ -49,7 +49,7 @@ class Gateway:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return http_url(self.host, self.port)
 
     async def start(self) -> None:
         self._http = ServedApp(build_app(self), "gateway", self.host, self.port, timeout_keep_alive=30)

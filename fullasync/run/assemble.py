@@ -100,6 +100,7 @@ class RunSettings:
     restart_engines: bool = False  # restart engines declared dead, with the current weights
     engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
     join_identical_requests: bool = RolloutSection.join_identical_requests  # the gateway's (fullasync.gateway.delivery)
+    gateway_host: str = RolloutSection.gateway_host  # where the gateway binds; episodes' base URLs name it
 
     def __post_init__(self) -> None:
         if self.admission not in RUNNING_COUNTS:
@@ -120,6 +121,7 @@ class RunSettings:
             val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
             join_identical_requests=config.rollout.join_identical_requests,
+            gateway_host=config.rollout.gateway_host,
         )
 
     @property
@@ -304,7 +306,8 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                                  count_running=settings.admission, generate_ahead=settings.generate_ahead)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
-    gateway = Gateway(service, join_identical=settings.join_identical_requests) if generator.uses_gateway else None
+    gateway = (Gateway(service, host=settings.gateway_host, join_identical=settings.join_identical_requests)
+               if generator.uses_gateway else None)
     rollouter = Rollouter(generator, service, queue, staleness, settings.rollout,
                           episode_context=episodes_on(gateway) if gateway is not None else None)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,

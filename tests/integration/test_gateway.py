@@ -237,3 +237,25 @@ async def test_streamed_chunks_carry_only_the_fields_they_set_as_vllm_sends_them
     text = "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks)
     assert text == answer["choices"][0]["message"]["content"]
     gateway.close_episode(episode)
+
+
+async def test_the_gateway_binds_the_configured_host_and_names_it_in_each_base_url(gateway):
+    """`rollout.gateway_host` (IPv6 loopback here: nothing else may be bound on this machine) is where the gateway
+    listens and what each episode's base URL names, bracketed as a URL needs; the key is still the only way in."""
+    from fullasync.gateway import Gateway
+
+    on_v6 = Gateway(gateway.service, host="::1")
+    await on_v6.start()
+    try:
+        episode = on_v6.open_episode()
+        assert episode.base_url.startswith(f"http://[::1]:{on_v6.port}/sessions/")
+        sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
+        answer = await sdk.completions.create(model="policy", prompt="1 + 1 =", max_tokens=2)
+        assert answer.choices[0].text and len(episode.client.episode.calls) == 1
+        async with httpx.AsyncClient(timeout=60) as http:
+            guessed = await http.post(f"{on_v6.url}/sessions/not-a-key/v1/completions",
+                                      json={"model": "policy", "prompt": "1", "max_tokens": 1})
+        assert guessed.status_code == 404 and "is unknown" in guessed.json()["error"]["message"]
+        on_v6.close_episode(episode)
+    finally:
+        await on_v6.stop()

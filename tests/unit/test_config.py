@@ -29,6 +29,7 @@ RESUME_MAY_CHANGE = (
     "total_steps", "bind_late", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint",
     "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
     "rollout.resume_timeout_s", "rollout.stream_interval", "rollout.join_identical_requests", "rollout.infra_retries",
+    "rollout.gateway_host",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads", "trainer.weight_transport",
     "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
 )
@@ -177,3 +178,15 @@ def test_engine_settings_are_checked_naming_the_field(override, message):
 def test_a_rollout_timeout_must_be_positive():
     with pytest.raises(ValueError, match=r"rollout.resume_timeout_s=0.0 must be > 0"):
         RunConfig(rollout=RolloutSection(resume_timeout_s=0.0)).validate()
+
+
+@pytest.mark.parametrize("host, message", [
+    ("0.0.0.0", r"rollout.gateway_host='0.0.0.0' binds every address, and no base URL can name that"),
+    ("", r"binds every address"),
+    ("http://10.0.0.5", r"is not an address or host name \(no scheme"),
+    ("[::1]", r"no scheme, port or brackets"),
+])
+def test_the_gateway_host_must_be_one_address_a_harness_can_be_given(host, message):
+    with pytest.raises(ValueError, match=message):
+        RunConfig(rollout=RolloutSection(gateway_host=host)).validate()
+    assert RunSettings.from_config(RunConfig(rollout=RolloutSection(gateway_host="::1"))).gateway_host == "::1"
