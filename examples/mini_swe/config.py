@@ -13,7 +13,8 @@ from examples.harness_train import HarnessTrainConfig, agent_kwargs
 from fullasync.config import ModelSection, RolloutSection, section, setting
 from fullasync_agents.mini_swe import MiniSweConfig
 
-TASK_SETS = ("settings", "bugs")  # fullasync_agents.swe_tasks: settings.setting_rows | tasks.rows
+# fullasync_agents.swe_tasks: settings.setting_rows | tasks.rows | the settings family as SWE-bench-style records
+TASK_SETS = ("settings", "bugs", "swe-settings")
 BUILTIN_POLICY = "builtin:mini_swe"  # the tiny policy warmed up by examples/mini_swe/warmup.py (built, cached)
 
 
@@ -35,7 +36,8 @@ class AgentSection:
                                      "(mini-swe-agent's own)")
     hint: bool = setting(True, "the issue names the edit (what a tiny policy can learn); false for real models")
     tasks: str = setting("settings", "settings (one name to copy: what the tiny policy learns) | bugs (30 seeded "
-                         "bugs needing ~30 tokens copied; for bigger models)")
+                         "bugs needing ~30 tokens copied; for bigger models) | swe-settings (the settings family "
+                         "as SWE-bench-style records, each in its own container: environment_class=container)")
 
 
 @dataclass
@@ -51,6 +53,12 @@ class MiniSweTrainConfig(HarnessTrainConfig):
         n=4, batch_size=4, max_running_rows=8, episode_timeout_s=400.0))
     total_steps: int = 25
     output_dir: str = "outputs/mini_swe"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.agent.tasks == "swe-settings" and self.agent.environment_class != "container":
+            raise ValueError("agent.tasks=swe-settings runs each row in its container: set "
+                             "agent.environment_class=container (after make setup-containers)")
 
     def agent_config(self) -> MiniSweConfig:
         return MiniSweConfig(**agent_kwargs(self.agent))

@@ -39,8 +39,10 @@ def warm_policy(config: MiniSweTrainConfig) -> Path:
 
 def task_families() -> dict[str, Callable[..., list[dict[str, Any]]]]:
     from fullasync_agents.swe_tasks import rows, setting_rows
+    from fullasync_agents.swe_tasks.records import swe_records
 
-    return {"settings": setting_rows, "bugs": rows}
+    return {"settings": setting_rows, "bugs": rows,
+            "swe-settings": lambda split, hint: swe_records("settings", split, hint=hint)}
 
 
 EXAMPLE = HarnessExample(
