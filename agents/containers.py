@@ -67,7 +67,7 @@ async def _run(argv: Sequence[str], timeout_s: float, stdin: bytes | None = None
         raise InfraError(f"{argv[0]} could not start ({error}): {SETUP_HINT}") from error
 
 
-def _owner() -> str:
+def owner() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"
 
 
@@ -134,12 +134,12 @@ class Containers:
             self._starting = asyncio.Semaphore(settings.max_starting)
         argv = [settings.executable, "run", "-d", "--init", f"--network={settings.network}",
                 f"--memory={settings.memory}", f"--pids-limit={settings.pids}", f"--cpus={settings.cpus}",
-                "--label", f"{MANAGED}=1", "--label", f"{OWNER}={_owner()}", "--label", f"{EPISODE}={episode_id}",
+                "--label", f"{MANAGED}=1", "--label", f"{OWNER}={owner()}", "--label", f"{EPISODE}={episode_id}",
                 "-w", workdir, image, "sleep", "infinity"]
         async with self._starting:
             done = await _run(argv, settings.start_timeout_s)
         if done.timed_out or done.returncode != 0:
-            await self._remove_episode(episode_id)  # a start abandoned at its timeout may still come up
+            await self.remove_episode(episode_id)  # a start abandoned at its timeout may still come up
             why = (f"did not start within {settings.start_timeout_s:.0f} s" if done.timed_out
                    else f"failed to start: {done.output.strip()[-800:]}")
             raise InfraError(f"container of {image} for episode {episode_id} {why} (is the image built? "
@@ -147,12 +147,14 @@ class Containers:
         self.started += 1
         return Container(done.output.strip().splitlines()[-1], settings.executable, workdir)
 
-    async def _remove_episode(self, episode_id: str) -> None:
+    async def remove_episode(self, episode_id: str) -> list[str]:
+        """Remove every container labelled with `episode_id` (what a killed harness left); the ids removed."""
         found = await _run([self.settings.executable, "ps", "-aq", "--filter", f"label={EPISODE}={episode_id}"],
                            60.0)
         ids = found.output.split() if found.returncode == 0 else []
         if ids:
             await _run([self.settings.executable, "rm", "-f", "-t", "0", *ids], 60.0)
+        return ids
 
     async def sweep(self) -> list[str]:
         """Remove every container of ours whose starting process is gone (this host); the ids removed."""

@@ -12,6 +12,7 @@ CONF=/etc/containers/containers.conf
 MARK="# fullasync containers/setup.sh"
 BASE=localhost/fullasync/debian:bookworm
 PYTHON_IMAGE=localhost/fullasync/python:3.11
+TERMINAL_IMAGE=localhost/fullasync/terminal:bookworm
 here="$(cd "$(dirname "$0")" && pwd)"
 
 say() { echo "[containers] $*"; }
@@ -79,14 +80,20 @@ build_base() {
   rm -rf "$root"
 }
 
-build_python() {
-  podman image exists "$PYTHON_IMAGE" && return
-  say "building $PYTHON_IMAGE (python3, git, patch; ~15 s)"
-  podman build --network=host --tag "$PYTHON_IMAGE" --file "$here/python.Containerfile" "$here" >/dev/null
+# An image built from a Containerfile here, again only when the Containerfile or the image below it changed (the
+# label fullasync.recipe holds their hash).
+build_layer() {
+  local tag=$1 file=$2 parent=$3 what=$4 key have
+  key=$( { cat "$here/$file"; podman image inspect --format '{{.Id}}' "$parent"; } | sha256sum | cut -c1-16)
+  have=$(podman image inspect --format '{{index .Labels "fullasync.recipe"}}' "$tag" 2>/dev/null || true)
+  [ "$have" = "$key" ] && return
+  say "building $tag ($what)"
+  podman build --network=host --label "fullasync.recipe=$key" --tag "$tag" --file "$here/$file" "$here" >/dev/null
 }
 
 install_podman
 configure
 build_base
-build_python
+build_layer "$PYTHON_IMAGE" python.Containerfile "$BASE" "python3, git, patch; ~15 s"
+build_layer "$TERMINAL_IMAGE" terminal.Containerfile "$PYTHON_IMAGE" "tmux for Terminus-2; ~10 s"
 podman run --rm "$PYTHON_IMAGE" python3 -c "print('[containers] ready: podman', end=' ')" && podman --version

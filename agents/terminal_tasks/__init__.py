@@ -2,8 +2,8 @@
 
 Owns: reading the tasks into rows. Each task directory is a harbor task — `task.toml` (its
 `[metadata]` holds `family`, `split` and the one-line `oracle_command`), `instruction.md`,
-`environment/` (`app/` = the files the agent starts with in /app; a `Dockerfile` for harbor's Docker
-environment), `tests/test.sh` (writes 1 or 0 to /logs/verifier/reward.txt; no network) and
+`environment/` (`app/` = the files the agent starts with in /app; a `Dockerfile` on the local terminal image for
+`environment_type=container`), `tests/test.sh` (writes 1 or 0 to /logs/verifier/reward.txt; no network) and
 `solution/solve.sh` (runs the oracle command). Four families of five: `files`, `text`, `count` for
 training, `select` held out. Every task is gated by `tests/integration/test_agents_terminal_tasks.py`: harbor's own
 oracle agent scores 1, its no-op agent 0, in the local namespace sandbox. Does not own: running them.

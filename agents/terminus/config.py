@@ -8,12 +8,14 @@ prompt is harbor's own template, not configurable here. Does not own: running an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fullasync.types import JsonValue
+from fullasync_agents.containers import ContainerSettings
 
 LOCAL_ENVIRONMENT = "fullasync_agents.terminus.sandbox_environment:LocalNamespaceEnvironment"
+CONTAINER_ENVIRONMENT = "fullasync_agents.terminus.container_environment:TaskContainerEnvironment"
 PARSERS = ("json", "xml")  # Terminus-2's two response formats
 
 
@@ -30,7 +32,13 @@ class TerminusConfig:
     agent_timeout_s: float = 0.0  # harbor's agent timeout (the trial is still verified after it); 0 = the task's own
     verifier_timeout_s: float = 0.0  # harbor's verifier timeout; 0 = the task's own
     episode_timeout_s: float = 300.0  # hard limit: the harness and every process it started are killed, episode failed
-    environment_type: str = "local"  # local (namespace sandbox, no daemon) | a harbor environment type, e.g. docker
+    summarize: bool = True  # harbor's enable_summarize: a full context hands over to a fresh one with a summary
+    # (each context trains as its own sequence); off, an overflowing call ends the episode, scored 0
+    summarize_below_free_tokens: int = 0  # proactive summary once fewer free tokens remain (harbor uses 8000 for
+    # its 32k+ contexts); 0 = only when a call overflows the context
+    environment_type: str = "local"  # local (namespace sandbox, no daemon) | container (the task's image in harbor's
+    # podman environment, no network, `container` limits; make setup-containers) | another harbor type, e.g. docker
+    container: ContainerSettings = field(default_factory=ContainerSettings)  # environment_type=container only
     environment_import_path: str = ""  # a harbor BaseEnvironment as "module:Class" (wins over environment_type)
     environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs (EnvironmentConfig.kwargs)
     llm_call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra kwargs of every model call (e.g. extra_body)
@@ -54,6 +62,9 @@ class TerminusConfig:
             raise ValueError(f"episode_timeout_s={self.episode_timeout_s} must be > 0")
         if self.agent_timeout_s < 0 or self.verifier_timeout_s < 0:
             raise ValueError("agent_timeout_s and verifier_timeout_s must be >= 0 (0 = the task's own)")
+        if not 0 <= self.summarize_below_free_tokens < self.context_length:
+            raise ValueError(f"summarize_below_free_tokens={self.summarize_below_free_tokens} must be in [0, "
+                             f"context_length={self.context_length}) (0 = summarise only when a call overflows)")
         if self.agent_timeout_s >= self.episode_timeout_s:
             raise ValueError(f"agent_timeout_s={self.agent_timeout_s} must be below episode_timeout_s="
                              f"{self.episode_timeout_s} (the hard kill would come first and the trial would fail "
@@ -65,7 +76,7 @@ class TerminusConfig:
         return {
             "api_base": base_url, "temperature": self.temperature, "max_turns": self.max_turns,
             "parser_name": self.parser, "collect_rollout_details": True, "store_all_messages": True,
-            "enable_summarize": False,  # a summary would start a new context and split the trajectory
+            "enable_summarize": self.summarize, "proactive_summarization_threshold": self.summarize_below_free_tokens,
             "record_terminal_session": False,  # asciinema is not needed (and not installed)
             "suppress_max_turns_warning": True,
             "tmux_pane_width": self.pane_width, "tmux_pane_height": self.pane_height,
@@ -77,8 +88,14 @@ class TerminusConfig:
             **self.agent_kwargs,
         }
 
-    def environment_entry(self, sandbox_parent: str) -> dict[str, JsonValue]:
-        """harbor's `EnvironmentConfig` fields: the local namespace sandbox, or a harbor environment type."""
+    def environment_entry(self, sandbox_parent: str, labels: dict[str, str] | None = None,
+                          slots_dir: str = "") -> dict[str, JsonValue]:
+        """harbor's `EnvironmentConfig` fields: the local namespace sandbox, the task's container (with `labels`
+        and the start slots in `slots_dir`), or a harbor environment type."""
+        if self.environment_type == "container" and not self.environment_import_path:
+            kwargs = {"container": asdict(self.container), "labels": dict(labels or {}), "slots_dir": slots_dir,
+                      **self.environment}
+            return {"import_path": CONTAINER_ENVIRONMENT, "kwargs": kwargs, "delete": False}  # keep the task image
         if self.environment_import_path or self.environment_type == "local":
             kwargs = dict(self.environment)
             if not self.environment_import_path:

@@ -10,7 +10,9 @@ that hangs past the verifier timeout scores 0 (harbor skips or cuts the verifica
 caused it); anything else — the harness crashing, the sandbox not starting, a task without a
 reward, the hard kill — raises, so the rollouter counts the episode as failed and never trains it
 as reward 0. The trajectory is what the gateway recorded. Does not own: the gateway, recording, the
-task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`).
+task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`; with
+`environment_type="container"`, harbor's podman environment with our overlay, `container_environment` — here only
+the harness's PATH, the sweep of a dead run's containers at set-up and the removal of an episode's after it ends).
 
     generator = Terminus2Generator(TerminusConfig(max_turns=4))
     AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train_rows(), val_dataset=held_out_rows()).train()
@@ -18,13 +20,15 @@ task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environme
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from fullasync.errors import InfraError
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
-from fullasync_agents import harness_generator
+from fullasync_agents import containers, harness_generator
 from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.terminus import interpreter
 from fullasync_agents.terminus.config import TerminusConfig
@@ -69,15 +73,33 @@ class Terminus2Generator(HarnessGenerator):
         self.config = config if config is not None else TerminusConfig()
         self.turns: list[int] = []  # agent turns of each finished (scored) episode
         self.last_outcome: TerminusOutcome | None = None  # harbor's report of the latest scored episode
+        self.containers: containers.Containers | None = None  # environment_type=container: removes what is left
+        self._slots_dir = ""
 
     async def setup(self) -> None:
-        """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once)."""
+        """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once);
+        with task containers, check podman and podman-compose and remove what a killed run left."""
         python = interpreter.harbor_python(self.config.harbor_python)
         interpreter.check_harbor(python)
-        paths = interpreter.import_path(self.new_workdir("fullasync-terminus-") / "pythonpath")
-        await self.start_harness([str(python), "-m", "fullasync_agents.terminus.runner"],
-                                 interpreter.harness_environment(paths), harness="Terminus-2",
+        workdir = self.new_workdir("fullasync-terminus-")
+        paths = interpreter.import_path(workdir / "pythonpath")
+        env = interpreter.harness_environment(paths)
+        if self.config.environment_type == "container":
+            env.update(await self._container_setup(python, workdir))
+        await self.start_harness([str(python), "-m", "fullasync_agents.terminus.runner"], env, harness="Terminus-2",
                                  missing_hint=interpreter.SETUP_HINT)
+
+    async def _container_setup(self, python: Path, workdir: Path) -> dict[str, str]:
+        """The harness's environment for harbor's podman environment (podman-compose on PATH, builds isolated
+        without a bridge), after sweeping the containers of dead runs."""
+        compose = python.parent / "podman-compose"
+        if shutil.which(self.config.container.executable) is None or not compose.exists():
+            raise HarnessError(f"environment_type=container needs {self.config.container.executable} "
+                               f"({containers.SETUP_HINT}) and podman-compose beside {python} (make setup-terminus)")
+        self.containers = containers.Containers(self.config.container)
+        await self.containers.sweep()
+        self._slots_dir = str(workdir / "start-slots")
+        return {"PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}", "BUILDAH_ISOLATION": "chroot"}
 
     def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """Extra kwargs of every model call of this row's episode (override to constrain decoding, say)."""
@@ -98,9 +120,15 @@ class Terminus2Generator(HarnessGenerator):
             agent["override_timeout_sec"] = config.agent_timeout_s
         return TerminusSpec(
             task_dir=str(row["task_dir"]), trials_dir=str(files / "trials"), trial_name="trial",
-            agent=agent, environment=config.environment_entry(str(files)), verifier=verifier,
+            agent=agent, verifier=verifier,
+            environment=config.environment_entry(str(files), self.container_labels(episode), self._slots_dir),
             extra_instructions=[str(line) for line in row.get("extra_instructions", [])],
         )
+
+    @staticmethod
+    def container_labels(episode: EpisodeContext) -> dict[str, str]:
+        """The labels of the episode's task container: ours, whose process started it, which episode."""
+        return {containers.MANAGED: "1", containers.OWNER: containers.owner(), containers.EPISODE: episode.episode_id}
 
     async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
         launcher = self.launcher_for(episode, "Terminus2Generator")
@@ -108,8 +136,12 @@ class Terminus2Generator(HarnessGenerator):
             raise HarnessError(f"row {row.get('id')!r}: 'task_dir' must name a harbor task directory (with task.toml), "
                                f"got {row.get('task_dir')!r}")
         files = launcher.episode_dir()
-        outcome = await self.run_harness(self.episode_spec(episode, row, files), TerminusOutcome,
-                                         self.config.episode_timeout_s, files)
+        try:
+            outcome = await self.run_harness(self.episode_spec(episode, row, files), TerminusOutcome,
+                                             self.config.episode_timeout_s, files)
+        finally:
+            if self.containers is not None:  # harbor removes its container; a hard kill leaves it to us
+                await self.containers.remove_episode(episode.episode_id)
         status = outcome.exception_type or "Verified"
         self.exit_statuses[status] += 1
         self.log(episode, f"exit/{status}", 1)  # per step: how many episodes ended so

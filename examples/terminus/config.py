@@ -34,8 +34,12 @@ class AgentSection:
                                      "after it, so a slow machine scores 0 (0 = the task's own, 120 s for settings)")
     episode_timeout_s: float = setting(TerminusConfig.episode_timeout_s, "hard kill of the harness and everything "
                                        "it started")
-    environment_type: str = setting(TerminusConfig.environment_type, "local (namespace sandbox) | docker | podman "
-                                    "(harbor's own; needs a daemon)")
+    environment_type: str = setting(TerminusConfig.environment_type, "local (namespace sandbox) | container (each "
+                                    "task's image in harbor's podman environment, no network; make "
+                                    "setup-containers) | docker | podman (harbor's own, unchanged)")
+    summarize: bool = setting(False, "Terminus-2 hands a full context over to a fresh one with a summary (the "
+                              "adapter's default is on, as harbor's; off here: the example's results were measured "
+                              "without, and a 4,096-token context holds little beside harbor's 1,600-token prompt)")
     harbor_python: str = setting(TerminusConfig.harbor_python, "the harbor interpreter (\"\" = "
                                  "$FULLASYNC_HARBOR_PYTHON or .venv-harbor)")
     hint: bool = setting(True, "each task's extra instruction names the command (what a tiny policy can learn); "

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import AsyncIterator
+
+import pytest
 
 from fullasync.contracts.engine import GenerateRequest, GenerateResult, InstallTiming, PauseMode, TokenDelta
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.rollout.processes import alive, descendants
+from fullasync_agents.containers import MANAGED
 
 
 def literal(text: str) -> str:
@@ -175,3 +180,17 @@ class RecordsWeightVersions:
     def record(self, episode) -> None:
         calls = episode.client.episode.calls
         self.episode_versions[episode.episode_id] = {v for call in calls for v in call.output_versions}
+
+
+def our_containers() -> list[str]:
+    """Containers carrying fullasync's label, running or not."""
+    listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={MANAGED}=1"], capture_output=True,
+                            text=True, check=True)
+    return listed.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def podman_required():
+    """Fail (not skip: CI has them) where podman is missing, saying how to get it."""
+    if shutil.which("podman") is None:
+        pytest.fail("podman is missing: run `make setup-containers` (CI runs it before these tests)")

@@ -8,14 +8,13 @@ still samples every token)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from agents_common import assert_token_exact, run_episode
+from agents_common import assert_token_exact, our_containers, podman_required, run_episode  # noqa: F401
 from test_agents_mini_swe import CONFIG, ScriptedMiniSwe
 
 from fullasync_agents.containers import EPISODE, MANAGED, Containers
@@ -28,17 +27,8 @@ TOY = setting_rows("train")[0]
 RECORD = swe_record(TOY)  # as the shipped file holds it
 
 
-def ours() -> list[str]:
-    """Containers carrying our label, running or not."""
-    listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={MANAGED}=1"], capture_output=True,
-                            text=True, check=True)
-    return listed.stdout.split()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def podman():
-    if shutil.which("podman") is None:
-        pytest.fail("podman is missing: run `make setup-containers` (CI runs it before these tests)")
+ours = our_containers
+pytestmark = pytest.mark.usefixtures("podman_required")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,10 @@ from fullasync_agents.terminal_tasks import rows
 from fullasync_agents.terminus import HarnessTimeoutError, Terminus2Generator, TerminusConfig
 
 TASK = next(row for row in rows() if row["id"] == "sort-lines")
-# max_tokens=0: no per-call cap (the context bounds each reply), so that a forced reply of any tokenisation fits.
-CONFIG = TerminusConfig(max_turns=2, max_tokens=0, pane_width=80, pane_height=8, episode_timeout_s=240.0)
+# max_tokens=0: no per-call cap (the context bounds each reply), so that a forced reply of any tokenisation fits;
+# summarisation off: an episode is one linear chat (the summarising test turns it on).
+CONFIG = TerminusConfig(max_turns=2, max_tokens=0, pane_width=80, pane_height=8, episode_timeout_s=240.0,
+                        summarize=False)
 
 
 def reply(keystrokes: list[str], done: bool, duration: float = 0.3) -> str:
@@ -114,3 +116,26 @@ async def test_harbors_agent_timeout_comes_from_the_config_and_the_trial_is_stil
     assert outcome is not None and outcome.exception_type == "AgentTimeoutError", outcome
     assert "timed out after 20.0 seconds" in (outcome.exception_message or ""), outcome.exception_message
     assert outcome.reward == reward and reward in (0.0, 1.0)  # verified after the timeout
+
+
+@pytest.mark.slow  # ~90 s
+async def test_a_summarised_episode_trains_as_several_token_exact_sequences(gateway, terminus):
+    """The first reply prints ~300 lines, so the next prompt overflows the 2,048-token context. Summarisation off,
+    that ends the trial (scored 0); on (harbor's default), Terminus-2 hands over to a fresh context and goes on —
+    harbor first unwinds the history to free 4,000 tokens, all of it at this context, so the fresh context starts
+    from the instruction. Each context is its own sequence; every sampled token is trained once, with its log-prob."""
+    flood = {**TASK, "forced_reply": reply(["seq -w 100000 100300\n"], done=False)}
+    terminus.config = dataclasses.replace(CONFIG, summarize=False, max_turns=2)
+    try:
+        await run_episode(gateway, terminus, flood)
+        assert terminus.last_outcome is not None
+        assert terminus.last_outcome.exception_type == "ContextLengthExceededError"
+        terminus.config = dataclasses.replace(CONFIG, summarize=True, max_turns=2)
+        reward, client = await run_episode(gateway, terminus, flood)
+    finally:
+        terminus.config = CONFIG
+    outcome = terminus.last_outcome
+    assert outcome.exception_type != "ContextLengthExceededError", outcome.exception_message
+    assert len(client.trajectory(reward).to_sequences()) >= 2
+    assert False in assert_token_exact(client, reward)  # a call that starts a new context
+    assert reward == 0.0  # the flood solves nothing
