@@ -7,6 +7,9 @@ Owns: `load_rows(spec, what)`, which reads `data.train_dataset` / `data.val_data
                                                  are not held in Python objects)
     path/to/saved                                a `Dataset.save_to_disk` folder; `path/to/saved@test` picks a split
                                                  of a saved `DatasetDict`
+    path/to/tasks                                a folder of harbor / terminal-bench tasks (each a directory with
+                                                 task.toml, at any depth): a row per task (`harbor_task_row`);
+                                                 `path/to/tasks@train` keeps those whose [metadata] split is train
     org/name, org/name:config@split              a dataset on the hub (the HF cache first; HF_HUB_OFFLINE=1 = cache
                                                  only); split `train` for training rows unless named
     package.module:function                      a function returning rows (as before); modules in the current
@@ -24,6 +27,7 @@ import importlib
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,8 @@ def load_rows(spec: str, what: str, default_split: str | None = "train") -> Iter
     files = _files(base)
     if files is not None:
         return _from_files(files, spec, what)
+    if Path(base).is_dir() and next(Path(base).rglob("task.toml"), None) is not None:
+        return harbor_task_rows(Path(base), split or None, what)
     if Path(base).is_dir():
         return _from_disk(Path(base), split or None, default_split, what)
     hub = HUB_DATASET.match(spec)
@@ -62,6 +68,29 @@ def load_rows(spec: str, what: str, default_split: str | None = "train") -> Iter
         return _from_hub(hub["name"], hub["config"], hub["split"] or default_split, what)
     raise ValueError(f"{what}={spec!r}: no such file or folder, and not a dataset name (org/name[:config][@split]) "
                      "or a function (package.module:function); files may be .jsonl, .json, .parquet or .csv")
+
+
+def harbor_task_row(task_dir: Path) -> dict[str, object]:
+    """A harbor task directory as a row: `id` (the folder's name), `task_dir`, `instruction` (instruction.md) and
+    the task's `[metadata]` table (author, difficulty, category, ...; a `split` there is what `@split` selects)."""
+    config = tomllib.loads((task_dir / "task.toml").read_text())
+    instruction = task_dir / "instruction.md"
+    return {**config.get("metadata", {}), "id": task_dir.name, "task_dir": str(task_dir.resolve()),
+            "instruction": instruction.read_text().strip() if instruction.is_file() else ""}
+
+
+def harbor_task_rows(folder: Path, split: str | None, what: str) -> list[dict[str, object]]:
+    """Every harbor task under `folder` (sorted by path), those of `split` only when one is named."""
+    try:
+        rows = [harbor_task_row(path.parent) for path in sorted(folder.rglob("task.toml"))]
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ValueError(f"{what}={str(folder)!r}: a harbor task could not be read: {error}") from error
+    if split is not None:
+        rows = [row for row in rows if row.get("split") == split]
+        if not rows:
+            raise ValueError(f"{what}={str(folder)}@{split}: no task there has split = {split!r} in its [metadata]; "
+                             f"drop @{split} to take every task")
+    return rows
 
 
 def _files(spec: str) -> list[str] | None:

@@ -17,9 +17,10 @@ A row is a plain dict, so users can bring their own harbor tasks in the same sha
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
+
+from fullasync.data import harbor_task_row
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 TRAIN_FAMILIES = ("files", "text", "count")
@@ -33,16 +34,9 @@ def hint_for(oracle_command: str) -> str:
 
 
 def row(task_dir: Path, with_hint: bool = True) -> dict[str, Any]:
-    metadata = tomllib.loads((task_dir / "task.toml").read_text())["metadata"]
-    return {
-        "id": task_dir.name,
-        "task_dir": str(task_dir),
-        "instruction": (task_dir / "instruction.md").read_text().strip(),
-        "extra_instructions": [hint_for(metadata["oracle_command"])] if with_hint else [],
-        "oracle_command": metadata["oracle_command"],
-        "family": metadata["family"],
-        "split": metadata["split"],
-    }
+    """The task as `data.train_dataset=<folder>` reads it, with the hint when asked for."""
+    found = harbor_task_row(task_dir)
+    return {**found, "extra_instructions": [hint_for(str(found["oracle_command"]))] if with_hint else []}
 
 
 def rows(split: str | None = None, hint: bool = True) -> list[dict[str, Any]]:

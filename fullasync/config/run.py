@@ -118,8 +118,8 @@ class DataSection:
     task: str = setting("arithmetic", "built-in task providing data and rollout_fn; \"\" when both are given below")
     rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
     train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
-                                 "save_to_disk folder[@split], a hub dataset org/name[:config][@split], or "
-                                 "package.module:function (fullasync.data)")
+                                 "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "
+                                 "org/name[:config][@split], or package.module:function (fullasync.data)")
     val_dataset: str = setting("", "same, for validation rows (a source with several splits needs @split)")
     epochs: int = setting(20, "passes over the training rows; the run ends at total_steps or when they are consumed")
     max_train_rows: int = setting(0, "train on the first this many rows only (0 = all)")

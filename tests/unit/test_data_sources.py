@@ -89,3 +89,24 @@ def test_a_function_in_a_module_of_the_current_folder(tmp_path):
     done = subprocess.run([sys.executable, str(tmp_path / "bin" / "runner.py")], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path / "work", env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == str(len(ROWS)), done.stderr
+
+
+def test_a_folder_of_harbor_tasks_is_a_row_per_task_and_a_split_selects_by_metadata(tmp_path):
+    from fullasync_agents.terminal_tasks import TASKS_DIR, rows
+
+    shipped = load_rows(str(TASKS_DIR), "data.train_dataset")
+    assert [row["id"] for row in shipped] == [row["id"] for row in rows()]  # the shipped tasks, as the loader reads
+    held_out = load_rows(f"{TASKS_DIR}@held_out", "data.val_dataset")
+    assert {row["family"] for row in held_out} == {"select"} and all(
+        (Path(row["task_dir"]) / "tests" / "test.sh").is_file() for row in held_out)
+    nested = tmp_path / "bench" / "easy" / "hello"  # terminal-bench style: any depth, no [metadata] needed
+    (nested / "tests").mkdir(parents=True)
+    (nested / "task.toml").write_text('version = "1.0"\n')
+    (nested / "instruction.md").write_text("Print hello.\n")
+    (row,) = load_rows(str(tmp_path / "bench"), "data.train_dataset")
+    assert row == {"id": "hello", "task_dir": str(nested.resolve()), "instruction": "Print hello."}
+    with pytest.raises(ValueError, match="no task there has split = 'train'"):
+        load_rows(f"{tmp_path / 'bench'}@train", "data.train_dataset")
+    (nested / "task.toml").write_text("version = \n")
+    with pytest.raises(ValueError, match="a harbor task could not be read"):
+        load_rows(str(tmp_path / "bench"), "data.train_dataset")
