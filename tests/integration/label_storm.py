@@ -91,29 +91,39 @@ class CheckReport:
 
 
 async def run_storm(engine, policy, tokenizer, settings: StormSettings) -> StormResult:
-    """The storm on `engine` (whose weights `policy` mirrors); every version's weights come back with the calls."""
+    """The storm on `engine` (whose weights `policy` mirrors); every version's weights come back with the calls.
+    Every push meets calls in flight: when the calls end before the storm's pushes do (a fast machine), another
+    wave of calls starts, so `max_pushes` is what a storm pushes on any machine."""
     rng = random.Random(settings.seed)
     service = RolloutService([engine], tokenizer, ClientConfig(max_model_len=2048))
     start = dict(policy.current)  # each push's weights are these plus fresh noise: storms do not drift apart
     weights = {policy.weight_sync.version: start}
-    clients = [service.client() for _ in range(settings.calls)]
-    plans = [(KINDS[index % len(KINDS)], rng.randint(settings.min_tokens, settings.max_tokens),
-              rng.choice((1.0, 0.7)), index % 2 == 0) for index in range(settings.calls)]
+    plans: list[tuple[str, int, float, bool]] = []
+    clients = []
+    tasks: list[asyncio.Task[None]] = []
+
+    def launch(count: int) -> None:
+        for _ in range(count):
+            index = len(plans)
+            plans.append((KINDS[index % len(KINDS)], rng.randint(settings.min_tokens, settings.max_tokens),
+                          rng.choice((1.0, 0.7)), index % 2 == 0))
+            clients.append(service.client())
+            tasks.append(asyncio.create_task(_call(clients[index], index, *plans[index])))
+
     started = time.perf_counter()
-    tasks = [asyncio.create_task(_call(client, index, *plan)) for index, (client, plan) in
-             enumerate(zip(clients, plans, strict=True))]
+    launch(settings.calls)
     pushes = 0
-    pending = set(tasks)
-    while pending:
-        _, pending = await asyncio.wait(pending, timeout=rng.uniform(*settings.push_gap_s))
-        if not pending or pushes >= settings.max_pushes:
-            continue
+    while pushes < settings.max_pushes:
+        if all(task.done() for task in tasks):
+            launch(max(1, settings.calls // 4))
+        await asyncio.wait([task for task in tasks if not task.done()], timeout=rng.uniform(*settings.push_gap_s))
+        if all(task.done() for task in tasks):
+            continue  # nothing in flight for this push to meet: the next wave first
         new = policy.perturbed(seed=settings.seed * 1000 + pushes, scale=settings.noise, around=start)
         timing = await policy.push(new, mode=settings.mode)
         weights[timing.version] = dict(policy.current)
         pushes += 1
-    for task in tasks:
-        task.result()  # a call that failed fails the storm
+    await asyncio.gather(*tasks)  # a call that failed fails the storm
     calls = [(call, temperature) for client, (_, _, temperature, _) in zip(clients, plans, strict=True)
              for call in client.episode.calls]
     return StormResult([call for call, _ in calls], [temperature for _, temperature in calls], weights, pushes,
