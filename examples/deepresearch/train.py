@@ -26,12 +26,13 @@ from typing import Any
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
 
 from examples.deepresearch.config import BUILTIN_POLICY, DeepResearchConfig
+from fullasync.config.compose import build_config, schema_node
 from fullasync.config.doc import exit_with_help_if_asked
+from fullasync.engines.vllm.args import engine_arg_names
 
-ConfigStore.instance().store(name="deepresearch_schema", node=DeepResearchConfig)
+ConfigStore.instance().store(name="deepresearch_schema", node=schema_node(DeepResearchConfig))
 
 
 def _files(config: DeepResearchConfig) -> dict[str, Path]:
@@ -149,8 +150,8 @@ def report(summary: dict[str, Any]) -> str:
 
 @hydra.main(version_base=None, config_path="config", config_name="train")
 def main(cfg: Any) -> None:
-    config: DeepResearchConfig = OmegaConf.to_object(cfg)
     try:
+        config = build_config(cfg, DeepResearchConfig, engine_arg_names)
         config.validate()
     except ValueError as error:
         print(f"deepresearch: invalid configuration: {error}", file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,7 @@ GPU_LOCK = LOCK.with_name("gpu-lock.txt")
 MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
 VLLM_IMPORT_TIMEOUT_S = 180.0
 MIN_FREE_GB = 2.0
+MIN_SHM_GB = 1.0  # /dev/shm below this: a model past ~500M parameters cannot be pushed
 MIN_PYTHON = (3, 11)
 
 
@@ -123,6 +125,21 @@ def cache_check(root: Path | None = None) -> Check:
     status = "ok" if free_gb >= MIN_FREE_GB else "warn"
     return Check("cache", status, f"{root}, {free_gb:.1f} GiB free" + (
         "" if status == "ok" else f" (models and checkpoints need more than {MIN_FREE_GB:g} GiB)"))
+
+
+def shm_check(directory: str | None = None) -> Check:
+    """/dev/shm, where each engine's pushes pass (two buckets of whole layers: ~0.2 GiB for a 135M fp32 model,
+    ~5 GiB for an 8B bf16 one, whose embedding alone is a layer); Docker's default is 64 MiB."""
+    from fullasync.weights.shm import SHM_DIR
+
+    directory = directory or SHM_DIR
+    stats = os.statvfs(directory)
+    size_gb, free_gb = stats.f_blocks * stats.f_frsize / 2**30, stats.f_bavail * stats.f_frsize / 2**30
+    detail = f"{directory}: {size_gb:.1f} GiB, {free_gb:.1f} GiB free"
+    if free_gb >= MIN_SHM_GB:
+        return Check("shm", "ok", detail)
+    return Check("shm", "warn", f"{detail}; weight pushes need ~0.2 GiB per engine for a 135M model and ~5 GiB for "
+                 "an 8B one (an engine refuses to start without room): run containers with --shm-size=16g")
 
 
 def loopback_check() -> Check:
@@ -242,7 +259,7 @@ async def _stack_round_trip() -> str:
         await engine.shutdown()
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, torch_check, ray_check, vllm_check,
+CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, torch_check, ray_check, vllm_check, shm_check,
                                            cache_check, loopback_check)
 GPU_CHECKS: tuple[Callable[[], Check], ...] = (cuda_check, ray_gpus_check, stack_check)
 

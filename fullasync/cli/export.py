@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from fullasync.config import RunConfig
+from fullasync.config import RunConfig, config_fields
 from fullasync.errors import FullasyncError
 from fullasync.run import checkpoint
 from fullasync.run.export_note import write_export_note
@@ -65,8 +65,9 @@ def config_from_fingerprint(fingerprint: Mapping[str, JsonValue], overrides: Seq
     """The run's `RunConfig` as far as the fingerprint records it (other fields at their defaults), then
     `overrides` (`key=value`, e.g. trainer.worker_num_cpus=1)."""
     config = OmegaConf.structured(RunConfig)
+    declared = {field.name for field in config_fields(RunConfig())}
     for key, value in fingerprint.items():
-        if key not in FINGERPRINT_ONLY:
+        if key in declared:  # not FINGERPRINT_ONLY, nor a setting an earlier version had
             OmegaConf.update(config, key, value, merge=False)
     config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides)))
     built = OmegaConf.to_object(config)

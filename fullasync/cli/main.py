@@ -2,6 +2,7 @@
 
     fullasync train                                   # built-in task, fully async, defaults
     fullasync train mode=sync trainer.lr=1e-5         # overrides
+    fullasync train preset=gpu-1x8-8b data.train_dataset=rows.jsonl data.rollout_fn=my_agent:rollout_fn  # a GPU node
     fullasync train --cfg job                         # print the merged config and exit
     fullasync train --help                            # every field with its type, default and help
     fullasync train --hydra-help                      # Hydra's own options
@@ -27,27 +28,37 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from fullasync.config import RunConfig
+from fullasync.config.compose import UndeclaredSettingError, build_config, schema_node
 from fullasync.config.doc import HELP_FLAGS, exit_with_help_if_asked
 
 COMMANDS = ("train", "eval", "export", "doctor", "report")
+PRESETS = "pkg://fullasync.presets"  # the primary config (train.yaml) and the `preset` group
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped by a signal after saving a checkpoint
 
 
 def _register() -> None:
-    ConfigStore.instance().store(name="fullasync_train", node=RunConfig)
+    ConfigStore.instance().store(name="fullasync_train", node=schema_node(RunConfig))
+
+
+def _run_config(cfg: DictConfig) -> RunConfig:
+    """The composed config as a RunConfig; a setting no field declares exits 2 naming the nearest one."""
+    from fullasync.engines.vllm.args import engine_arg_names
+
+    try:
+        return build_config(cfg, RunConfig, engine_arg_names)
+    except UndeclaredSettingError as error:
+        print(f"fullasync: invalid configuration: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _train(cfg: DictConfig) -> None:
-    from omegaconf import OmegaConf
-
     from fullasync.api import AsyncAgentTrainer
     from fullasync.infra.placement import LayoutError
     from fullasync.models.hub import InvalidModelError
     from fullasync.observe.tracking import LoggerUnavailableError
     from fullasync.run.checkpoint import IncompatibleCheckpointError
 
-    config = OmegaConf.to_object(cfg)
-    assert isinstance(config, RunConfig)  # the structured schema registered by _register
+    config = _run_config(cfg)
     try:
         trainer = AsyncAgentTrainer(config)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -81,13 +92,10 @@ def _eval(cfg: DictConfig) -> None:
     harness, `val_samples_per_row` episodes per row; the report goes to output_dir/eval.json."""
     import asyncio
 
-    from omegaconf import OmegaConf
-
     from fullasync.cli.evaluate import evaluate_model
     from fullasync.observe.logs import configure_logging
 
-    config = OmegaConf.to_object(cfg)
-    assert isinstance(config, RunConfig)
+    config = _run_config(cfg)
     configure_logging()
     try:
         report = asyncio.run(evaluate_model(config))
@@ -186,7 +194,8 @@ def main() -> None:
     command = sys.argv[1]
     sys.argv = [f"fullasync {command}", *sys.argv[2:]]
     _register()
-    app = hydra.main(version_base=None, config_name="fullasync_train")(_eval if command == "eval" else _train)
+    app = hydra.main(version_base=None, config_path=PRESETS, config_name="train")(  # train.yaml: schema, preset
+        _eval if command == "eval" else _train)
     app()
 
 

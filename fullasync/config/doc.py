@@ -38,7 +38,7 @@ def _grouped(config: Any) -> list[tuple[ConfigSection, list[ConfigField]]]:
     return groups
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A default as it is written in an override (`key=value`)."""
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -3,16 +3,18 @@
 Owns: `setting(...)` and `section(...)`, which declare a dataclass field with its one-line help and
 whether a resumed run may set it differently (field metadata, which Hydra and OmegaConf ignore), the
 readers of that metadata (`field_help`, `may_change_on_resume`), the walk over a config tree in
-declaration order (`config_fields`), and `shared_settings`, which hands a component the values of its
-own section under the names both declare. Does not own: any config (`fullasync.config.run`) or how help is
-printed (`fullasync.config.doc`).
+declaration order (`config_fields`), `shared_settings`, which hands a component the values of its
+own section under the names both declare, and the names a composed config holds that no field declares
+(`undeclared_settings`, with `nearest_name` for the "did you mean"). Does not own: any config
+(`fullasync.config.run`) or how help is printed (`fullasync.config.doc`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import difflib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -103,7 +105,7 @@ def config_fields(config: Any, prefix: str = "", free: bool = False) -> Iterator
                               field_help(config_type, declared.name), free_here, prefix.removesuffix("."))
 
 
-def _type_name(declared: Any) -> str:
+def _type_name(declared: object) -> str:
     """The declared type as written (a string under `from __future__ import annotations`)."""
     return declared.__name__ if isinstance(declared, type) else str(declared)
 
@@ -114,3 +116,35 @@ def shared_settings(section_value: Any, component_type: type) -> dict[str, Any]:
     wanted = {f.name for f in dataclasses.fields(component_type)}
     return {f.name: copy.copy(getattr(section_value, f.name)) for f in dataclasses.fields(section_value)
             if f.name in wanted}
+
+
+def undeclared_settings(values: Mapping[str, object], config_type: type) -> list[str]:
+    """The dotted names in `values` (a composed config as plain dicts) that no field of `config_type` declares,
+    sections walked in place; a dict-valued field (ray_resources, engine.vllm) holds names of its own."""
+    sections = {section.name: section.type for section in config_sections(config_type())}
+
+    def walk(here: Mapping[str, object], prefix: str) -> Iterator[str]:
+        declared = {f.name for f in dataclasses.fields(sections[prefix])}
+        for key, value in here.items():
+            if key not in declared:
+                yield f"{prefix}{key}"
+            elif f"{prefix}{key}." in sections and isinstance(value, Mapping):
+                yield from walk(value, f"{prefix}{key}.")
+
+    return list(walk(values, ""))
+
+
+def nearest_name(name: str, candidates: Iterable[str]) -> str | None:
+    """The declared dotted name `name` most likely meant: one with the same last part (the closest of those),
+    else the closest whole name, else the one whose last part is closest; None when nothing is close."""
+    candidates = list(candidates)
+    leaf = name.rsplit(".", 1)[-1]
+    same_leaf = [candidate for candidate in candidates if candidate.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return max(same_leaf, key=lambda candidate: difflib.SequenceMatcher(None, name, candidate).ratio())
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    by_leaf = {candidate.rsplit(".", 1)[-1]: candidate for candidate in candidates}
+    close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.75)
+    return by_leaf[close[0]] if close else None

@@ -11,8 +11,10 @@ help is printed (`fullasync.config.doc`: `fullasync train --help`, docs/config.m
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from fullasync.config.checks import (
     check_chat_template_name,
@@ -28,6 +30,8 @@ from fullasync.types import JsonValue
 BUILTIN_MODEL = "builtin:arithmetic"  # the warm-started tiny policy of the built-in task
 PARTIAL_ROLLOUT_RESUME = ("client", "engine")  # who resumes an interrupted generation (RunConfig.push_mode)
 GENERATE_AHEAD = ("adaptive", "bound")  # how far ahead of training the rollouter generates (RunConfig.generate_ahead)
+ENGINE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # trainer.model_dtype -> the engines' dtype under auto
+TORCH_DTYPE_NAMES = {"half": "float16", "float": "float32"}  # vLLM's aliases among its dtypes
 
 
 class Mode(str, enum.Enum):
@@ -70,7 +74,6 @@ class EngineSection:
     dtype: str = setting("auto", "engine dtype: auto = the trainer's precision (trainer.model_dtype fp32 -> float32, "
                          "bf16 -> bfloat16), or one vLLM knows (float32, bfloat16, float16)")
     max_model_len: int = setting(1024, "context length (prompt + output) of the engines and the client")
-    max_num_seqs: int = setting(128, "concurrent sequences per engine")
     max_logprobs: int = setting(20, "most alternatives per token a request may ask for (top_logprobs), "
                                 "in the engines and the client")
     stall_timeout_s: float = setting(120.0, "an engine with in-flight requests and no new token this long "
@@ -81,6 +84,13 @@ class EngineSection:
     kv_cache_mb: int = setting(0, "KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of "
                                "memory)")
     ray_resources: dict[str, float] = setting({}, "custom Ray resources per engine: pins its node")
+    vllm: dict[str, Any] = setting({}, "vLLM's own engine arguments (any field of vllm.EngineArgs, checked against it "
+                                   "at start-up), passed to every engine: engine.vllm.max_num_seqs=64 (default 128), "
+                                   "engine.vllm.gpu_memory_utilization=0.9 (GPU default 0.85), "
+                                   "engine.vllm.enforce_eager=true, max_num_batched_tokens, hf_overrides, "
+                                   "quantization, ...; what the run sets from its own settings (model, dtype, seed, "
+                                   "max_model_len, tensor_parallel_size, max_logprobs, KV size) is refused here",
+                                   resume_may_change=True)
 
 
 @dataclass
@@ -228,9 +238,20 @@ class RunConfig:
         """The off-policy correction of this run: trainer.correction, with `auto` resolved by staleness."""
         return default_correction(self.trainer.correction, self.staleness, self.trainer.policy_loss)
 
+    @property
+    def engine_dtype(self) -> str:
+        """The dtype the engines serve: engine.dtype, under auto the trainer's precision (fp32 -> float32, bf16 ->
+        bfloat16)."""
+        return ENGINE_DTYPES[self.trainer.model_dtype] if self.engine.dtype == "auto" else self.engine.dtype
+
     def resolved_trainer(self) -> TrainerConfig:
-        """The trainer's config with `auto` resolved for this run's staleness (what VerlTrainer gets)."""
-        return self.trainer.for_staleness(self.staleness)
+        """The trainer's config with `auto` resolved for this run (what VerlTrainer gets): its correction for the
+        run's staleness, and its pushes in the dtype the engines serve (torch's name for vLLM's)."""
+        trainer = self.trainer.for_staleness(self.staleness)
+        if trainer.push_dtype == "auto":
+            trainer = dataclasses.replace(trainer, push_dtype=TORCH_DTYPE_NAMES.get(self.engine_dtype,
+                                                                                    self.engine_dtype))
+        return trainer
 
     def correction_summary(self, trainer: TrainerConfig | None = None) -> str:
         """One start-up line: the correction the trainer applies and why (`trainer`: a caller's own config)."""
@@ -296,7 +317,7 @@ class RunConfig:
         """The engines' settings; the client takes its context length and its `top_logprobs` limit from the same
         fields (engine.max_model_len, engine.max_logprobs), so engines and client cannot disagree."""
         engine = self.engine
-        for name in ("num_engines", "tensor_parallel_size", "max_model_len", "max_num_seqs"):
+        for name in ("num_engines", "tensor_parallel_size", "max_model_len"):
             if getattr(engine, name) < 1:
                 raise ValueError(f"engine.{name}={getattr(engine, name)} must be >= 1")
         if engine.max_logprobs < 0:

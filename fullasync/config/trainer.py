@@ -21,6 +21,7 @@ from fullasync.config.fields import section, setting
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 GROUP_LOCAL_ESTIMATORS = ("grpo", "rloo", "grpo_passk")  # advantages from the group alone: a batch may come in parts
 MODEL_DTYPES = ("fp32", "bf16")
+PUSH_DTYPES = ("auto", "float32", "bfloat16", "float16")  # torch's names; auto: as the trainer holds them
 PADDING_FREE = ("auto", "on", "off")
 WEIGHT_TRANSPORTS = ("object_store", "stream")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl kl_penalty names; "+" suffix allowed
@@ -162,6 +163,9 @@ class TrainerConfig:
                                     "memory) or stream (the ranks gather tensor by tensor and rank 0 broadcasts "
                                     "buckets to every engine worker over gloo: no whole model held anywhere, "
                                     "across nodes)", resume_may_change=True)
+    push_dtype: str = setting("auto", "the dtype pushed weights travel in, cast on the ranks before the wire: a run "
+                              "sets the engines' (engine.dtype; bf16 engines: half the bytes of fp32 masters); auto "
+                              "= as the trainer holds them; or float32, bfloat16, float16", resume_may_change=True)
     num_workers: int = setting(1, "FSDP2 data-parallel worker processes (one node)")
     worker_num_cpus: float = setting(1.0, "Ray CPUs reserved per worker", resume_may_change=True)
     worker_threads: int = setting(0, "torch threads per worker; 0 = cpu_count // num_workers (at least 1)",
@@ -188,6 +192,8 @@ class TrainerConfig:
         if self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"TrainerConfig.model_dtype={self.model_dtype!r}: choose one of {MODEL_DTYPES} "
                              "(bf16 keeps fp32 master weights)")
+        if self.push_dtype not in PUSH_DTYPES:
+            raise ValueError(f"TrainerConfig.push_dtype={self.push_dtype!r}: choose one of {PUSH_DTYPES}")
         if self.padding_free not in PADDING_FREE:
             raise ValueError(f"TrainerConfig.padding_free={self.padding_free!r}: choose one of {PADDING_FREE}")
         if self.weight_transport not in WEIGHT_TRANSPORTS:

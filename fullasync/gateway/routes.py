@@ -12,6 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -59,7 +60,7 @@ def _json(obj: Any) -> str:
     return obj.model_dump_json(exclude_none=False)
 
 
-def _chunk_json(chunk: Any) -> str:
+def _chunk_json(chunk: BaseModel) -> str:
     """A streamed chunk as OpenAI and vLLM send one: the fields the chunk set (a delta's text, without nulls for
     the delta's other fields), so a harness that reads the raw JSON and tests `"tool_calls" in delta` sees a
     call only where there is one. (The cost per event is the same either way: `bench/stream_chunks.py`.)"""

@@ -36,6 +36,6 @@ def error_of(error: BaseException) -> tuple[dict[str, Any], int]:
     return error_body(f"{type(error).__name__}: {error}", status), status
 
 
-def sse(payload: Any) -> bytes:
+def sse(payload: object) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload)
     return f"data: {data}\n\n".encode()

@@ -55,7 +55,7 @@ class WarmupSpec:
         return spec_key(WARMUP_FORMAT, self)
 
 
-def spec_key(build_format: int, spec: Any, *extra: Any) -> str:
+def spec_key(build_format: int, spec: Any, *extra: object) -> str:
     """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model, and
     anything else the build reads (`extra`, e.g. the harness version whose prompt it copies)."""
     text = json.dumps([build_format, dataclasses.asdict(spec), spec.model.key(), *extra], sort_keys=True)

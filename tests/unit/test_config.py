@@ -31,6 +31,7 @@ RESUME_MAY_CHANGE = (
     "rollout.resume_timeout_s", "rollout.stream_interval", "rollout.join_identical_requests", "rollout.infra_retries",
     "rollout.gateway_host",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads", "trainer.weight_transport",
+    "trainer.push_dtype",
     "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir",
 )
 
@@ -190,3 +191,74 @@ def test_the_gateway_host_must_be_one_address_a_harness_can_be_given(host, messa
     with pytest.raises(ValueError, match=message):
         RunConfig(rollout=RolloutSection(gateway_host=host)).validate()
     assert RunSettings.from_config(RunConfig(rollout=RolloutSection(gateway_host="::1"))).gateway_host == "::1"
+
+
+@pytest.mark.parametrize("config_type", CONFIGS, ids=lambda c: c.__name__)
+def test_a_name_no_field_declares_is_refused_in_every_section_and_dict_fields_take_new_keys(config_type):
+    """OmegaConf drops such a name (`+engine.gpu_memory_utilization=0.5` composes and reaches nothing)."""
+    from omegaconf import OmegaConf, open_dict
+
+    from fullasync.config.compose import UndeclaredSettingError, build_config, schema_node
+
+    assert build_config(schema_node(config_type), config_type) == config_type()
+    for section in config_sections(config_type()):
+        composed = schema_node(config_type)
+        with open_dict(composed):
+            OmegaConf.update(composed, f"{section.name}not_a_setting", 1, force_add=True)
+        with pytest.raises(UndeclaredSettingError, match=f"^{section.name}not_a_setting is not a setting;"):
+            build_config(composed, config_type)
+    dict_fields = [f.name for f in config_fields(config_type()) if isinstance(f.value, dict)]
+    assert {"engine.vllm", "engine.ray_resources", "trainer.ray_resources"} <= set(dict_fields)
+    composed = schema_node(config_type)
+    for name in dict_fields:  # open without `+`, as Hydra's struct mode would otherwise refuse
+        OmegaConf.set_struct(composed, True)
+        OmegaConf.update(composed, f"{name}.new_key", 1)
+    built = build_config(composed, config_type)
+    assert built.engine.vllm == {"new_key": 1} and built.trainer.ray_resources == {"new_key": 1}
+
+
+@pytest.mark.parametrize("name, more, nearest", [
+    ("engine.gpu_memory_utilization", ["engine.vllm.gpu_memory_utilization"], "engine.vllm.gpu_memory_utilization"),
+    ("engine.max_num_seqs", ["engine.vllm.max_num_seqs"], "engine.vllm.max_num_seqs"),
+    ("rollout.batchsize", [], "rollout.batch_size"),
+    ("trainer.lrr", [], "trainer.lr"),
+    ("lr", [], "trainer.lr"),
+    ("engine.zzzz", [], None),
+])
+def test_a_refused_name_comes_with_the_nearest_declared_one(name, more, nearest):
+    from omegaconf import OmegaConf, open_dict
+
+    from fullasync.config.compose import UndeclaredSettingError, build_config, schema_node
+
+    composed = schema_node(RunConfig)
+    with open_dict(composed):
+        OmegaConf.update(composed, name, 1, force_add=True)
+    with pytest.raises(UndeclaredSettingError) as refused:
+        build_config(composed, RunConfig, lambda: more)
+    guess = f" (did you mean {nearest}?)" if nearest else ""
+    assert str(refused.value) == f"{name} is not a setting{guess}; --help lists every setting"
+
+
+def test_the_command_line_refuses_an_undeclared_name_in_one_line_and_passes_vllm_arguments_without_plus():
+    command = [sys.executable, "-m", "fullasync.cli.main", "train"]
+    refused = subprocess.run([*command, "+engine.gpu_memory_utilization=0.5"], capture_output=True, text=True,
+                             timeout=300, cwd=ROOT)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines() == [
+        "fullasync: invalid configuration: engine.gpu_memory_utilization is not a setting (did you mean "
+        "engine.vllm.gpu_memory_utilization?); --help lists every setting"]
+    shown = subprocess.run([*command, "engine.vllm.enforce_eager=true", "engine.vllm.max_num_seqs=7", "--cfg", "job"],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "  vllm:\n    enforce_eager: true\n    max_num_seqs: 7\n" in shown.stdout
+
+
+@pytest.mark.parametrize("model_dtype, engine_dtype, pushed", [
+    ("fp32", "auto", "float32"), ("bf16", "auto", "bfloat16"), ("bf16", "float32", "float32"),
+    ("fp32", "half", "float16")])
+def test_pushes_travel_in_the_dtype_the_engines_serve_unless_set(model_dtype, engine_dtype, pushed):
+    config = RunConfig(engine=EngineSection(dtype=engine_dtype))
+    config.trainer.model_dtype = model_dtype
+    assert config.resolved_trainer().push_dtype == pushed
+    config.trainer.push_dtype = "float32"
+    assert config.resolved_trainer().push_dtype == "float32"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fullasync"
 MAX_MODULE_LINES = 500
 MAX_TOP_LEVEL_MODULES = 6  # besides __init__.py
-ANY_CEILING = 336  # `Any` names in fullasync/ (368 before the layout pass); lower it as they go, never raise it
+ANY_CEILING = 335  # `Any` names in fullasync/ (368 before the layout pass); lower it as they go, never raise it
 
 LEAVES = {"types", "errors"}
 BASE = LEAVES | {"contracts", "config"}
@@ -27,6 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": set(),
     "contracts": LEAVES,
     "config": LEAVES | {"contracts"},
+    "presets": BASE,
     "infra": BASE,
     "observe": BASE | {"infra"},
     "models": BASE | {"infra"},
@@ -40,9 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "run": BASE | {"infra", "observe", "weights", "client", "gateway", "rollout"},
     "sim": BASE | {"infra", "observe", "weights", "client", "rollout", "run"},
     "api": BASE | {"infra", "observe", "weights", "engines", "trainer", "client", "gateway", "rollout", "run", "models",
-                   "tasks", "data"},
+                   "tasks", "data", "presets"},
     "cli": BASE | {"infra", "observe", "weights", "engines", "trainer", "client", "gateway", "rollout", "run", "models",
-                   "tasks", "data", "api"},
+                   "tasks", "data", "api", "presets"},
     "__init__": {"api", "config", "rollout"},
 }
 

@@ -66,7 +66,8 @@ def test_a_wheel_builds_with_the_license_extras_and_every_package(tmp_path):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert {"agents", "tracking", "gpu"} <= set(metadata.get_all("Provides-Extra"))
     for module in ("fullasync/cli/main.py", "fullasync/cli/doctor.py", "fullasync_agents/__init__.py",
-                   "fullasync_patches/verl_cpu.py", "fullasync/models/chat_template.jinja"):
+                   "fullasync_patches/verl_cpu.py", "fullasync/models/chat_template.jinja",
+                   "fullasync/presets/train.yaml", "fullasync/presets/preset/gpu-1x8-8b.yaml"):
         assert module in names, f"{module} missing from the wheel"
 
 

@@ -24,18 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import ray
 from ray.actor import ActorHandle
 
 from fullasync.contracts.engine import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
-from fullasync.engines.vllm.config import STREAM_DELTA_S, EngineDType, EngineHealth, LogprobsMode, VLLMEngineConfig
+from fullasync.engines.vllm.config import (
+    STREAM_DELTA_S,
+    EngineDType,
+    EngineHealth,
+    LogprobsMode,
+    VLLMEngineConfig,
+    torch_dtype,
+)
 from fullasync.engines.vllm.install import WeightInstall
 from fullasync.engines.vllm.sampling import oldest_versions, sampling_params, versions_from_spans
 from fullasync.errors import InvalidRequestError
@@ -48,7 +57,7 @@ from fullasync.infra.platform import (
     platform_engine_kwargs,
 )
 from fullasync.types import FinishReason
-from fullasync.weights.shm import WeightSender
+from fullasync.weights.shm import WeightSender, check_room, hand_off_bytes, model_layer_bytes
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -93,6 +102,9 @@ class VLLMEngineActor(WeightInstall):
 
         vllm_transfer.check_installed()
         cfg = self.config
+        layers = model_layer_bytes(Path(cfg.model_path), torch_dtype(cfg.dtype))
+        if layers:  # before vLLM takes its memory: a push that finds no room would die mid-copy instead
+            check_room(hand_off_bytes(layers, cfg.weight_bucket_bytes))
         if cfg.tensor_parallel_size > 1 and is_cpu_platform():
             os.environ.setdefault(CPU_BIND_ENV, cpu_tensor_parallel_binding(cfg.tensor_parallel_size))
         args = AsyncEngineArgs(
@@ -108,7 +120,7 @@ class VLLMEngineActor(WeightInstall):
             tensor_parallel_size=cfg.tensor_parallel_size,
             scheduling_policy="priority",  # GenerateRequest.priority: the rows nearest the staleness bound first
             weight_transfer_config=WeightTransferConfig(backend=vllm_transfer.BACKEND),
-            **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},
+            **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},  # none of the above (VLLMEngineConfig)
         )
         self._llm = llm = AsyncLLM.from_engine_args(args)
         await llm.init_weight_transfer_engine(WeightTransferInitRequest())
@@ -304,6 +316,15 @@ class VLLMEngineActor(WeightInstall):
     async def vllm_weight_checksums(self) -> list[dict[str, str]]:
         """vLLM's own SHA-256 of every parameter, one dict per worker (names prefixed `dp0:pp0:pcp0:tp<rank>:`)."""
         return await self._started().compute_weight_checksums()
+
+    async def vllm_settings(self) -> dict[str, str]:
+        """The engine's vLLM arguments as the running engine holds them (max_num_seqs, enable_prefix_caching and
+        each of `extra_engine_kwargs`), read from its resolved config: what `launch_vllm_engines` logs."""
+        resolved = self._started().vllm_config
+        parts = [getattr(resolved, declared.name) for declared in dataclasses.fields(resolved)]
+        names = ["max_num_seqs", "enable_prefix_caching", *self.config.extra_engine_kwargs]
+        return {name: next((repr(getattr(part, name)) for part in parts if hasattr(part, name)), "(not in its config)")
+                for name in names}
 
     def placement(self) -> tuple[str, list[str]]:
         """This actor's node and the GPU ids Ray assigned it."""

@@ -40,6 +40,8 @@ async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1,
 
     ready: list[str] = []
     await asyncio.gather(*(start(e) for e in engines))
+    settings = await engines[0]._call("vllm_settings")
+    log.info("engines hold vLLM's %s", ", ".join(f"{name}={value}" for name, value in settings.items()))
     for engine in engines:
         engine.watch()
     return engines
