@@ -59,8 +59,6 @@ RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb", "vllm")
 RESTART_GRACE_S = 60.0  # a call whose engines all died waits for a restart this much beyond engine.start_timeout_s
 
 
-
-
 def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
     """The engines a run of `config` starts (for callers that start them themselves and pass them in): the
     `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed, and
