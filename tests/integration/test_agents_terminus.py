@@ -25,10 +25,11 @@ CONFIG = TerminusConfig(max_turns=2, max_tokens=0, pane_width=80, pane_height=8,
                         summarize=False)
 
 
-def reply(keystrokes: list[str], done: bool, duration: float = 0.3) -> str:
-    """A Terminus-2 JSON reply."""
-    commands = [{"keystrokes": keys, "duration": duration} for keys in keystrokes]
-    return json.dumps({"analysis": "", "plan": "", "commands": commands, "task_complete": done})
+def reply(keystrokes: list[str], done: bool, duration: float | None = 0.3) -> str:
+    """A Terminus-2 JSON reply, compact: a forced reply may be sampled a character a token, and a confirmed one is in
+    the context twice. Without a duration Terminus-2 waits its default, 1 s."""
+    commands = [{"keystrokes": keys} | ({} if duration is None else {"duration": duration}) for keys in keystrokes]
+    return json.dumps({"analysis": "", "plan": "", "commands": commands, "task_complete": done}, separators=(",", ":"))
 
 
 class ScriptedTerminus(Terminus2Generator):

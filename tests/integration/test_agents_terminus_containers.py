@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("podman_required")]
 SETTINGS = ContainerSettings(memory="768m", pids=256, cpus=1.0, max_starting=2)
 # room for a loaded machine: each trial builds (cached) and starts its container through podman-compose, and every
 # tmux command is a `podman exec` (the task's own agent timeout, 120 s, ran out with both cores busy)
-CONTAINER_CONFIG = dataclasses.replace(CONFIG, environment_type="container", container=SETTINGS,
+# three pane lines: the oracle's episode must fit the tiny model's context (see below)
+CONTAINER_CONFIG = dataclasses.replace(CONFIG, environment_type="container", container=SETTINGS, pane_height=3,
                                        agent_timeout_s=300.0, verifier_timeout_s=120.0, episode_timeout_s=450.0)
 
 
@@ -65,9 +66,12 @@ async def watch_episode_container(before: set[str], seen: dict[str, object], sto
 async def test_the_oracle_solves_a_task_in_its_container_and_a_no_op_does_not(gateway, terminus):
     before, seen, stop = ours(), {}, asyncio.Event()
     watcher = asyncio.create_task(watch_episode_container(before, seen, stop))
+    # Terminus-2's prompt (~1,645 tokens), the reply, the confirmation (the container's hostname, random hex, twice),
+    # and the reply again fit the tiny model's 2,048 tokens with ~40 to spare (the reply with a duration, at 0.73
+    # tokens a character, left none: CI ran out at the second reply's last token)
+    solve = reply([TASK["oracle_command"] + "\n"], done=True, duration=None)
     try:
-        solved, client = await run_episode(gateway, terminus,
-                                           {**TASK, "forced_reply": reply([TASK["oracle_command"] + "\n"], done=True)})
+        solved, client = await run_episode(gateway, terminus, {**TASK, "forced_reply": solve})
     finally:
         stop.set()
         await watcher
