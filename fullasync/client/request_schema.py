@@ -12,7 +12,9 @@ The rule for fields (also in the README):
 - implemented: the OpenAI sampling fields, `response_format` (text / json_object / json_schema through
   structured outputs), `tool_choice` (auto, none, required, a named function: the last two through structured
   outputs), `parallel_tool_calls` (with "required") and the vLLM extras in `VLLM_EXTRAS` (`chat_template_kwargs`
-  among them);
+  among them); where the OpenAI API and vLLM accept two fields together, so does this, by vLLM's rule: a
+  constrained `tool_choice` wins over `response_format` / `structured_outputs` for that call (the OpenAI Agents
+  SDK sends both), `max_completion_tokens` over `max_tokens`;
 - accepted and ignored on purpose, with one warning per field and process: `IGNORED` — provider
   bookkeeping (`user`, `metadata`, `store`, `session_id`, ...) and hints a plain policy cannot honour
   (`reasoning_effort`, `verbosity`); SDK transport options (`timeout`,
@@ -338,9 +340,6 @@ def parse_chat(fields: Mapping[str, Any]) -> Parsed:
     parsed = _parse(ChatRequest, fields)
     request = parsed.request
     _check_tool_choice(request)
-    if request.max_tokens is not None and request.max_completion_tokens is not None \
-            and request.max_tokens != request.max_completion_tokens:
-        raise InvalidRequestError("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
     if request.top_logprobs and not request.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     if request.stream and request.n != 1:
@@ -365,10 +364,6 @@ def _check_tool_choice(request: ChatRequest) -> None:
     constrained = request.tool_choice == "required" or isinstance(request.tool_choice, NamedToolChoice)
     if constrained and not request.tools:
         raise InvalidRequestError("tool_choice 'required' or a named function needs tools", param="tool_choice")
-    if constrained and (request.structured_outputs is not None or
-                        request.response_format is not None and request.response_format.type != "text"):
-        raise InvalidRequestError("tool_choice 'required' or a named function constrains the output itself; give it "
-                                  "without structured_outputs or response_format", param="tool_choice")
     clash = sorted(set(request.chat_template_kwargs or {}) & TEMPLATE_OWN)
     if clash:
         raise InvalidRequestError(f"chat_template_kwargs may not set {clash}: the client passes them to the template "

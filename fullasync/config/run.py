@@ -112,10 +112,11 @@ class RolloutSection:
     stream_interval: int = setting(8, "streamed calls: after the first chunk, send new tokens once at least this "
                                    "many are there (vLLM's --stream-interval; 1 = every engine delta): fewer SSE "
                                    "events for a harness's SDK to parse, coarser streaming", resume_may_change=True)
-    join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode still "
-                                            "running (a harness's retry) joins it instead of sampling again; "
-                                            "false for harnesses that sample in parallel with identical requests "
-                                            "(an Idempotency-Key header always joins)", resume_may_change=True)
+    join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode whose "
+                                            "connection is gone (a harness's retry) joins it instead of sampling "
+                                            "again; identical requests on open connections are always sampled "
+                                            "independently; false: only an Idempotency-Key header joins",
+                                            resume_may_change=True)
     gateway_host: str = setting("127.0.0.1", "address the gateway binds and names in each episode's base URL: "
                                 "127.0.0.1 for harnesses on this machine and containers on the host's network "
                                 "(--network=host); an address of this machine that a remote sandbox reaches "

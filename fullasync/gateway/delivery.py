@@ -1,8 +1,8 @@
 """What the gateway hands a harness, and what an episode records of it: a call counts only when delivered.
 
 Owns: `Production`, the work of one completion request (the client's call and, for a stream, its chunks), run
-in a task of its own and shared by every identical request of the same episode (the same `Idempotency-Key`
-header, or the same body bytes) while it runs or waits for a retry; `Deliveries`, each episode's productions.
+in a task of its own and shared with the retries of its request (the same body bytes after its connection was
+gone, or the same `Idempotency-Key` header); `Deliveries`, each episode's productions.
 
 The rules (DESIGN.md, "What is recorded"):
 - The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body was
@@ -12,9 +12,10 @@ The rules (DESIGN.md, "What is recorded"):
   within `ABANDON_GRACE_S` joins it and gets the one completion. When nobody is waiting after that grace, the
   work is cancelled — the engine request aborted — and whatever it produced is forgotten, counted as an
   abandoned call. So the engine is idle within a second of the last disconnect.
-- An identical request while the first is still running joins it too (one engine request, one record), unless
-  the gateway is told not to (`join_identical=False`: a harness that samples in parallel with identical
-  requests; the `Idempotency-Key` header always joins).
+- A request identical to one whose connections are all still open is sampled on its own and recorded on its own:
+  a harness that samples candidates in parallel (best-of-n, self-consistency, tree search) gets independent
+  samples. Only a request whose connection is gone is a retry's to join (the openai SDK sends no idempotency
+  key), or any request with the same `Idempotency-Key` header. `join_retries=False` joins by the header only.
 Does not own: HTTP parsing and responses (`routes`), the episode map (`server.Gateway`).
 """
 
@@ -26,6 +27,7 @@ import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from fullasync.client import RolloutClient
 from fullasync.client.episode import HeldCalls
@@ -48,11 +50,13 @@ class Answer:
 class Production:
     """One request's work, run by `produce(held)` in a task; subscribers read its answer."""
 
-    def __init__(self, key: str, client: RolloutClient, produce: Callable[[Production], Awaitable[None]],
-                 on_idle: Callable[[Production], None]) -> None:
+    def __init__(self, key: str, request_key: str, client: RolloutClient,
+                 produce: Callable[[Production], Awaitable[None]], on_idle: Callable[[Production], None]) -> None:
         self.key = key
+        self.request_key = request_key
         self.answer = Answer()
         self.subscribers = 0
+        self.orphaned = False  # every connection that read it is gone: a retry may take it over
         self.held: HeldCalls | None = None
         self._client = client
         self._changed = asyncio.Event()
@@ -109,6 +113,7 @@ class Production:
     def unsubscribe(self) -> None:
         self.subscribers -= 1
         if self.subscribers == 0:
+            self.orphaned = True
             if self.answer.delivered:
                 self._on_idle(self)
             else:
@@ -154,11 +159,11 @@ class Production:
 class Deliveries:
     """The productions of one gateway's episodes, by episode key and request key; counts what was abandoned."""
 
-    def __init__(self, join_identical: bool = True) -> None:
-        self.join_identical = join_identical
+    def __init__(self, join_retries: bool = True) -> None:
+        self.join_retries = join_retries
         self.abandoned_calls = 0  # requests whose work nobody received (cancelled, or finished undelivered)
         self.ended_calls = 0  # requests still running when their episode ended (its harness is stopped with it)
-        self.joined_requests = 0  # requests that joined an identical one instead of generating again
+        self.joined_requests = 0  # retries that joined the work they repeat instead of generating again
         self._productions: dict[str, dict[str, Production]] = {}
         self._serial = itertools.count()
 
@@ -173,17 +178,24 @@ class Deliveries:
 
     def production(self, episode_key: str, client: RolloutClient, request_key: str,
                    produce: Callable[[Production], Awaitable[None]]) -> Production:
-        """The running (or just abandoned) production of this request in this episode, else a new one."""
+        """The production this request retries in this episode (running or just abandoned, undelivered), else a
+        new one."""
         episode = self._productions.setdefault(episode_key, {})
-        joinable = self.join_identical or request_key.startswith("key:")
-        existing = episode.get(request_key) if joinable else None
-        if existing is not None and not existing.answer.delivered and not existing.failed:
+        if existing := next(filter(partial(self._retried_by, request_key), episode.values()), None):
             self.joined_requests += 1
             return existing
-        key = request_key if joinable else f"{request_key}#{next(self._serial)}"
-        production = Production(key, client, produce, lambda done: self._idle(episode_key, done))
+        key = f"{request_key}#{next(self._serial)}"
+        production = Production(key, request_key, client, produce, lambda done: self._idle(episode_key, done))
         episode[key] = production
         return production
+
+    def _retried_by(self, request_key: str, production: Production) -> bool:
+        """Whether a request of `request_key` is a retry of `production`: the same key, the work not yet delivered
+        nor failed, and either the same `Idempotency-Key` or the same bytes after every connection to it closed."""
+        if production.request_key != request_key or production.answer.delivered or production.failed:
+            return False
+        return request_key.startswith("key:") or (self.join_retries and production.orphaned
+                                                  and production.subscribers == 0)
 
     def _idle(self, episode_key: str, production: Production, episode_ended: bool = False) -> None:
         """Nobody waits for `production` any more (after the grace, when undelivered), or its episode ended: stop

@@ -34,15 +34,16 @@ class Gateway:
     """Start with `await start()`; `open_episode()` per episode; `close_episode()`; `await stop()`."""
 
     def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = 8 * 2**20, join_identical: bool = True) -> None:
-        """`join_identical`: a request identical to one of the same episode still running (or abandoned moments
-        ago) joins it instead of sampling again (`fullasync.gateway.delivery`)."""
+                 max_body_bytes: int = 8 * 2**20, join_retries: bool = True) -> None:
+        """`join_retries`: a request identical to one of the same episode whose connection is gone (running, or
+        abandoned moments ago) joins it instead of sampling again; identical requests on open connections are
+        sampled independently (`fullasync.gateway.delivery`)."""
         self.service = service
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.answered: Counter[int] = Counter()  # completion requests answered, by HTTP status
-        self.deliveries = Deliveries(join_identical)
+        self.deliveries = Deliveries(join_retries)
         self._episodes: dict[str, GatewayEpisode] = {}
         self._finished: set[str] = set()
         self._http: ServedApp | None = None

@@ -306,7 +306,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                                  count_running=settings.admission, generate_ahead=settings.generate_ahead)
     queue: GroupQueue = (MessageQueue(settings.queue_capacity, hand_over=settings.hand_over)
                          if settings.queue_in_process else RayGroupQueue(settings.queue_capacity, settings.hand_over))
-    gateway = (Gateway(service, host=settings.gateway_host, join_identical=settings.join_identical_requests)
+    gateway = (Gateway(service, host=settings.gateway_host, join_retries=settings.join_identical_requests)
                if generator.uses_gateway else None)
     rollouter = Rollouter(generator, service, queue, staleness, settings.rollout,
                           episode_context=episodes_on(gateway) if gateway is not None else None)

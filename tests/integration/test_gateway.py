@@ -93,7 +93,7 @@ async def test_litellm_multi_turn_as_agent_harnesses_use_it(gateway, tokenizer):
     assert text == "It is 7."
     messages.append({"role": "assistant", "content": text})
     gateway.close_episode(episode)
-    assert len(episode.client.episode.calls) == 2
+    assert len(episode.client.episode.calls) == 3
     assert_token_exact(episode.client, messages, tokenizer)
 
 
@@ -192,16 +192,20 @@ async def test_hundreds_of_open_episodes(gateway):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_tool_choice_named_and_required_hold_real_vllm_to_calls(gateway, stream):
     """A constrained tool_choice through structured outputs on the real engine: the answer is a call, whatever the
-    (random) policy would have written."""
+    (random) policy would have written — also beside a response_format, as the OpenAI Agents SDK sends it with an
+    output type (vLLM's rule: the tool constraint wins for that call)."""
     tools = [{"type": "function", "function": {"name": "pick", "parameters": {
         "type": "object", "properties": {"op": {"enum": ["add", "sub"]}}, "required": ["op"],
         "additionalProperties": False}}}]
     episode = gateway.open_episode()
     sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key)
     messages = [{"role": "user", "content": "Pick an operation."}]
-    for choice in ({"type": "function", "function": {"name": "pick"}}, "required"):
+    output_type = {"type": "json_schema", "json_schema": {"name": "final_output", "strict": True, "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+    for choice, extra in (({"type": "function", "function": {"name": "pick"}}, {}), ("required", {}),
+                          ("required", {"response_format": output_type})):
         kwargs = dict(model="policy", messages=messages, tools=tools, tool_choice=choice, max_tokens=200,
-                      temperature=0)
+                      temperature=0, **extra)
         if stream:
             content, calls, finish = await collect_stream(await sdk.chat.completions.create(stream=True, **kwargs))
             names = [(c["name"], json.loads(c["arguments"])) for c in calls]
@@ -212,7 +216,7 @@ async def test_tool_choice_named_and_required_hold_real_vllm_to_calls(gateway, s
         assert finish == "tool_calls" and not content
         assert [name for name, _ in names][:1] == ["pick"] and all(args["op"] in ("add", "sub") for _, args in names)
     gateway.close_episode(episode)
-    assert len(episode.client.episode.calls) == 2
+    assert len(episode.client.episode.calls) == 3
 
 
 async def test_streamed_chunks_carry_only_the_fields_they_set_as_vllm_sends_them(gateway):

@@ -66,32 +66,48 @@ async def test_sdk_timeouts_and_retries_leave_only_the_completion_the_harness_re
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_an_identical_request_joins_the_one_in_flight(gateway, frozen, stream):
+async def test_identical_requests_on_open_connections_are_sampled_apart_and_a_retry_joins(gateway, frozen, stream):
+    """Best-of-n by eight identical requests: eight engine requests, eight records. Then a harness that hangs up and
+    sends the same bytes again gets the one completion of its first request (one engine request, one record)."""
     episode = gateway.open_episode()
     joined = gateway.deliveries.joined_requests
     sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=120, max_retries=0)
     kwargs = dict(model="policy", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
                   temperature=1.0)
 
-    async def ask() -> list[int]:
+    async def ask() -> list[int] | None:
         if not stream:
             reply = await sdk.chat.completions.create(**kwargs, extra_body={"return_token_ids": True})
             return reply.choices[0].model_extra["token_ids"]
-        text = ""
-        async for chunk in await sdk.chat.completions.create(**kwargs, stream=True):
-            text += "".join(choice.delta.content or "" for choice in chunk.choices)
-        return [ord(c) for c in text]
+        async for _chunk in await sdk.chat.completions.create(**kwargs, stream=True):
+            pass
+        return None
 
-    first = asyncio.create_task(ask())
-    await in_flight(frozen, 1)
-    second = asyncio.create_task(ask())
-    async with asyncio.timeout(IDLE_DEADLINE_S):
-        while gateway.deliveries.joined_requests == joined:
-            await asyncio.sleep(0.01)
-    assert await frozen.num_in_flight() == 1  # one engine request for both
+    candidates = [asyncio.create_task(ask()) for _ in range(8)]
+    await in_flight(frozen, 8)  # every one reached the engine: none joined another
     await frozen.resume()
-    assert await first == await second
-    assert len(episode.client.episode.calls) == 1  # recorded once
+    received = await asyncio.gather(*candidates)
+    assert gateway.deliveries.joined_requests == joined and len(episode.client.episode.calls) == 8
+    if not stream:  # eight records, each the completion one harness request received
+        assert sorted(list(call.output_ids) for call in episode.client.episode.calls) == sorted(received)
+
+    await frozen.pause(PauseMode.KEEP)
+    before = len(episode.client.episode.calls)
+    body = {**kwargs, "stream": stream}
+    async with httpx.AsyncClient(timeout=120) as http:
+        first = asyncio.create_task(http.post(f"{episode.base_url}/chat/completions", json=body))
+        await in_flight(frozen, 1)
+        first.cancel()  # the harness's timeout: its connection closes, the work waits for a retry
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        retry = asyncio.create_task(http.post(f"{episode.base_url}/chat/completions", json=body))
+        async with asyncio.timeout(IDLE_DEADLINE_S):
+            while gateway.deliveries.joined_requests == joined:
+                await asyncio.sleep(0.01)
+        assert await frozen.num_in_flight() == 1  # the retry took over the first request's engine request
+        await frozen.resume()
+        assert (await retry).status_code == 200
+    assert len(episode.client.episode.calls) == before + 1  # recorded once
     gateway.close_episode(episode)
 
 

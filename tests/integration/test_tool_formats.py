@@ -253,9 +253,13 @@ async def test_tool_choice_required_and_named_constrain_the_output_to_calls_in_a
                                              tool_choice={"type": "function", "function": {"name": "multiply"}})
     with pytest.raises(InvalidRequestError, match="needs tools"):
         await client.chat.completions.create(model="policy", messages=messages, tool_choice="required")
-    with pytest.raises(InvalidRequestError, match="without structured_outputs"):
-        await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, tool_choice="required",
-                                             response_format={"type": "json_object"})
+    # the OpenAI Agents SDK's request with an output type: vLLM's rule, the tool constraint wins for this call
+    engine.script.append(chat.encode(required) + [chat.eos_token_id])
+    output_type = {"type": "json_schema", "json_schema": {"name": "final", "schema": {"type": "object"}}}
+    response = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                                     tool_choice="required", response_format=output_type)
+    assert [c.function.name for c in response.choices[0].message.tool_calls] == ["add", "search"]
+    assert engine.constraints[-1][0] == "compact_json" and engine.constraints[-1][1]["minItems"] == 1
 
 
 async def test_chat_template_kwargs_reach_the_template_and_are_part_of_the_recorded_render(tiny_model_path):

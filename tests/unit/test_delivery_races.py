@@ -68,3 +68,47 @@ def test_requests_are_the_same_by_their_idempotency_key_else_by_their_bytes():
     # the header decides alone, but a streamed and a JSON request are never one production
     assert key("chat", body, False, "k1") == key("chat", b"{}", False, "k1") != key("chat", body, True, "k1")
     assert key("chat", body, False, "k1") != key("chat", body, False, None)
+
+
+def test_only_a_retry_joins_identical_requests_on_open_connections_are_sampled_apart():
+    async def main():
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        deliveries = Deliveries()
+        release = asyncio.Event()
+
+        async def produce(production) -> None:  # a call still generating while the others arrive
+            await release.wait()
+            production.add(b'{"answer": 42}')
+
+        body = Deliveries.request_key("chat", b"{}", False, None)
+        keyed = Deliveries.request_key("chat", b"{}", False, "k")
+        first = deliveries.production("episode", service.client("e"), body, produce)
+        hang_up = asyncio.Event()
+        first_waiter = asyncio.ensure_future(first.json(hang_up.wait))
+        await asyncio.sleep(0)  # its connection is open
+        parallel = deliveries.production("episode", service.client("e"), body, produce)
+        hang_up.set()  # the first harness's connection drops (its SDK timed out)
+        assert await first_waiter is None
+        retry = deliveries.production("episode", service.client("e"), body, produce)
+        same_key = [deliveries.production("episode", service.client("e"), keyed, produce) for _ in range(2)]
+        return first, parallel, retry, same_key, deliveries
+
+    first, parallel, retry, same_key, deliveries = run_virtual(main)
+    assert parallel is not first  # its connection was open: sampled on its own
+    assert retry is first  # its connection was gone: the retry takes it over
+    assert same_key[0] is same_key[1] is not first  # the Idempotency-Key joins whatever the connections
+    assert deliveries.joined_requests == 2
+
+    async def without_retries():
+        deliveries = Deliveries(join_retries=False)
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        key = Deliveries.request_key("chat", b"{}", False, None)
+
+        async def produce(production) -> None:
+            await asyncio.Event().wait()
+
+        first = deliveries.production("episode", service.client("e"), key, produce)
+        await first.json(lambda: asyncio.sleep(0))  # a connection that drops at once
+        return first is deliveries.production("episode", service.client("e"), key, produce)
+
+    assert run_virtual(without_retries) is False
