@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -171,21 +172,42 @@ class Run:
         log.warning("%s: finishing the step under way%s and stopping (send it again to stop at once)", reason, saving)
         self.loop.request_stop()
 
-    async def save_model(self, step: int) -> Path:
+    def _not_written(self, error: Exception, what: str, where: Path) -> None:
+        """A save failed: re-raise unless the file system refused it (full, over quota, read-only); then say why in
+        one line, count it, and let the run go on (the next save tries again)."""
+        cause = checkpoint.write_error(error)
+        if cause is None:
+            raise error
+        self.loop.result.failed_saves += 1
+        assert self.checkpoints is not None
+        newest = checkpoint.latest_checkpoint(self.checkpoints.root)
+        free = checkpoint.free_bytes(where.parent)
+        log.error("%s not written: %s (%s free under %s); the newest complete checkpoint stays %s; the run goes on "
+                  "and the next save tries again", what, cause.strerror or cause,
+                  "?" if free is None else f"{free / 2**20:.1f} MiB", where.parent,
+                  newest if newest is not None else "none (resume=auto would start over)")
+
+    async def save_model(self, step: int) -> Path | None:
         """The policy after `step` as a Hugging Face folder (`CheckpointPolicy.hf_dir`), with the note that
-        `fullasync export` writes (step, weight version, base model)."""
+        `fullasync export` writes (step, weight version, base model); None when the disk refused it."""
         assert self.checkpoints is not None  # save_model is handed to the loop only with a checkpoint policy
         target = self.checkpoints.hf_dir(step)
         began = time.perf_counter()
-        await self.trainer.save_checkpoint(str(target))
-        write_export_note(target, step=step, weight_version=self.weight_sync.version,
-                          base_model=str(self.checkpoints.fingerprint.get("model.path", "")))
+        try:
+            await self.trainer.save_checkpoint(str(target))
+            write_export_note(target, step=step, weight_version=self.weight_sync.version,
+                              base_model=str(self.checkpoints.fingerprint.get("model.path", "")))
+        except Exception as error:
+            shutil.rmtree(target, ignore_errors=True)  # a half-written folder is not a model
+            self._not_written(error, f"the policy at step {step} as a Hugging Face folder", target)
+            return None
         log.info("policy at step %d saved as a Hugging Face folder: %s (%.1f s)", step, target,
                  time.perf_counter() - began)
         return target
 
-    async def checkpoint(self, pending: Sequence[Any] = ()) -> SavedCheckpoint:
-        """Save the whole run now (`pending`: groups taken from the queue and not trained)."""
+    async def checkpoint(self, pending: Sequence[Any] = ()) -> SavedCheckpoint | None:
+        """Save the whole run now (`pending`: groups taken from the queue and not trained); None when the file
+        system refused it (the newest complete checkpoint is left as it was)."""
         policy = self.checkpoints
         if policy is None:
             raise RuntimeError("this run has no checkpoint policy")
@@ -194,9 +216,14 @@ class Run:
         for group in groups:
             rollout.in_flight.pop(group.row_id, None)
             rollout.outcomes[group.row_id] = RowOutcome.QUEUED.value
-        saved = await checkpoint.save(policy.root, save_trainer=self.trainer.save_state,
-                                      loop=self.loop.state(self.weight_sync.start_version), rollout=rollout,
-                                      groups=groups, fingerprint=policy.fingerprint, keep=policy.keep)
+        loop = self.loop.state(self.weight_sync.start_version)
+        try:
+            saved = await checkpoint.save(policy.root, save_trainer=self.trainer.save_state, loop=loop,
+                                          rollout=rollout, groups=groups, fingerprint=policy.fingerprint,
+                                          keep=policy.keep)
+        except Exception as error:
+            self._not_written(error, f"checkpoint of step {loop.steps}", checkpoint.step_dir(policy.root, loop.steps))
+            return None
         self.saved.append(saved)
         log.info("checkpoint %s: %.1f MB (trainer %.1f MB) in %.2f s; %d queued groups, %d running rows "
                  "(%d tokens kept, %d to generate again)", saved.path, saved.num_bytes / 2**20,

@@ -24,6 +24,7 @@ crash interrupted and are removed when the next run starts.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ log = logging.getLogger("fullasync")
 FORMAT = 1
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TEMP_PREFIX = ".step_"
+DISK_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})  # a save fails, the run goes on
 
 
 class IncompatibleCheckpointError(FullasyncError, ValueError):
@@ -113,6 +115,31 @@ class SavedCheckpoint:
     trainer_seconds: float
 
 
+def write_error(error: BaseException) -> OSError | None:
+    """The OSError of a file system that refuses more (full, over quota, read-only, a file too large) behind a save
+    that failed, also when a trainer worker raised it (a Ray error names it as its cause); None when the save failed
+    for another reason (a bug stays an error)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_REFUSALS:
+            return current
+        pending += [current.__cause__, current.__context__, getattr(current, "cause", None)]
+    return None
+
+
+def free_bytes(root: Path) -> int | None:
+    """Bytes free to this user on `root`'s file system (None when it cannot be read)."""
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return None
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -161,11 +188,16 @@ async def save(root: Path, *, save_trainer: Callable[[str], Awaitable[Any]], loo
     target = step_dir(root, loop.steps)
     staging = root / f"{TEMP_PREFIX}{loop.steps:08d}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    await save_trainer(str(staging / "trainer"))
-    trainer_seconds = time.perf_counter() - started
-    # the rest is plain I/O on data captured already: a thread, so generation goes on meanwhile
-    num_bytes, trainer_bytes = await asyncio.to_thread(_write_state, staging, loop, rollout, list(groups), fingerprint)
+    try:
+        staging.mkdir()
+        await save_trainer(str(staging / "trainer"))
+        trainer_seconds = time.perf_counter() - started
+        # the rest is plain I/O on data captured already: a thread, so generation goes on meanwhile
+        num_bytes, trainer_bytes = await asyncio.to_thread(_write_state, staging, loop, rollout, list(groups),
+                                                           fingerprint)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # what a save that failed wrote takes no room
+        raise
     if target.exists():  # the same step saved before (a resumed run that re-did it): replace, never half-way
         shutil.rmtree(target)
     staging.rename(target)

@@ -100,6 +100,7 @@ class LoopResult:
     history: list[dict[str, float]] = field(default_factory=list)
     interrupted: bool = False  # stopped by a signal (after saving a checkpoint, when checkpoints are on)
     resumed_from_step: int | None = None  # the checkpoint's step when the run was resumed
+    failed_saves: int = 0  # checkpoints and model folders that could not be written (a full disk): the run went on
 
     @property
     def samples_per_s(self) -> float:
@@ -114,6 +115,7 @@ class LoopResult:
             "max_token_staleness": self.max_token_staleness,
             "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in self.history),
             "interrupted": self.interrupted, "resumed_from_step": self.resumed_from_step,
+            "failed_saves": self.failed_saves,
         }
 
 
@@ -123,12 +125,13 @@ class TrainingLoop(Generic[BatchT]):
     def __init__(self, *, trainer: Trainer[BatchT], rollouter: RolloutControl, queue: GroupQueue,
                  weight_sync: WeightSync, max_staleness: int, batch_size: int, total_steps: int, val_every: int,
                  validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
-                 checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object]] | None = None,
+                 checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object | None]] | None = None,
                  checkpoint_every: int = 0, save_model: Callable[[int], Awaitable[object]] | None = None,
                  save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None,
                  bind_late: bool = True) -> None:
-        """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained); it runs
-        every `checkpoint_every` steps (0: never periodically), after the last step, and on `request_stop()`.
+        """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained; None back: it
+        could not be written, the next one tries again); it runs every `checkpoint_every` steps (0: never
+        periodically), after the last step, and on `request_stop()`.
         `save_model(step)` writes the policy for use elsewhere (a Hugging Face folder) every `save_model_every`
         steps. `more_stats()`: counts of other components for each step's metrics (the gateway's). `bind_late`: a
         step whose batch is the last chance for rows still running trains its oldest groups first and takes its
@@ -213,8 +216,8 @@ class TrainingLoop(Generic[BatchT]):
         if self.checkpoint is None:
             return
         self.result.train_wall_s = _now() - started
-        await self.checkpoint(pending)
-        self._checkpointed_step = self.result.steps
+        if await self.checkpoint(pending) is not None:
+            self._checkpointed_step = self.result.steps
 
     async def _next_batch(self) -> list[TrajectoryGroup]:
         """B groups fresh enough for the current version; fewer only when the rows ran out."""

@@ -111,6 +111,8 @@ class SimulatedTrainer:
         return {}  # simulated engines hold no weights: a push only moves the version
 
     async def save_checkpoint(self, path: str | None = None) -> str:
+        if path:
+            Path(path).mkdir(parents=True, exist_ok=True)  # a real trainer's folder (its contents are not simulated)
         return path or ""
 
     async def save_state(self, path: str) -> None:

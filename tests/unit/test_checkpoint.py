@@ -9,8 +9,10 @@ trainer actually holds.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import math
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -157,6 +159,71 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_the_newest(tmp_path)
     assert ckpt.latest_checkpoint(root) == good
     assert ckpt.remove_interrupted_saves(root) == [staging.name] and not staging.exists()
     assert ckpt.load(good).loop.steps == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs of its own (the checkpoints' file system fills while the rest of the machine has room)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"this test mounts a small tmpfs and needs root: {mounted.stderr.strip()}"
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Take every byte left on `disk`."""
+    with open(disk / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+
+
+class DiskFillingTrainer(SimulatedTrainer):
+    """Something else on the machine fills the checkpoints' disk just before the trainer's second save."""
+
+    def __init__(self, disk: Path) -> None:
+        super().__init__(TrainCost(1e-3, 0.5), 1)
+        self.disk, self.saves = disk, 0
+
+    async def save_state(self, path: str) -> None:
+        self.saves += 1
+        if self.saves == 2:
+            fill(self.disk)
+        await super().save_state(path)
+
+
+def test_a_full_disk_leaves_the_newest_complete_checkpoint_usable_and_the_run_goes_on(small_disk, caplog):
+    root = small_disk / "checkpoints"
+
+    async def main():
+        engines, _, service = parts()
+        trainer = DiskFillingTrainer(small_disk)
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=Harness(),
+                             settings=run_settings(total_steps=6), sink=MetricsSink(None),
+                             checkpoints=CheckpointPolicy(root, every=2, keep=1, fingerprint={"seed": 0},
+                                                          hf_every=2))
+        return await run.execute(rows()), trainer
+
+    result, trainer = run_virtual(main)
+    # checkpoints of steps 2, 4 and 6 tried, and 6 again at the run's end (its checkpoint was not written), model
+    # folders at 2, 4 and 6; every step trained
+    assert result.steps == 6 and trainer.saves == 4
+    assert result.failed_saves == 5 and result.summary()["failed_saves"] == 5
+    (kept,) = ckpt.complete_checkpoints(root)
+    assert kept.name == "step_00000002" and ckpt.load(kept).loop.steps == 2  # keep=1 pruned nothing for them
+    assert [p.name for p in root.iterdir()] == [kept.name]  # what the failed saves wrote is gone
+    assert [p.name for p in (small_disk / "hf").iterdir()] == ["step_00000002"]
+    said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert len(said) == 5 and all("\n" not in line for line in said), said
+    assert "checkpoint of step 4 not written: No space left on device" in said[0] and str(kept) in said[0]
 
 
 def test_keep_prunes_old_checkpoints_only_after_a_newer_one_is_complete(tmp_path):
