@@ -93,7 +93,7 @@ async def test_litellm_multi_turn_as_agent_harnesses_use_it(gateway, tokenizer):
     assert text == "It is 7."
     messages.append({"role": "assistant", "content": text})
     gateway.close_episode(episode)
-    assert len(episode.client.episode.calls) == 3
+    assert len(episode.client.episode.calls) == 2
     assert_token_exact(episode.client, messages, tokenizer)
 
 
