@@ -25,6 +25,11 @@ class InvalidRequestError(FullasyncError, ValueError):
         self.code = code
 
 
+class TrainerWorkerDiedError(FullasyncError, RuntimeError):
+    """A trainer rank's process is gone; the message names the rank and the call. A run restarts its trainer
+    from the newest complete checkpoint (`trainer.restart_on_failure`); it reaches the caller when out of restarts."""
+
+
 class EngineDiedError(FullasyncError, RuntimeError):
     """An engine process is gone, or stopped making progress; the message names it."""
 

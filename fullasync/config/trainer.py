@@ -176,6 +176,9 @@ class TrainerConfig:
                                      resume_may_change=True)
     call_timeout_s: float = setting(600.0, "seconds allowed for one remote call (train step, log-probs, export, "
                                     "save)", resume_may_change=True)
+    restart_on_failure: int = setting(3, "restarts allowed when a trainer rank dies: the trainer starts again from "
+                                      "the newest complete checkpoint and trains again the steps since (engines "
+                                      "keep serving); 0 = the run stops", resume_may_change=True)
 
     def validate(self) -> None:
         """Check fields and resolve registry names against verl; the error names the field and the fix."""

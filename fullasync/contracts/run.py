@@ -95,4 +95,6 @@ class Trainer(Protocol[BatchT]):
 
     async def load_state(self, path: str) -> None: ...
 
+    async def restart(self) -> None: ...  # start again with the model it started with (a rank died); then load_state
+
     async def shutdown(self) -> None: ...

@@ -99,6 +99,7 @@ class RunSettings:
     bind_late: bool = RunConfig.bind_late  # a step takes its last groups when the trainer reaches them (TrainingLoop)
     queue_in_process: bool = False  # True: the queue lives in this process (the simulator's virtual clock)
     restart_engines: bool = False  # restart engines declared dead, with the current weights
+    trainer_restarts: int = 0  # restarts of a trainer whose rank died, from the newest checkpoint (TrainingLoop)
     engine_probe_interval_s: float = EngineSection.probe_interval_s  # how often dead engines are looked for
     join_identical_requests: bool = RolloutSection.join_identical_requests  # the gateway's (fullasync.gateway.delivery)
     gateway_host: str = RolloutSection.gateway_host  # where the gateway binds; episodes' base URLs name it
@@ -121,6 +122,7 @@ class RunSettings:
             val_every=config.val_every,
             val_samples_per_row=config.val_samples_per_row,
             restart_engines=config.engine.restart_on_failure, engine_probe_interval_s=config.engine.probe_interval_s,
+            trainer_restarts=config.trainer.restart_on_failure,
             join_identical_requests=config.rollout.join_identical_requests,
             gateway_host=config.rollout.gateway_host,
         )
@@ -150,6 +152,7 @@ class Run:
         self.val_rows = list(val_rows) if val_rows else []
         self.checkpoints = checkpoints
         self.saved: list[SavedCheckpoint] = []  # the checkpoints this run wrote
+        self._trainer_origin: Path | None = None  # the checkpoint a restarted trainer continues (None: the model)
         self._task: asyncio.Task | None = None
         self.loop = TrainingLoop(
             trainer=trainer, rollouter=rollouter, queue=queue, weight_sync=weight_sync,
@@ -160,6 +163,9 @@ class Run:
             save_model=self.save_model if checkpoints is not None and checkpoints.hf_every else None,
             save_model_every=checkpoints.hf_every if checkpoints is not None else 0,
             more_stats=gateway.stats if gateway is not None else None, bind_late=settings.bind_late,
+            # a restart trains again the steps since the newest checkpoint: only with checkpoints, which bound them
+            restart_trainer=self.restart_trainer if checkpoints is not None and checkpoints.every else None,
+            max_trainer_restarts=settings.trainer_restarts,
         )
 
     def request_stop(self, reason: str) -> None:
@@ -171,6 +177,15 @@ class Run:
         saving = ", save a checkpoint" if self.checkpoints is not None else ""
         log.warning("%s: finishing the step under way%s and stopping (send it again to stop at once)", reason, saving)
         self.loop.request_stop()
+
+    async def restart_trainer(self) -> str:
+        """The trainer started again (a rank died) as of the newest complete checkpoint this run wrote or
+        resumed; which one that was."""
+        await self.trainer.restart()
+        if self._trainer_origin is None:
+            return "the model the run started with"
+        await self.trainer.load_state(str(self._trainer_origin / "trainer"))
+        return str(self._trainer_origin)
 
     def _not_written(self, error: Exception, what: str, where: Path) -> None:
         """A save failed: re-raise unless the file system refused it (full, over quota, read-only); then say why in
@@ -225,6 +240,7 @@ class Run:
             self._not_written(error, f"checkpoint of step {loop.steps}", checkpoint.step_dir(policy.root, loop.steps))
             return None
         self.saved.append(saved)
+        self._trainer_origin = saved.path
         log.info("checkpoint %s: %.1f MB (trainer %.1f MB) in %.2f s; %d queued groups, %d running rows "
                  "(%d tokens kept, %d to generate again)", saved.path, saved.num_bytes / 2**20,
                  saved.trainer_bytes / 2**20, saved.seconds, len(groups), len(rollout.in_flight),
@@ -237,6 +253,7 @@ class Run:
             raise ValueError(f"{saved.path} holds {len(saved.groups)} queued groups, more than this run's queue "
                              f"({self.settings.queue_capacity}): resume with the checkpoint's rollout settings")
         await self.trainer.load_state(str(saved.trainer_dir))
+        self._trainer_origin = saved.path
         await self.weight_sync.restore(await self.trainer.export_weights(), saved.loop.version,
                                        saved.loop.first_version)
         self.loop.restore(saved.loop)

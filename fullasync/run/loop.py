@@ -2,10 +2,10 @@
 
 Owns: the order of one step (wait for a batch → train → export → push), the per-step metrics and the step
 line. It meets the rollouter only through `RolloutControl` (what became of the rows it was handed, trained
-or dropped), the queue through `GroupQueue` and the trainer through `Trainer`. Does not own: generation,
-storage, the update itself, the version's news (the weight sync tells its observers, the rollouter among
-them), crashes elsewhere (the `Run` awaits them beside the loop), validation (the `Run` hands it a
-`validate` that pauses generation) or the final row accounting (`Run`).
+or dropped), the queue through `GroupQueue` and the trainer through `Trainer`; healing a trainer whose rank
+died (`_heal`). Does not own: generation, storage, the update itself, the version's news (the weight sync tells
+its observers, the rollouter among them), crashes elsewhere (the `Run` awaits them beside the loop),
+validation (the `Run` hands it a `validate` that pauses generation) or the final row accounting (`Run`).
 
     while not done:
         groups = await queue.get(B, version, k)       # trainer idle while waiting
@@ -13,6 +13,12 @@ them), crashes elsewhere (the `Run` awaits them beside the loop), validation (th
         # (a last-chance step trains its oldest groups first and takes its last ones when it reaches them)
         await weight_sync.push(await trainer.export_weights())   # version += 1; observers hear of it
         rollouter.on_trained(groups)
+
+A trainer rank that dies (`TrainerWorkerDiedError`) costs minutes, not the run: the trainer restarts from the
+newest complete checkpoint (`restart_trainer`) and trains again, batch by batch, the steps since — the loop keeps
+their batches until the next checkpoint — then the step under way goes on. Engines keep serving meanwhile, within
+the staleness bound; versions only grow (the restarted lineage's first push is the next version); every row is
+trained once into the weights that go on.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
 from fullasync.contracts.run import BatchT, GroupQueue, QueueBatch, Trainer, oldest_allowed, oldest_version
+from fullasync.errors import TrainerWorkerDiedError
 from fullasync.infra.offload import drop_piecewise, off_loop
 from fullasync.observe.logs import progress
 from fullasync.observe.metrics import MetricsSink, format_line, step_stats
@@ -38,6 +45,8 @@ from fullasync.weights.sync import WeightPushTiming, WeightSync
 QUEUE_WAIT_S = 2.0
 
 step_log = logging.getLogger("fullasync.steps")
+log = logging.getLogger("fullasync")
+RESTART_BACKOFF_S = (1.0, 30.0)  # a trainer restart waits the first, doubled per restart of the run, at most the second
 
 
 def _now() -> float:
@@ -101,6 +110,8 @@ class LoopResult:
     interrupted: bool = False  # stopped by a signal (after saving a checkpoint, when checkpoints are on)
     resumed_from_step: int | None = None  # the checkpoint's step when the run was resumed
     failed_saves: int = 0  # checkpoints and model folders that could not be written (a full disk): the run went on
+    trainer_restarts: int = 0  # times a trainer rank died and the trainer started again from a checkpoint
+    trainer_restart_s: float = 0.0  # training time those restarts cost (start, load, steps trained again)
 
     @property
     def samples_per_s(self) -> float:
@@ -115,7 +126,8 @@ class LoopResult:
             "max_token_staleness": self.max_token_staleness,
             "resumed_calls": sum(step.get("rollout/resumed_calls", 0.0) for step in self.history),
             "interrupted": self.interrupted, "resumed_from_step": self.resumed_from_step,
-            "failed_saves": self.failed_saves,
+            "failed_saves": self.failed_saves, "trainer_restarts": self.trainer_restarts,
+            "trainer_restart_s": self.trainer_restart_s,
         }
 
 
@@ -128,14 +140,17 @@ class TrainingLoop(Generic[BatchT]):
                  checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object | None]] | None = None,
                  checkpoint_every: int = 0, save_model: Callable[[int], Awaitable[object]] | None = None,
                  save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None,
-                 bind_late: bool = True) -> None:
+                 bind_late: bool = True, restart_trainer: Callable[[], Awaitable[str]] | None = None,
+                 max_trainer_restarts: int = 0) -> None:
         """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained; None back: it
         could not be written, the next one tries again); it runs every `checkpoint_every` steps (0: never
         periodically), after the last step, and on `request_stop()`.
         `save_model(step)` writes the policy for use elsewhere (a Hugging Face folder) every `save_model_every`
         steps. `more_stats()`: counts of other components for each step's metrics (the gateway's). `bind_late`: a
         step whose batch is the last chance for rows still running trains its oldest groups first and takes its
-        last ones when the trainer reaches them (`_late_places`), where the trainer can (`Trainer.binds_late`)."""
+        last ones when the trainer reaches them (`_late_places`), where the trainer can (`Trainer.binds_late`).
+        `restart_trainer()`: starts the trainer again as of the newest complete checkpoint (None: the one this run
+        began with) and says which; up to `max_trainer_restarts` times a dead rank is healed (`_heal`)."""
         self.trainer = trainer
         self.rollouter = rollouter
         self.queue = queue
@@ -152,6 +167,9 @@ class TrainingLoop(Generic[BatchT]):
         self.save_model_every = save_model_every
         self.more_stats = more_stats
         self.bind_late = bind_late
+        self.restart_trainer = restart_trainer if max_trainer_restarts > 0 else None
+        self.max_trainer_restarts = max_trainer_restarts
+        self._since_checkpoint: list[tuple[BatchT, BatchT | None, int]] = []  # what a restart trains again
         self.result = LoopResult()
         self.stop_requested = False
         self._idle_s = 0.0
@@ -216,8 +234,14 @@ class TrainingLoop(Generic[BatchT]):
         if self.checkpoint is None:
             return
         self.result.train_wall_s = _now() - started
-        if await self.checkpoint(pending) is not None:
+        try:
+            saved = await self.checkpoint(pending)
+        except TrainerWorkerDiedError as error:  # a rank died while it wrote its part: heal, then save again
+            await self._heal(error)
+            saved = await self.checkpoint(pending)
+        if saved is not None:
             self._checkpointed_step = self.result.steps
+            self._since_checkpoint.clear()
 
     async def _next_batch(self) -> list[TrajectoryGroup]:
         """B groups fresh enough for the current version; fewer only when the rows ran out."""
@@ -264,7 +288,13 @@ class TrainingLoop(Generic[BatchT]):
         """Train one batch, push its weights (the weight sync's observers learn the new version), report it."""
         version = self.weight_sync.version
         trained = await self._train(groups, version)
-        push = await self.weight_sync.push(await self.trainer.export_weights())
+        while True:
+            try:
+                weights = await self.trainer.export_weights()
+                break
+            except TrainerWorkerDiedError as error:
+                await self._heal(error)
+        push = await self.weight_sync.push(weights)
         self.rollouter.on_trained(trained.groups)
         result = self.result
         result.steps += 1
@@ -293,7 +323,7 @@ class TrainingLoop(Generic[BatchT]):
         if not late:
             taken(groups)
             batch = await off_loop(self.trainer.build_batch, groups)  # in proportion to the batch: off the loop
-            outcome.metrics.update(await self.trainer.train_step(batch, version))
+            outcome.metrics.update(await self._train_step(batch, version))
             return outcome
         groups.sort(key=oldest_version)  # each get hands over oldest first, but a batch may take several
         groups[:], held = groups[:-late], groups[-late:]  # the youngest wait
@@ -306,8 +336,57 @@ class TrainingLoop(Generic[BatchT]):
             return await off_loop(self.trainer.build_batch, second)
 
         batch = await off_loop(self.trainer.build_batch, groups)
-        outcome.metrics.update(await self.trainer.train_step(batch, version, take_late))
+        outcome.metrics.update(await self._train_step(batch, version, take_late))
         return outcome
+
+    async def _train_step(self, batch: BatchT, version: int,
+                          late: Callable[[], Awaitable[BatchT]] | None = None) -> Mapping[str, float]:
+        """`trainer.train_step`, again after a heal when a rank died in it; the step's batch (and its late part,
+        taken once whatever the tries) is kept for a later restart until the next checkpoint."""
+        rest: list[BatchT] = []
+
+        async def late_once() -> BatchT:
+            assert late is not None
+            if not rest:
+                rest.append(await late())
+            return rest[0]
+
+        while True:
+            try:
+                metrics = await self.trainer.train_step(batch, version, late_once if late is not None else None)
+                break
+            except TrainerWorkerDiedError as error:
+                await self._heal(error)
+        if self.restart_trainer is not None:
+            self._since_checkpoint.append((batch, rest[0] if rest else None, version))
+        return metrics
+
+    async def _heal(self, error: TrainerWorkerDiedError) -> None:
+        """Start the trainer again from the newest complete checkpoint and train again the steps since; a rank
+        that dies meanwhile costs another restart. Raises `error` when restarts are off or used up."""
+        result = self.result
+        while True:
+            if self.restart_trainer is None or result.trainer_restarts >= self.max_trainer_restarts:
+                raise error
+            result.trainer_restarts += 1
+            wait = min(RESTART_BACKOFF_S[0] * 2 ** (result.trainer_restarts - 1), RESTART_BACKOFF_S[1])
+            log.error("%s; restarting the trainer in %.0f s (restart %d of %d) and training again the %d steps "
+                      "since its newest checkpoint; engines keep serving", error, wait, result.trainer_restarts,
+                      self.max_trainer_restarts, len(self._since_checkpoint))
+            await asyncio.sleep(wait)
+            began = _now()
+            try:
+                origin = await self.restart_trainer()
+                for batch, rest, version in self._since_checkpoint:
+                    await self.trainer.train_step(batch, version, None if rest is None else _ready(rest))
+            except TrainerWorkerDiedError as again:
+                error = again
+                continue
+            finally:
+                result.trainer_restart_s += _now() - began
+            log.warning("trainer restarted from %s and %d steps trained again in %.1f s; the run goes on",
+                        origin, len(self._since_checkpoint), _now() - began)
+            return
 
     async def _run_metrics(self, push: WeightPushTiming, started: float, new_tokens: float) -> dict[str, float]:
         """The run so far, after a step: queue, rollout, throughput, progress and the push's timing."""
@@ -332,6 +411,7 @@ class TrainingLoop(Generic[BatchT]):
             "weight_sync/pause_s": push.pause_s,
             "weight_sync/update_s": push.update_s,
             "engines/restarts": float(self.weight_sync.restarts),
+            "trainer/restarts": float(result.trainer_restarts),
             **{f"rows/{k}": float(v) for k, v in report.outcome_counts.items()},
             **{f"rollout/failures/{kind}": float(count) for kind, count in report.failure_kinds.items()},
             "rollout/infra_retries": float(report.infra_retries),
@@ -339,3 +419,12 @@ class TrainingLoop(Generic[BatchT]):
         if self.more_stats is not None:
             metrics.update(self.more_stats())
         return metrics
+
+
+def _ready(batch: BatchT) -> Callable[[], Awaitable[BatchT]]:
+    """A `late` that hands over a part taken before (a step trained again after a restart)."""
+
+    async def late() -> BatchT:
+        return batch
+
+    return late

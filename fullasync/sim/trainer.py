@@ -77,6 +77,10 @@ class SimulatedTrainer:
     async def shutdown(self) -> None:
         return None
 
+    async def restart(self) -> None:
+        """Its "model" is lost with its process: back to the start (a checkpoint's state is loaded next)."""
+        self.step, self.trained_rows = 0, []
+
     def build_batch(self, groups: Sequence[TrajectoryGroup]) -> SimulatedBatch:
         return SimulatedBatch(
             groups=tuple(groups),

@@ -253,8 +253,15 @@ class VerlTrainer:
         """Each rank's node and GPU ids, by rank."""
         return list(await self._require_started().call("placement"))
 
+    async def restart(self) -> None:
+        """Stop what is left of the ranks (a rank died: the others hold shards of a model that is no longer whole)
+        and start them again from `model_path`; `load_state` a checkpoint next to continue it."""
+        await self.shutdown()
+        self.step, self._in_step, self._metadata = 0, False, None
+        await self.start()
+
     async def shutdown(self) -> None:
-        """Stop the ranks; the trainer cannot be used afterwards."""
+        """Stop the ranks; the trainer cannot be used afterwards (but for `restart`)."""
         if self._workers is not None:
             workers, self._workers = self._workers, None
             await workers.shutdown()

@@ -25,16 +25,12 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fullasync.errors import FullasyncError
+from fullasync.errors import TrainerWorkerDiedError
 from fullasync.infra.placement import require_cluster_offers
 from fullasync.trainer.worker import TrainerWorker, WorkerSpec
 
 Reply: TypeAlias = Any  # what a rank method returns: Ray calls it by name, untyped; each caller states the type
 T = TypeVar("T")
-
-
-class TrainerWorkerDiedError(FullasyncError, RuntimeError):
-    """A trainer rank's process is gone; the message names the rank and the call."""
 
 
 @dataclass(frozen=True)

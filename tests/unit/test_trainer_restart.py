@@ -1,0 +1,82 @@
+"""A trainer rank that dies costs a restart, not the run: the trainer starts again from the newest complete
+checkpoint, trains again the steps since, and the step under way goes on (`TrainingLoop._heal`).
+
+Control code real (Rollouter, queue, WeightSync, TrainingLoop, Run, the checkpoint writer); engines and trainer
+the simulator's, on its virtual clock. The simulated trainer's "model" is the list of rows it trained, lost with
+its process: what it holds at the end is what the weights that go on were trained on.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_checkpoint import FINAL, Harness, parts, rows, run_settings
+
+from fullasync.errors import TrainerWorkerDiedError
+from fullasync.observe.metrics import MetricsSink, format_line
+from fullasync.run import assemble
+from fullasync.run.checkpoint import CheckpointPolicy
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.trainer import SimulatedTrainer, TrainCost
+
+
+class DyingTrainer(SimulatedTrainer):
+    """A rank dies half-way through the train_step calls numbered in `deaths` (counted over restarts)."""
+
+    def __init__(self, deaths: set[int]) -> None:
+        super().__init__(TrainCost(1e-3, 0.5), 1)
+        self.deaths, self.calls, self.restarts = deaths, 0, 0
+
+    async def train_step(self, batch, trainer_version=None, late=None):
+        self.calls += 1
+        if self.calls in self.deaths:
+            await super().train_step(batch, trainer_version)  # half-way: the work is lost with the rank
+            self.trained_rows = self.trained_rows[: -len(batch.groups)]
+            raise TrainerWorkerDiedError(f"a trainer rank died during 'train_step' (call {self.calls})")
+        return await super().train_step(batch, trainer_version, late)
+
+    async def restart(self) -> None:
+        self.restarts += 1
+        await super().restart()
+
+
+def run_with(tmp_path, trainer, restarts: int, every: int = 3, total_steps: int = 8):
+    async def main():
+        engines, _, service = parts()
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=Harness(),
+                             settings=run_settings(total_steps=total_steps, trainer_restarts=restarts),
+                             sink=MetricsSink(tmp_path / "metrics.jsonl"),
+                             checkpoints=CheckpointPolicy(tmp_path / "checkpoints", every=every, keep=1)
+                             if every else None)
+        return await run.execute(rows())
+
+    return run_virtual(main)
+
+
+def test_a_rank_that_dies_mid_step_and_again_while_healing_costs_two_restarts_and_nothing_else(tmp_path, caplog):
+    # steps 1-3, checkpoint, step 4; step 5 dies (call 5); the restart's replay of step 4 dies too (call 6)
+    trainer = DyingTrainer(deaths={5, 6})
+    result = run_with(tmp_path, trainer, restarts=3)
+    assert result.steps == 8 and result.trainer_restarts == 2 == trainer.restarts
+    assert result.summary()["trainer_restarts"] == 2 and result.trainer_restart_s > 0
+    # the weights that go on were trained on every trained row once, and on nothing else
+    assert len(trainer.trained_rows) == len(set(trainer.trained_rows))
+    assert set(trainer.trained_rows) == {r for r, o in result.row_outcomes.items() if o == "trained"}
+    assert result.outcomes["trained"] == 16 and set(result.row_outcomes.values()) <= FINAL | {"unfinished"}
+    # versions only grow, one per step: the restarted lineage's first push is the next version
+    assert [step["version"] for step in result.history] == list(range(1, 9))
+    assert [step["trainer/restarts"] for step in result.history] == [0, 0, 0, 0, 2, 2, 2, 2]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("restarting the trainer" in line for line in said) == 2
+    assert any("trainer restarted from" in line and "step_00000003" in line and "1 steps trained again" in line
+               for line in said), said
+    lines = [format_line(step, metrics) for step, metrics in enumerate(result.history, start=1)]
+    assert "trainer restarts 2" in lines[4] and "trainer restarts" not in lines[3]
+
+
+def test_out_of_restarts_or_without_checkpoints_the_death_ends_the_run_naming_it(tmp_path):
+    with pytest.raises(TrainerWorkerDiedError, match="call 6"):
+        run_with(tmp_path / "a", DyingTrainer(deaths={5, 6}), restarts=1)
+    trainer = DyingTrainer(deaths={2})
+    with pytest.raises(TrainerWorkerDiedError, match="call 2"):  # nothing bounds what a restart would train again
+        run_with(tmp_path / "b", trainer, restarts=3, every=0)
+    assert trainer.restarts == 0
