@@ -189,6 +189,10 @@ class Deliveries:
         episode[key] = production
         return production
 
+    def running(self, episode_key: str) -> int:
+        """The episode's productions not delivered yet: running, or waiting for a retry."""
+        return sum(not p.answer.delivered for p in self._productions.get(episode_key, {}).values())
+
     def _retried_by(self, request_key: str, production: Production) -> bool:
         """Whether a request of `request_key` is a retry of `production`: the same key, the work not yet delivered
         nor failed, and either the same `Idempotency-Key` or the same bytes after every connection to it closed."""

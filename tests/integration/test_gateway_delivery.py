@@ -26,6 +26,13 @@ async def idle_after(engine, since: float) -> float:
     return time.monotonic() - since
 
 
+async def running(gateway, episode, count: int) -> None:
+    """Until the gateway runs `count` productions of `episode` (its requests, each in a task of its own)."""
+    async with asyncio.timeout(IDLE_DEADLINE_S):
+        while gateway.deliveries.running(episode.api_key) < count:
+            await asyncio.sleep(0.01)
+
+
 async def in_flight(engine, count: int) -> None:
     async with asyncio.timeout(IDLE_DEADLINE_S):
         while await engine.num_in_flight() < count:
@@ -83,7 +90,11 @@ async def test_identical_requests_on_open_connections_are_sampled_apart_and_a_re
             pass
         return None
 
-    candidates = [asyncio.create_task(ask()) for _ in range(8)]
+    candidates = []
+    for opened in range(1, 9):
+        candidates.append(asyncio.create_task(ask()))
+        if stream:  # opened one after another: a burst of eight streams once left one undispatched by the server
+            await running(gateway, episode, opened)
     await in_flight(frozen, 8)  # every one reached the engine: none joined another
     await frozen.resume()
     received = await asyncio.gather(*candidates)
