@@ -37,6 +37,7 @@ from fullasync.weights.transport import ObjectStoreTransport
 log = logging.getLogger("fullasync")
 
 INSTALL_ATTEMPTS = 2  # a failed install is tried once more before its engine is replaced (or the push fails)
+RESTART_ATTEMPTS = 3  # restarts of a dead engine that fail in a row (it died again while starting) before the run does
 # An ABORT push returns every interrupted generation to the driver, which takes it in and, once its engine resumes,
 # sends it again: thousands at one instant stall the loop at the pause and again at the resume (bench/control_plane.py;
 # the figures: docs/benchmarks.md, "Figures behind the code"). Engines start their install at most this many
@@ -219,8 +220,10 @@ class WeightSync:
             return restarted
 
     async def supervise(self, interval_s: float) -> None:
-        """Run as a task: restart dead engines as they appear (`restart_on_failure`); a restart that fails, or a
-        death without restarts, is kept for `wait_failed` and `check_engines`, and the task ends."""
+        """Run as a task: restart dead engines as they appear (`restart_on_failure`); a restart that fails is
+        tried again at the next probe, up to `RESTART_ATTEMPTS` in a row; then that failure, or a death without
+        restarts, is kept for `wait_failed` and `check_engines`, and the task ends."""
+        failed_in_a_row = 0
         while True:
             await asyncio.sleep(interval_s)
             dead = [e.death for e in self.engines if e.death is not None]
@@ -231,7 +234,13 @@ class WeightSync:
                 return
             try:
                 await self.restart_dead()
+                failed_in_a_row = 0
             except Exception as error:  # kept: the run raises it as its error
+                failed_in_a_row += 1
+                if failed_in_a_row < RESTART_ATTEMPTS and isinstance(error, EngineDiedError):
+                    log.warning("an engine restart failed (%d of %d in a row), trying again: %s", failed_in_a_row,
+                                RESTART_ATTEMPTS, error)
+                    continue
                 failure = EngineDiedError(f"an engine could not be restarted: {error!r}")
                 failure.__cause__ = error
                 self._fail(failure)

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from fullasync.contracts.engine import PauseMode
-from fullasync.errors import WeightPushError
+from fullasync.errors import EngineDiedError, WeightPushError
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.weights import sync as weight_sync
@@ -140,3 +140,44 @@ def test_a_push_that_interrupts_nothing_on_the_driver_starts_every_engine_at_onc
     counts = {name: 10 * weight_sync.ABORT_BURST_REQUESTS for name in "abc"}
     assert pause_times(PauseMode.RECOMPUTE, counts) == [0.0, 0.0, 0.0]  # the engine resumes them itself
     assert pause_times(PauseMode.WAIT, counts) == [0.0, 0.0, 0.0]
+
+
+class DiesWhileStarting(SimulatedEngine):
+    """Declared dead; its next `failures` restarts die during start (as an actor killed while it loads)."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        super().__init__(name, COST)
+        self.failures, self.restarts = failures, 0
+        self.mark_dead("killed")
+
+    async def restart(self, weights, version: int) -> None:
+        self.restarts += 1
+        if self.failures:
+            self.failures -= 1
+            raise EngineDiedError(f"engine {self.name} died during start")
+        await super().restart(weights, version)
+
+
+def supervise(failures: int, probes: int = weight_sync.RESTART_ATTEMPTS + 1):
+    """The supervisor probing every second for `probes` seconds, its engine dying in its first `failures` restarts."""
+    async def main():
+        engine = DiesWhileStarting("sim-0", failures)
+        sync = WeightSync([engine], PauseMode.ABORT, restart_on_failure=True)
+        supervisor = asyncio.ensure_future(sync.supervise(1.0))
+        await asyncio.sleep(probes + 0.5)
+        ended = supervisor.done()
+        supervisor.cancel()
+        return engine, sync, ended
+
+    return run_virtual(main)
+
+
+def test_an_engine_that_dies_again_while_restarting_is_restarted_at_the_next_probe_a_few_times_in_a_row():
+    engine, sync, ended = supervise(failures=weight_sync.RESTART_ATTEMPTS - 1)
+    assert engine.death is None and not ended and engine.restarts == weight_sync.RESTART_ATTEMPTS
+    assert sync.restarts == 1
+    sync.check_engines()  # nothing ends the run
+    engine, sync, ended = supervise(failures=weight_sync.RESTART_ATTEMPTS)
+    assert ended and engine.restarts == weight_sync.RESTART_ATTEMPTS and engine.death is not None
+    with pytest.raises(EngineDiedError, match="could not be restarted: .*died during start"):
+        sync.check_engines()

