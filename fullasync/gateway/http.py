@@ -2,13 +2,17 @@
 
 Owns: binding (loopback by default; port 0 picks a free one, read back before serving), starting
 uvicorn on the running loop and waiting until it serves, and stopping it. The gateway and the
-examples' services (e.g. deepresearch's retrieval server) share it.
+examples' services (e.g. deepresearch's retrieval server) share it. The process's signals stay its owner's:
+uvicorn would take SIGTERM / SIGINT for itself while it serves (stop serving at once, then raise the signal again
+— a run's one SIGTERM reached it twice and stopped it without its checkpoint, its harnesses cut off first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 START_TIMEOUT_S = 60.0  # a bound on a hang: start() returns as soon as uvicorn serves
@@ -48,7 +52,12 @@ class ServedApp:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(self.app, **self.options))
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # the process's signals are its owner's, not uvicorn's
+                yield
+
+        self._server = Server(uvicorn.Config(self.app, **self.options))
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name=self.name)
         for _ in range(int(START_TIMEOUT_S / 0.01)):
             if self._server.started:
