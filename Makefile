@@ -79,10 +79,21 @@ run: setup
 demo: setup
 	$(PY) -m fullasync.cli.demo
 
-# docs/config.md, generated from the config's field declarations (a unit test fails when it is out of date).
+# The documentation site (mkdocs.yml; MkDocs with Material, from requirements/docs-lock.txt in .venv-docs, apart
+# from the training stack) built strict into site/: a broken link, or a page the navigation omits, fails it.
+# docs/config.md is generated from the config's field declarations first (a unit test fails when it is out of date).
+DOCS_VENV := .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.fullasync-installed
+
 .PHONY: docs
-docs: setup
+docs: setup $(DOCS_STAMP)
 	$(PY) -m fullasync.config.doc > docs/config.md
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
+
+$(DOCS_STAMP): requirements/docs-lock.txt
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install --quiet --no-deps -r requirements/docs-lock.txt
+	touch $(DOCS_STAMP)
 
 # Tiers (tests/unit, tests/integration; markers in pyproject.toml): `test-unit` is the inner loop (no Ray, vLLM
 # or verl; under 90 s), `test` everything but the slow tests, `test-slow` those. pytest exits 5 (a failure
@@ -107,7 +118,7 @@ test-learning: setup setup-terminus setup-containers
 	$(PY) -m pytest -m learning -q
 
 clean-venv:
-	rm -rf $(VENV) $(HARBOR_VENV)
+	rm -rf $(VENV) $(HARBOR_VENV) $(DOCS_VENV)
 
 # Lint and type checks (ruff and mypy, pinned in the lock, configured in pyproject.toml); CI runs this before the
 # tests. mypy sees `agents/` and `patches/` under their installed names through links in $(VENV)/mypy-path.

@@ -3,33 +3,36 @@ and the openai SDK in front) while faults land at random times drawn from a seed
 
 Faults, each drawn from `--seed`:
 - in the run, every `--period` s on average: an engine actor killed (`ray.kill`; the run restarts it with the
-  current weights), a trainer rank killed (the run restarts the trainer from its newest checkpoint), SIGTERM to
-  this process (the run checkpoints and stops; the soak resumes it at once, the engines and trainer kept);
+  current weights), a trainer rank killed (the run restarts the trainer from its newest checkpoint), a weight push
+  broken half-way (the next push's install on one engine, its actor killed while the install runs: the others
+  hold the new version, that one restarts with it), SIGTERM to this process (the run checkpoints and stops; the
+  soak resumes it at once, the engines and trainer kept);
 - in episodes (`--episode-faults` of them): the harness crashes after its call, the harness hangs past
   `rollout.episode_timeout_s` (the run cancels it), the client times out and retries (the openai SDK with a 50 ms
-  timeout and two retries), the client hangs up a stream after its first chunk and asks again.
+  timeout and five retries; the episode fails if none returns), the client hangs up a stream after its first chunk
+  and asks again.
 
 Checked at the end (the soak exits 1 naming what failed):
 - every row the run admitted has one outcome, none trained twice (`trained_rows_seen_twice`), over every resume;
 - no trained token older than the staleness bound (`max_token_staleness` <= `staleness`);
-- every completion an episode recorded (so trained) is one its harness received, token for token;
+- every completion an episode trains (its trajectory) is one its harness received, token for token;
 - every engine serves the trainer's version;
 - nothing left: no process this soak started, no shared-memory file, no listening socket of this process.
 
     .venv/bin/python bench/chaos.py [--minutes 30] [--seed 0] [--period 45] [--out outputs/chaos]
 
-Prints the faults injected and survived, by kind, and writes them with the checks to `<out>/chaos.json`.
-Found by its first three-minute runs, both mended: an engine killed again while it restarted ended the run (now
-restarted again at the next probe, `RESTART_ATTEMPTS` in a row); one SIGTERM to a run with the gateway stopped the
-gateway at once and reached the run twice, so it stopped without its checkpoint (uvicorn took the process's
-signals; `fullasync.gateway.http` leaves them to the run now). Open, from a 3.3-minute run (seed 2: 3 runs, 65
-steps, 1,355 episodes, 431 faults of 7 kinds; every other check held): 9 episodes recorded a completion their SDK
-never returned — 8 of them SDK timeouts at 50 ms, 1 a stream hung up: the gateway hands the answer to a connection
-it still sees open while the client is closing it (a race the HTTP exchange cannot settle from the server's side);
-and a killed process's POSIX semaphore (`/dev/shm/sem.mp-*`) stays behind. Not yet run for its full length.
+Prints the faults injected and survived, by kind, and writes them with the checks to `<out>/chaos.json`. Its short
+form (three minutes, seed 2) is a slow test (tests/integration/test_chaos_soak.py).
 
-Not injected: a weight push failing half-way (nothing here can break a push from outside without also killing
-the rank or the engine that holds it, which the kills above do).
+What its runs found, all mended: an engine killed again while it restarted ended the run (now restarted again at
+the next probe, `RESTART_ATTEMPTS` in a row); one SIGTERM to a run with the gateway stopped the gateway at once and
+reached the run twice, so it stopped without its checkpoint (uvicorn took the process's signals); an answer the
+gateway wrote just as its SDK timed out (or its harness hung up a stream) was recorded though the harness never got
+it — 9 episodes in a 3.3-minute run; now a connection reset after the write takes the call back out
+(`gateway/unread_calls`), the SDK's retry is handed that same answer, and a call whose connection closed cleanly
+but whose prompt the harness asked again without going on from it is not trained (`Episode.settled_calls`; a
+30-minute run before that last rule: 1 of 19,755 episodes, a hung-up stream read whole off the socket); each
+killed engine left a POSIX semaphore in /dev/shm (now removed when the run ends, `fullasync.infra.shm`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import openai
 import psutil
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -59,8 +61,10 @@ from openai.types.chat import ChatCompletionMessageParam
 from fullasync.api import AsyncAgentTrainer, _start_trainer, engine_config
 from fullasync.config import RunConfig
 from fullasync.config.compose import build_config, schema_node
-from fullasync.engines.vllm import launch_vllm_engines
+from fullasync.contracts.engine import InstallTiming, PauseMode
+from fullasync.engines.vllm import RayEngine, launch_vllm_engines
 from fullasync.infra.runtime import init_ray
+from fullasync.infra.shm import remove_orphaned_semaphores
 from fullasync.observe.logs import configure_logging
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.tasks.arithmetic import messages, reward
@@ -68,7 +72,7 @@ from fullasync.trainer.verl_trainer import VerlTrainer
 
 log = logging.getLogger("fullasync.chaos")
 
-RUN_FAULTS = ("engine_kill", "trainer_rank_kill", "sigterm_resume")
+RUN_FAULTS = ("engine_kill", "trainer_rank_kill", "push_broken_halfway", "sigterm_resume")
 EPISODE_FAULTS = ("harness_crash", "harness_hang", "client_timeout_retry", "client_disconnect_mid_stream")
 FINAL = {"trained", "filtered", "failed", "too_stale"}
 MARK = ".chaos-soak"  # the marker of a folder this soak may clear
@@ -81,6 +85,31 @@ class Tally:
     injected: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     episodes: int = 0
+    break_a_push: bool = False  # armed: the next install on an engine is broken off half-way
+
+
+def breaking_pushes(engine: RayEngine, tally: Tally) -> None:
+    """`engine.install` that, when `tally.break_a_push` is armed, kills the engine's actor while the install runs
+    (the call sent, its answer not back): a push broken half-way, the other engines holding the new version."""
+    install = engine.install
+
+    async def breakable(weights: Any, version: int, mode: PauseMode) -> InstallTiming:
+        if not tally.break_a_push:
+            return await install(weights, version, mode)
+        tally.break_a_push = False
+        running = asyncio.ensure_future(install(weights, version, mode))
+        await asyncio.sleep(0)  # the call is on its way to the actor
+        ray.kill(engine.actor)
+        try:
+            timing = await running
+        except BaseException:
+            tally.injected["push_broken_halfway"] += 1
+            log.warning("chaos: push_broken_halfway (version %d on %s)", version, engine.name)
+            raise
+        tally.break_a_push = True  # it finished first: the next push is broken instead
+        return timing
+
+    engine.install = breakable  # type: ignore[method-assign]
 
 
 class ChaosHarness(CustomGenerator):
@@ -95,18 +124,13 @@ class ChaosHarness(CustomGenerator):
         rng = random.Random(f"{self.seed}/{episode.episode_id}")
         fault = rng.choice(EPISODE_FAULTS) if rng.random() < self.share else None
         received: Counter[tuple[int, ...]] = Counter()
-        sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=600, max_retries=0)
+        impatient = fault == "client_timeout_retry"  # the answer is what one of its tries returned, else it fails
+        sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=0.05 if impatient else 600,
+                          max_retries=5 if impatient else 0)
         self.tally.episodes += 1
         if fault is not None:
             self.tally.injected[fault] += 1
         try:
-            if fault == "client_timeout_retry":
-                impatient = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, timeout=0.05,
-                                        max_retries=2)
-                try:
-                    await ask(impatient, row, received)
-                except openai.APITimeoutError:
-                    pass  # every try timed out: ask again as a patient client
             if fault == "client_disconnect_mid_stream":
                 stream = await sdk.chat.completions.create(model="policy", messages=chat(row), max_tokens=4,
                                                            stream=True)
@@ -118,15 +142,20 @@ class ChaosHarness(CustomGenerator):
                 raise RuntimeError("chaos: the harness crashed after its call")
             if fault == "harness_hang":
                 await asyncio.sleep(3600)  # the run cancels it at rollout.episode_timeout_s
+            self.check(episode, received)  # an episode that returns is trained: what it recorded, it received
             return reward(text, row["answer"])
         finally:
-            for call in episode.client.episode.calls:  # what the episode recorded, so what is trained
-                output = tuple(call.output_ids)
-                if received[output] <= 0:
-                    self.tally.violations.append(f"{episode.episode_id}: recorded a completion its harness never "
-                                                 f"received ({list(output)})")
-                received[output] -= 1
             await sdk.close()
+
+    def check(self, episode: EpisodeContext, received: Counter[tuple[int, ...]]) -> None:
+        """Every completion the episode trains (its trajectory) is one its harness received, token for token. Only
+        episodes that return are checked: one that fails or is cancelled (its run stopped) trains nothing."""
+        for call in episode.client.trajectory(0.0).calls:
+            output = tuple(call.output_ids)
+            if received[output] <= 0:
+                self.tally.violations.append(f"{episode.episode_id}: recorded a completion its harness never "
+                                             f"received ({list(output)})")
+            received[output] -= 1
 
 
 async def ask(sdk: AsyncOpenAI, row: dict[str, Any], received: Counter[tuple[int, ...]]) -> str:
@@ -154,6 +183,9 @@ async def inject(rng: random.Random, engines: list, trainer: VerlTrainer, period
             if not alive:
                 continue
             ray.kill(victims.choice(alive).actor)
+        elif kind == "push_broken_halfway":
+            tally.break_a_push = True  # counted when a push was broken (`breaking_pushes`)
+            continue
         elif kind == "trainer_rank_kill":
             workers = trainer._workers
             if workers is None or not workers.actors:
@@ -215,13 +247,15 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     tally, rng = Tally(), random.Random(args.seed)
     harness = ChaosHarness(args.seed, args.episode_faults, tally)
     shm_before, children_before = shm_files(), {p.pid for p in psutil.Process().children(recursive=True)}
-    began = time.monotonic()
+    began, started_at = time.monotonic(), time.time()
     deadline = began + args.minutes * 60
     init_ray(log_to_driver=False)
     trainer = VerlTrainer(AsyncAgentTrainer(config).model_path(), config.resolved_trainer())
     model_path = trainer.model_path
     engines, _ = await asyncio.gather(launch_vllm_engines(engine_config(config, model_path),
                                                           config.engine.num_engines), _start_trainer(trainer))
+    for engine in engines:
+        breaking_pushes(engine, tally)
     segments, results = 0, []
     try:
         while True:
@@ -254,6 +288,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(trainer.shutdown(), *(engine.shutdown() for engine in engines),
                              return_exceptions=True)
         ray.shutdown()
+        swept = remove_orphaned_semaphores(since=started_at)  # what a run that owns its engines does at its end
     last = results[-1]
     checks = {
         "every admitted row has one final outcome or is queued/running in the last checkpoint":
@@ -278,7 +313,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "faults_total": sum(tally.injected.values()),
         "trainer_restarts": sum(r.trainer_restarts for r in results),
         "engine_restarts": max((step.get("engines/restarts", 0.0) for r in results for step in r.history), default=0),
-        "rows": last.outcomes, "violations": tally.violations[:20],
+        "rows": last.outcomes, "violations": tally.violations[:20], "semaphores_swept": swept,
         "leftover": {"processes": sorted(leftover), "shm": sorted(shm_files() - shm_before),
                      "sockets": listening_sockets()},
         "checks": checks,

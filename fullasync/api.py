@@ -31,6 +31,7 @@ from fullasync.engines.vllm.args import check_engine_args, split_engine_args
 from fullasync.infra.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
 from fullasync.infra.platform import is_cpu_platform
 from fullasync.infra.runtime import describe_cluster, init_ray
+from fullasync.infra.shm import remove_orphaned_semaphores
 from fullasync.models import load_tokenizer
 from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
 from fullasync.observe.logs import configure_logging, progress, progress_display
@@ -233,7 +234,7 @@ class AsyncAgentTrainer:
         toy_values = builtin_values_warning(cfg, weights_bytes(Path(model_path)))
         if toy_values:
             log.warning("%s", toy_values)
-        began = time.perf_counter()
+        began, started_at = time.perf_counter(), time.time()
         init_ray(log_to_driver=cfg.worker_logs)
         log.info("Ray ready: %s (%.1f s)", describe_cluster(), time.perf_counter() - began,
                  extra=progress("ray", 1, 1))
@@ -258,6 +259,8 @@ class AsyncAgentTrainer:
             return await self._run(engines, trainer, model_path, resume)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
+            if own_engines or own_trainer:
+                remove_orphaned_semaphores(since=started_at)
 
     @staticmethod
     async def _shutdown(trainers: list, engines: list) -> None:

@@ -26,6 +26,9 @@ class Episode:
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
         self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order
+        # calls whose answer's connection closed before another request on it: read, or thrown away unread (an SDK
+        # that gave up as the answer came in); HTTP cannot tell (`settled_calls`)
+        self.doubtful: dict[int, ModelCall] = {}  # by id (the call held: its id is not reused meanwhile)
         # why the last call failed, when the policy or the infrastructure caused it (None after a call succeeds):
         # a harness that then raises anything (an SDK error over HTTP, say) failed for this reason
         self.fault: FailureKind | None = None
@@ -33,6 +36,23 @@ class Episode:
         self.deadline_paused: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
         # set by the rollouter: the engine priority of the episode's next request (its row's oldest token version)
         self.priority: Callable[[], int] = no_priority
+
+    def settled_calls(self) -> list[ModelCall]:
+        """The calls to train: all, but a doubtful one that a later call asks again (the same prompt) and none
+        extends (its prompt and completion the start of a later prompt) — its harness asked again instead of going
+        on from it, so it did not use it (and may never have received it)."""
+        if not self.doubtful:
+            return list(self.calls)
+        kept = []
+        for index, call in enumerate(self.calls):
+            if id(call) in self.doubtful:
+                later = self.calls[index + 1:]
+                went_on = call.prompt_ids + call.output_ids
+                if any(c.prompt_ids == call.prompt_ids for c in later) and not any(
+                        c.prompt_ids[:len(went_on)] == went_on for c in later):
+                    continue
+            kept.append(call)
+        return kept
 
     def infra_hooks(self) -> InfraHooks:
         return InfraHooks(waiting=lambda: self.deadline_paused(), failed=self.infra_failed)
@@ -58,14 +78,39 @@ class HeldCalls:
         self.turns: list[TurnState] | None = None
         self.last_completion: tuple[str, tuple[int, ...]] | None = None
         self.committed = False
+        self._replaced: tuple[list[TurnState], tuple[str, tuple[int, ...]] | None] = ([], None)
 
     def commit(self) -> None:
         """The responses were delivered: the calls join the episode (once)."""
         if self.committed:
             return
         self.committed = True
+        self._replaced = (self.episode.turns, self.episode.last_completion)
         self.episode.calls += self.calls
         if self.turns is not None:
             self.episode.turns = self.turns
         if self.last_completion is not None:
             self.episode.last_completion = self.last_completion
+
+    def doubt(self, doubtful: bool) -> None:
+        """Whether the responses' connection closed before another request on it (`Episode.doubtful`)."""
+        for call in self.calls:
+            if doubtful:
+                self.episode.doubtful[id(call)] = call
+            else:
+                self.episode.doubtful.pop(id(call), None)
+
+    def retract(self) -> None:
+        """The responses were not received after all: the calls leave the episode, and the turns they set give way
+        to those before (unless a later commit replaced them)."""
+        if not self.committed:
+            return
+        self.committed = False
+        self.doubt(False)
+        mine = {id(call) for call in self.calls}
+        self.episode.calls[:] = [call for call in self.episode.calls if id(call) not in mine]
+        turns, last_completion = self._replaced
+        if self.turns is not None and self.episode.turns is self.turns:
+            self.episode.turns = turns
+        if self.last_completion is not None and self.episode.last_completion is self.last_completion:
+            self.episode.last_completion = last_completion

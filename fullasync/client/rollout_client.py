@@ -150,8 +150,9 @@ class RolloutClient:
         return _Completions(self)
 
     def trajectory(self, reward: float, metadata: Mapping[str, Any] | None = None) -> Trajectory:
-        """The episode's recorded calls as a `Trajectory` with `reward`."""
-        return Trajectory(calls=tuple(self.episode.calls), reward=float(reward), metadata=dict(metadata or {}))
+        """The episode's recorded calls (`Episode.settled_calls`) as a `Trajectory` with `reward`."""
+        return Trajectory(calls=tuple(self.episode.settled_calls()), reward=float(reward),
+                          metadata=dict(metadata or {}))
 
     def log(self, name: str, value: float) -> None:
         """Record one observation of the harness's own metric `name` (turns, tool errors, an exit status as 0/1, …).

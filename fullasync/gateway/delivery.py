@@ -5,9 +5,17 @@ in a task of its own and shared with the retries of its request (the same body b
 gone, or the same `Idempotency-Key` header); `Deliveries`, each episode's productions.
 
 The rules (DESIGN.md, "What is recorded"):
-- The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body was
-  handed to the server for a connection still open, or a stream's last chunk was written. Only then it joins
-  the episode's trajectory (and the turns a later request may extend).
+- The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body, or a
+  stream's last chunk, was written to a connection still open. Only then it joins the episode's trajectory (and
+  the turns a later request may extend). Should that connection then end in a reset before its next request, its
+  client never read the answer (`fullasync.gateway.http.Connection`): the record leaves the episode again, counted
+  as an unread call, and an identical request is its retry, to join it. Should it close cleanly instead, the answer
+  may have been read or thrown away unread (HTTP cannot tell): the call is doubtful, and is not trained when the
+  harness then asks the same prompt again without going on from it (`Episode.settled_calls`).
+- The openai SDK's retries say so (`x-stainless-retry-count` >= 1): its try before got no answer it returned. When
+  that try's answer was written and its connection then closed before another request on it (the SDK's timer
+  fired as the answer came in: read off the socket, thrown away), the retry is handed that same answer — one
+  sample, one record, now received. Any other identical request after a delivered one is a new sample.
 - A harness that disconnects does not stop the work at once: a retry (the openai SDK's comes ~0.5 s later)
   within `ABANDON_GRACE_S` joins it and gets the one completion. When nobody is waiting after that grace, the
   work is cancelled — the engine request aborted — and whatever it produced is forgotten, counted as an
@@ -15,7 +23,8 @@ The rules (DESIGN.md, "What is recorded"):
 - A request identical to one whose connections are all still open is sampled on its own and recorded on its own:
   a harness that samples candidates in parallel (best-of-n, self-consistency, tree search) gets independent
   samples. Only a request whose connection is gone is a retry's to join (the openai SDK sends no idempotency
-  key), or any request with the same `Idempotency-Key` header. `join_retries=False` joins by the header only.
+  key), or any request with the same `Idempotency-Key` header (delivered or not: the same key, the same answer).
+  `join_retries=False` joins by the header only.
 Does not own: HTTP parsing and responses (`routes`), the episode map (`server.Gateway`).
 """
 
@@ -31,10 +40,12 @@ from functools import partial
 
 from fullasync.client import RolloutClient
 from fullasync.client.episode import HeldCalls
+from fullasync.gateway.http import Connection
 
 log = logging.getLogger("fullasync")
 
 ABANDON_GRACE_S = 0.75  # a request nobody waits for keeps running this long for a retry to join, then stops
+KEPT_DELIVERED = 8  # delivered answers an episode keeps for a retry that says its try got none (the newest)
 
 
 @dataclass
@@ -51,16 +62,20 @@ class Production:
     """One request's work, run by `produce(held)` in a task; subscribers read its answer."""
 
     def __init__(self, key: str, request_key: str, client: RolloutClient,
-                 produce: Callable[[Production], Awaitable[None]], on_idle: Callable[[Production], None]) -> None:
+                 produce: Callable[[Production], Awaitable[None]], on_idle: Callable[[Production], None],
+                 on_unread: Callable[[Production], None] = lambda production: None) -> None:
         self.key = key
         self.request_key = request_key
         self.answer = Answer()
         self.subscribers = 0
         self.orphaned = False  # every connection that read it is gone: a retry may take it over
+        self.closed_unsettled = False  # delivered, then its connection closed before another request on it
+        self.unread = False  # delivered, then its connection was reset: not received, not recorded
         self.held: HeldCalls | None = None
         self._client = client
         self._changed = asyncio.Event()
         self._on_idle = on_idle
+        self._on_unread = on_unread
         self._expiry: asyncio.TimerHandle | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(produce), name=f"gateway-request-{key[:12]}")
 
@@ -98,17 +113,43 @@ class Production:
         """Until the answer changes (awaited directly: the event is read before anything else runs)."""
         await self._changed.wait()
 
-    def delivered(self) -> None:
-        """A subscriber received the whole answer: its record joins the episode."""
+    def delivered(self, connection: Connection | None) -> None:
+        """The whole answer was written to `connection` (None: a connection nobody tracks, taken as open): when it
+        is still open, its record joins the episode, and leaves again should the connection end in a reset before
+        its next request (the answer was not read)."""
+        if connection is not None and not connection.open:
+            return  # the server drops what is written to a closed connection
         self.answer.delivered = True
         if self.answer.finished and self.held is not None:
             self.held.commit()
+            self.held.doubt(False)  # its connection decides again
+        self.unread = self.closed_unsettled = False
+        if connection is not None:
+            connection.watch(self._connection_ended)
+        if self.subscribers == 0:
+            self._stop_expiry()
+            self._on_idle(self)
 
-    def subscribe(self) -> None:
-        self.subscribers += 1
+    def _connection_ended(self, reset: bool) -> None:
+        """The connection it was written to ended before another request: unread when reset, doubtful when closed
+        (`Episode.settled_calls`)."""
+        self.closed_unsettled = True
+        if self.held is not None and self.answer.delivered and not reset:
+            self.held.doubt(True)
+        if reset and self.answer.delivered:
+            self.answer.delivered, self.unread = False, True
+            if self.held is not None:
+                self.held.retract()
+            self._on_unread(self)
+
+    def _stop_expiry(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+
+    def subscribe(self) -> None:
+        self.subscribers += 1
+        self._stop_expiry()
 
     def unsubscribe(self) -> None:
         self.subscribers -= 1
@@ -120,7 +161,8 @@ class Production:
                 self._expiry = asyncio.get_running_loop().call_later(ABANDON_GRACE_S, self._on_idle, self)
 
     async def json(self, disconnected: Callable[[], Awaitable[None]]) -> Answer | None:
-        """The whole answer once finished, or None when the connection closed first (`disconnected()` returned)."""
+        """The whole answer once finished, or None when the connection closed first (`disconnected()` returned);
+        delivered once written (`delivered`)."""
         self.subscribe()
         gone = asyncio.ensure_future(disconnected())
         try:
@@ -132,15 +174,14 @@ class Production:
                     changed.cancel()
                 if gone in done and not self.answer.finished:
                     return None
-            self.delivered()
             return self.answer
         finally:
             gone.cancel()
             self.unsubscribe()
 
-    async def stream(self) -> AsyncIterator[bytes]:
+    async def stream(self, connection: Connection | None) -> AsyncIterator[bytes]:
         """Every chunk, from the first, as produced; delivered once the consumer took the last one (it asks for
-        the next chunk only after sending the previous)."""
+        the next chunk only after writing the previous one to `connection`)."""
         self.subscribe()
         sent = 0
         try:
@@ -151,7 +192,7 @@ class Production:
                 if self.answer.finished:
                     break
                 await self.changed()
-            self.delivered()
+            self.delivered(connection)
         finally:
             self.unsubscribe()
 
@@ -164,6 +205,7 @@ class Deliveries:
         self.abandoned_calls = 0  # requests whose work nobody received (cancelled, or finished undelivered)
         self.ended_calls = 0  # requests still running when their episode ended (its harness is stopped with it)
         self.joined_requests = 0  # retries that joined the work they repeat instead of generating again
+        self.unread_calls = 0  # answers written to a connection its client then reset unread: not recorded
         self._productions: dict[str, dict[str, Production]] = {}
         self._serial = itertools.count()
 
@@ -177,39 +219,55 @@ class Deliveries:
         return f"body:{kind}:" + hashlib.sha256(raw_body).hexdigest()
 
     def production(self, episode_key: str, client: RolloutClient, request_key: str,
-                   produce: Callable[[Production], Awaitable[None]]) -> Production:
-        """The production this request retries in this episode (running or just abandoned, undelivered), else a
-        new one."""
+                   produce: Callable[[Production], Awaitable[None]], sdk_retry: bool = False) -> Production:
+        """The production this request retries in this episode (running, abandoned or unread; or, for an SDK's
+        retry, delivered to a connection that then closed), else a new one."""
         episode = self._productions.setdefault(episode_key, {})
-        if existing := next(filter(partial(self._retried_by, request_key), episode.values()), None):
+        retried_by = partial(self._retried_by, request_key, sdk_retry)
+        if existing := next(filter(retried_by, reversed(episode.values())), None):
             self.joined_requests += 1
             return existing
         key = f"{request_key}#{next(self._serial)}"
-        production = Production(key, request_key, client, produce, lambda done: self._idle(episode_key, done))
+        production = Production(key, request_key, client, produce, lambda done: self._idle(episode_key, done),
+                                self._unread)
         episode[key] = production
         return production
 
+    def _unread(self, production: Production) -> None:
+        self.unread_calls += 1
+        log.info("gateway: an answer its client reset the connection on unread is not recorded (%d so far)",
+                 self.unread_calls)
+
     def running(self, episode_key: str) -> int:
         """The episode's productions not delivered yet: running, or waiting for a retry."""
-        return sum(not p.answer.delivered for p in self._productions.get(episode_key, {}).values())
+        return sum(not (p.answer.delivered or p.unread) for p in self._productions.get(episode_key, {}).values())
 
-    def _retried_by(self, request_key: str, production: Production) -> bool:
-        """Whether a request of `request_key` is a retry of `production`: the same key, the work not yet delivered
-        nor failed, and either the same `Idempotency-Key` or the same bytes after every connection to it closed."""
-        if production.request_key != request_key or production.answer.delivered or production.failed:
+    def _retried_by(self, request_key: str, sdk_retry: bool, production: Production) -> bool:
+        """Whether a request of `request_key` is a retry of `production`: the same key, not failed, and the same
+        `Idempotency-Key`, or the same bytes after every connection to it closed — undelivered, or delivered when the
+        request is an SDK's retry and that connection closed before another request."""
+        if production.request_key != request_key or production.failed:
             return False
-        return request_key.startswith("key:") or (self.join_retries and production.orphaned
-                                                  and production.subscribers == 0)
+        if request_key.startswith("key:"):
+            return True
+        if not self.join_retries or not production.orphaned or production.subscribers:
+            return False
+        return not production.answer.delivered or (sdk_retry and production.closed_unsettled)
 
     def _idle(self, episode_key: str, production: Production, episode_ended: bool = False) -> None:
         """Nobody waits for `production` any more (after the grace, when undelivered), or its episode ended: stop
-        and forget it."""
+        and forget it. A delivered one is kept for a retry (`KEPT_DELIVERED`, the newest), until its episode ends."""
         episode = self._productions.get(episode_key, {})
+        if production.answer.delivered and not episode_ended:
+            kept = [p for p in episode.values() if p.answer.delivered or p.unread]
+            for old in kept[:max(0, len(kept) - KEPT_DELIVERED)]:
+                del episode[old.key]
+            return
         if episode.get(production.key) is production:
             del episode[production.key]
         if not episode:
             self._productions.pop(episode_key, None)
-        if not production.answer.delivered and not production.failed:
+        if not production.answer.delivered and not production.failed and not production.unread:
             if episode_ended:
                 self.ended_calls += 1
             else:
@@ -221,7 +279,7 @@ class Deliveries:
         or waiting for a retry stops now, counted as ended (not as abandoned by a harness); a request still waiting
         for it is answered that the episode ended."""
         for production in list(self._productions.get(episode_key, {}).values()):
-            if production.answer.delivered:
+            if production.answer.delivered or production.unread:
                 continue
             production.subscribers = 0
             self._idle(episode_key, production, episode_ended=True)

@@ -18,9 +18,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
+from fullasync.gateway.http import Connection, connection_of
 from fullasync.gateway.wire import error_body, error_of, sse
 
 if TYPE_CHECKING:
@@ -114,6 +116,24 @@ def _episode_ended(key: str) -> Response:
                   code="episode_not_found")
 
 
+def _sdk_retry(request: Request) -> bool:
+    """Whether the openai SDK (or a client generated like it) says this is a retry: its try before returned nothing."""
+    count = request.headers.get("x-stainless-retry-count", "0")
+    return count.isdigit() and int(count) > 0
+
+
+class _Delivery(Response):
+    """A completion's JSON answer, delivered (its record joins the episode) once written to its connection."""
+
+    def __init__(self, production: Production, connection: Connection | None, body: bytes) -> None:
+        super().__init__(body, media_type="application/json")
+        self.production, self.connection = production, connection
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+        self.production.delivered(self.connection)
+
+
 def build_app(gateway: Gateway) -> Starlette:
     async def handle(request: Request, kind: str) -> Response:
         response = await answer(request, kind)
@@ -152,20 +172,23 @@ def build_app(gateway: Gateway) -> Starlette:
                 production.add(_json(result).encode())
 
         request_key = Deliveries.request_key(kind, raw, stream, request.headers.get("idempotency-key"))
-        production = gateway.deliveries.production(key, episode.client, request_key, produce)
+        production = gateway.deliveries.production(key, episode.client, request_key, produce,
+                                                   sdk_retry=_sdk_retry(request))
         if stream:
             started = await production.started()
             if not started.chunks:
                 return _episode_ended(key)
             if started.status != 200:
                 return Response(started.chunks[0], status_code=started.status, media_type="application/json")
-            return StreamingResponse(production.stream(), media_type="text/event-stream")
+            return StreamingResponse(production.stream(connection_of(request.scope)), media_type="text/event-stream")
         answered = await production.json(lambda: _disconnected(request))
         if answered is None:
             return Response(status_code=CLIENT_CLOSED)  # nobody reads it; what it generated is not recorded
         if not answered.chunks:
             return _episode_ended(key)
-        return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
+        if answered.status != 200:
+            return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
+        return _Delivery(production, connection_of(request.scope), answered.chunks[0])
 
     async def chat(request: Request) -> Response:
         return await handle(request, "chat")

@@ -79,9 +79,11 @@ class Gateway:
 
     def stats(self) -> dict[str, float]:
         """Cumulative counts for the step metrics: calls nobody received, calls cut short because their episode
-        ended, requests that joined an identical one."""
+        ended, answers written to a connection its client then reset unread, requests that joined an identical
+        one."""
         return {"gateway/abandoned_calls": float(self.deliveries.abandoned_calls),
                 "gateway/ended_calls": float(self.deliveries.ended_calls),
+                "gateway/unread_calls": float(self.deliveries.unread_calls),
                 "gateway/joined_requests": float(self.deliveries.joined_requests)}
 
     def lookup(self, key: str) -> GatewayEpisode:

@@ -5,10 +5,12 @@ request to be still running when the harness gives up: nothing here hopes one th
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
 import openai
+import psutil
 import pytest
 from openai import AsyncOpenAI
 
@@ -36,6 +38,16 @@ async def running(gateway, episode, count: int) -> None:
 async def in_flight(engine, count: int) -> None:
     async with asyncio.timeout(IDLE_DEADLINE_S):
         while await engine.num_in_flight() < count:
+            await asyncio.sleep(0.01)
+
+
+async def closed_on_the_gateway(port: int, peer: int | None = None) -> None:
+    """Until the gateway listening on `port` closed its side of its connections (the one from `peer`, else all)."""
+    def open_ones() -> list:
+        return [c for c in psutil.Process().net_connections(kind="tcp") if c.raddr and c.laddr.port == port
+                and (peer is None or c.raddr.port == peer)]
+    async with asyncio.timeout(IDLE_DEADLINE_S):
+        while open_ones():
             await asyncio.sleep(0.01)
 
 
@@ -184,3 +196,103 @@ async def test_a_request_running_when_its_episode_ends_is_stopped_and_answered_t
         assert response.status_code == 404 and "ended while this request ran" in response.json()["error"]["message"]
     assert (gateway.deliveries.ended_calls, gateway.deliveries.abandoned_calls) == (ended + 1, abandoned)
     assert episode.client.episode.calls == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_left_unread_in_a_reset_connection_leaves_the_record_one_read_stays(gateway, stream):
+    """The openai SDK timing out just as its answer arrives closes the connection with the answer unread: TCP resets
+    it, and the call, recorded when its answer was written, leaves the episode (counted as unread). A client that
+    read the answer and closed keeps it recorded. Made to happen: the client stops reading before it asks."""
+    episode = gateway.open_episode()
+    unread = gateway.deliveries.unread_calls
+    url = httpx.URL(episode.base_url)
+    body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4,
+                       "stream": stream}).encode()
+    request = (f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def ask(read: bool) -> None:
+        before = len(episode.client.episode.calls)
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+        port = writer.get_extra_info("sockname")[1]
+        if not read:
+            writer.transport.pause_reading()  # the answer stays in the kernel's buffer, unread
+        writer.write(request)
+        async with asyncio.timeout(IDLE_DEADLINE_S):
+            while len(episode.client.episode.calls) == before:  # recorded once written
+                await asyncio.sleep(0.01)
+            if read:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if stream:
+                    await reader.readuntil(b"\r\n0\r\n\r\n")  # the last chunk of the chunked encoding
+                else:
+                    length = next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+                    await reader.readexactly(int(length.split(b":")[1]))
+        writer.close()
+        await closed_on_the_gateway(url.port, peer=port)
+
+    await ask(read=True)
+    assert len(episode.client.episode.calls) == 1 and gateway.deliveries.unread_calls == unread
+    await ask(read=False)
+    assert len(episode.client.episode.calls) == 1 and gateway.deliveries.unread_calls == unread + 1
+    assert gateway.stats()["gateway/unread_calls"] == unread + 1
+    gateway.close_episode(episode)
+
+
+async def test_an_sdk_retry_after_its_answer_was_read_and_the_connection_closed_gets_that_answer(gateway):
+    """The openai SDK's timer fires as the answer comes in: the answer was read off the socket and thrown away, the
+    connection closed cleanly, and the SDK retries saying so (`x-stainless-retry-count: 1`). The retry gets that
+    same answer (one sample, one record, now received); an identical request that is no retry is a new sample."""
+    episode = gateway.open_episode()
+    joined = gateway.deliveries.joined_requests
+    url = f"{episode.base_url}/chat/completions"
+    port = httpx.URL(episode.base_url).port
+    body = {"model": "policy", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 4,
+            "return_token_ids": True}
+
+    async def ask(retry: int | None) -> dict:
+        async with httpx.AsyncClient(timeout=120) as http:  # a connection of its own, closed after the answer
+            headers = {} if retry is None else {"x-stainless-retry-count": str(retry)}
+            response = await http.post(url, json=body, headers=headers)
+        await closed_on_the_gateway(port)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    first = await ask(None)
+    retried = await ask(1)
+    assert retried["id"] == first["id"] and retried["choices"] == first["choices"]
+    assert gateway.deliveries.joined_requests == joined + 1
+    (call,) = episode.client.episode.calls  # one record, the answer both got
+    assert list(call.output_ids) == first["choices"][0]["token_ids"]
+    fresh = await ask(None)  # the same body, not a retry: sampled again and recorded
+    assert fresh["id"] != first["id"] and len(episode.client.episode.calls) == 2
+    gateway.close_episode(episode)
+
+
+async def test_a_stream_hung_up_on_then_asked_again_is_not_trained_and_one_gone_on_from_is(gateway):
+    """A harness breaks out of a stream and asks the same prompt again: its HTTP client may have read the whole
+    stream off the socket before hanging up, and the connection then closes cleanly, as after a read. That call is
+    doubtful, and is not trained since the harness asked again and never went on from it; the answer it went on
+    from is trained, though its connection closed the same way (a fresh connection per call)."""
+    episode = gateway.open_episode()
+    url = f"{episode.base_url}/chat/completions"
+    port = httpx.URL(episode.base_url).port
+    messages = [{"role": "user", "content": "Hi."}]
+
+    async def ask(messages: list, stream: bool) -> str:
+        body = {"model": "policy", "messages": messages, "max_tokens": 4, "stream": stream}
+        async with httpx.AsyncClient(timeout=120) as http:  # a connection of its own, closed after the answer
+            response = await http.post(url, json=body)
+        await closed_on_the_gateway(port)
+        assert response.status_code == 200, response.text
+        return "" if stream else response.json()["choices"][0]["message"]["content"]
+
+    await ask(messages, stream=True)  # read whole, then hung up: the harness did not use it
+    answer = await ask(messages, stream=False)  # the same prompt again
+    await ask([*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": "More."}],
+              stream=False)  # goes on from the second answer
+    hung_up, asked_again, went_on = episode.client.episode.calls
+    assert hung_up.prompt_ids == asked_again.prompt_ids
+    assert went_on.prompt_ids[:len(asked_again.all_ids)] == asked_again.all_ids  # token-exact continuation
+    assert list(episode.client.trajectory(1.0).calls) == [asked_again, went_on]
+    gateway.close_episode(episode)
