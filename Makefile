@@ -11,7 +11,7 @@ endif
 LOCK := requirements/$(DEVICE)-lock.txt
 STAMP := $(VENV)/.fullasync-installed-$(DEVICE)
 
-.PHONY: setup setup-terminus setup-containers run demo test test-unit test-all test-slow clean-venv
+.PHONY: setup setup-terminus setup-containers setup-browser run demo test test-unit test-all test-slow clean-venv
 
 setup: $(STAMP)
 
@@ -50,6 +50,12 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 # Needs root (apt); idempotent: about a minute the first time, about a second after (containers/setup.sh).
 setup-containers:
 	containers/setup.sh
+
+# A headless browser for the test that renders `fullasync report`'s rollout pages: Debian's chromium-headless-shell
+# (apt, needs root, as setup-containers; ~30 s the first time). Nothing else of the project uses it.
+setup-browser:
+	@command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium-headless-shell; }
 
 # GPU nodes: `make setup` installs requirements/gpu-lock.txt into .venv by itself; `setup-gpu` installs it into a
 # venv of its own (.venv-gpu; GPU_VENV=... overrides) beside a CPU one. Not exercised on this project's machines.
@@ -101,10 +107,10 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus setup-containers
+test: setup setup-terminus setup-containers setup-browser
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus setup-containers
+test-all: setup setup-terminus setup-containers setup-browser
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.

@@ -1,4 +1,4 @@
-"""The offline terminal task set: 20 tasks in harbor's task format, shipped as files in `tasks/`.
+"""The offline terminal task set: 20 tasks in harbor's task format, shipped as files in `harbor-tasks/`.
 
 Owns: reading the tasks into rows. Each task directory is a harbor task — `task.toml` (its
 `[metadata]` holds `family`, `split` and the one-line `oracle_command`), `instruction.md`,
@@ -10,7 +10,7 @@ oracle agent scores 1, its no-op agent 0, in the local namespace sandbox. Does n
 
 A row is a plain dict, so users can bring their own harbor tasks in the same shape:
 
-    {"id": "sort-lines", "task_dir": "/.../tasks/sort-lines", "instruction": "...",
+    {"id": "sort-lines", "task_dir": "/.../harbor-tasks/sort-lines", "instruction": "...",
      "extra_instructions": ["Hint: run `sort names.txt > sorted.txt` in /app."],   # appended by harbor
      "oracle_command": "sort names.txt > sorted.txt", "family": "text", "split": "train"}
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from fullasync.data import harbor_task_row
 
-TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+TASKS_DIR = Path(__file__).resolve().parent / "harbor-tasks"
 TRAIN_FAMILIES = ("files", "text", "count")
 HELD_OUT_FAMILIES = ("select",)
 SPLITS = ("train", "held_out")

@@ -5,8 +5,9 @@ drawing, over the steps: reward (with held-out accuracy where it was measured), 
 tokens (mean and max, and the share of tokens at each gap), throughput (samples/s, tokens/s), idle
 fractions of the trainer and the rollout, the queue and how far generation ran ahead, the weight push's
 time, and the harness's own metrics (`harness/*/mean`). Writes `OUTPUT_DIR/report/*.png` and
-`OUTPUT_DIR/report/index.html` (images side by side with the run's summary). Works on a run still going:
-it reads what is there. Does not own: the metrics themselves (`fullasync.observe.metrics`).
+`OUTPUT_DIR/report/index.html` (images side by side with the run's summary), and the sampled episodes' pages
+(`fullasync.cli.rollout_pages`, linked from it). Works on a run still going: it reads what is there. Does not own:
+the metrics themselves (`fullasync.observe.metrics`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fullasync.cli.rollout_pages import write_rollout_pages
 from fullasync.errors import FullasyncError
 
 
@@ -93,12 +95,16 @@ def write_report(output_dir: Path, report_dir: Path | None = None) -> Path:
     rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
                    for k, v in shown.items())
     last = steps[-1]
+    rollouts = write_rollout_pages(output_dir, report_dir)
+    sampled = ("<p>No sampled episodes yet (logging.samples_every).</p>" if rollouts is None else
+               f"<p><a href='{rollouts.relative_to(report_dir)}'>The sampled episodes</a>: their calls, the "
+               "tokens coloured by the weight version that sampled them.</p>")
     page = report_dir / "index.html"
     page.write_text(
         "<!doctype html><meta charset='utf-8'><title>fullasync run report</title>"
         f"<h1>{html.escape(str(output_dir))}</h1>"
         f"<p>{len(steps)} steps recorded; last step {last['step']}"
-        f"{'' if summary else ' (no result.json: the run has not finished)'}.</p>"
+        f"{'' if summary else ' (no result.json: the run has not finished)'}.</p>" + sampled
         + (f"<table>{rows}</table>" if rows else "")
         + "".join(f"<img src='{name}' alt='{name}'>" for name in images) + "\n")
     return page

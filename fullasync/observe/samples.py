@@ -2,9 +2,10 @@
 
 Owns: `RolloutSamples`, which writes the episodes trained at a step (every `logging.samples_every`
 steps) to `<output_dir>/rollouts/step_<N>.jsonl`, one JSON object per episode: its row, reward,
-metadata, and per model call the decoded prompt and completion, token counts, finish reason, the
-weight versions its tokens were sampled with and their staleness at the step. Does not own: the
-metrics (`fullasync.observe.metrics`) or what decides the step (`fullasync.run.loop`).
+metadata, the trainer's version at the step, and per model call the decoded prompt and completion, token counts,
+finish reason, the weight versions its tokens were sampled with and their staleness at the step, and the completion
+as segments of one version each (a call resumed under new weights has several; `fullasync report` colours them).
+Does not own: the metrics (`fullasync.observe.metrics`) or what decides the step (`fullasync.run.loop`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fullasync.types import ModelCall, Trajectory, TrajectoryGroup
+
+Record = dict[str, Any]  # an episode, or one of its calls or segments, as `step_N.jsonl` holds it (JSON)
 
 
 class Decoder(Protocol):
@@ -40,7 +43,7 @@ class RolloutSamples:
     def path(self, step: int) -> Path:
         return self.directory / f"step_{step}.jsonl"
 
-    def write(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> list[dict[str, Any]]:
+    def write(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> list[Record]:
         """Write the step's episodes to `path(step)` (the file appears whole: written aside, then renamed);
         returns the records written."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -54,10 +57,10 @@ class RolloutSamples:
 
     def record(self, step: int, row_id: str, index: int, trajectory: Trajectory, trainer_version: int) -> dict:
         return {"step": step, "row_id": row_id, "episode": index, "reward": trajectory.reward,
-                "metadata": dict(trajectory.metadata),
+                "metadata": dict(trajectory.metadata), "trainer_version": trainer_version,
                 "calls": [self._call(call, trainer_version) for call in trajectory.calls]}
 
-    def _call(self, call: ModelCall, trainer_version: int) -> dict[str, Any]:
+    def _call(self, call: ModelCall, trainer_version: int) -> Record:
         versions = call.output_versions
         return {
             "prompt": str(self.tokenizer.decode(list(call.prompt_ids), skip_special_tokens=False)),
@@ -67,4 +70,16 @@ class RolloutSamples:
             "versions": [min(versions), max(versions)] if versions else [],
             "staleness": trainer_version - min(versions) if versions else None,
             "resumed": call.num_resumes,
+            "segments": self._segments(call),
         }
+
+    def _segments(self, call: ModelCall) -> list[Record]:
+        """The completion as runs of tokens of one weight version, each decoded on its own: [{version, text}]."""
+        runs: list[tuple[int, list[int]]] = []
+        for token, version in zip(call.output_ids, call.output_versions, strict=True):
+            if runs and runs[-1][0] == version:
+                runs[-1][1].append(token)
+            else:
+                runs.append((version, [token]))
+        return [{"version": version, "text": str(self.tokenizer.decode(tokens, skip_special_tokens=False))}
+                for version, tokens in runs]

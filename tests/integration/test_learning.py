@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from browser import Elements, render
 from mlflow.tracking import MlflowClient
 
 from fullasync.api import AsyncAgentTrainer
@@ -49,3 +50,18 @@ async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster,
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     page = write_report(tmp_path)  # `fullasync report` on this run's output
     assert {"reward.png", "staleness_histogram.png", "throughput.png"} <= {p.name for p in page.parent.iterdir()}
+    # its rollout pages in a real browser: every episode, its calls, tokens coloured by version; a filter applied
+    step_page = page.parent / "rollouts" / "step_60.html"
+    dom = Elements(render(step_page))
+    shown = dom.with_class("episode")
+    assert len(shown) == len(episodes) and not any("none" in e.get("style", "") for e in shown)
+    assert len(dom.with_class("call")) == sum(len(e["calls"]) for e in episodes)
+    tokens = dom.with_class("tokens")
+    versions = {int(t["data-version"]) for t in tokens}
+    assert tokens and all("background:hsl(" in t["style"] for t in tokens)
+    assert versions == {v for e in episodes for c in e["calls"] for s in c["segments"] for v in [s["version"]]}
+    assert all(episodes[0]["trainer_version"] - v <= 2 for v in versions)
+    filtered = Elements(render(step_page, "?min-reward=1")).with_class("episode")
+    visible = [e for e in filtered if "none" not in e.get("style", "")]
+    assert len(visible) == sum(e["reward"] >= 1 for e in episodes)
+    assert all(float(e["data-reward"]) >= 1 for e in visible)
