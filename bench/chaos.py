@@ -64,7 +64,7 @@ from fullasync.config.compose import build_config, schema_node
 from fullasync.contracts.engine import InstallTiming, PauseMode
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
 from fullasync.infra.runtime import init_ray
-from fullasync.infra.shm import remove_orphaned_semaphores
+from fullasync.infra.shm import SHM, remove_orphaned_semaphores, unmapped
 from fullasync.observe.logs import configure_logging
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.tasks.arithmetic import messages, reward
@@ -170,14 +170,18 @@ def chat(row: dict[str, Any]) -> list[ChatCompletionMessageParam]:
 
 
 async def inject(rng: random.Random, engines: list, trainer: VerlTrainer, period_s: float, tally: Tally,
-                 segment: Segment) -> None:
-    """A run fault every ~`period_s` (uniform 0.5-1.5x), its kind and time from `rng`, its victim from another
-    generator (so the kinds' order depends on the seed alone). A component that is restarting is left alone (a
-    fault in a working system, not one that piles onto a restart); after a SIGTERM, nothing until that run stops."""
+                 segment: Segment, due: list[str]) -> None:
+    """A run fault every ~`period_s` (uniform 0.5-1.5x), its time from `rng`, its kind the next of `due`: every kind
+    once in a shuffled round, then another round (so each kind comes within a round's time, whatever the machine);
+    its victim from a generator of its own. A component that is restarting is left alone (a fault in a working
+    system, not one that piles onto a restart): its kind stays due for the next time; after a SIGTERM, nothing
+    until that run stops. `due` outlives the run (the soak's next run goes on with it)."""
     victims = random.Random(rng.random())
     while True:
         await asyncio.sleep(rng.uniform(0.5, 1.5) * period_s)
-        kind = rng.choice(RUN_FAULTS)
+        if not due:
+            due.extend(rng.sample(RUN_FAULTS, len(RUN_FAULTS)))
+        kind = due[0]
         if kind == "engine_kill":
             alive = [engine for engine in engines if engine.death is None]
             if not alive:
@@ -185,6 +189,7 @@ async def inject(rng: random.Random, engines: list, trainer: VerlTrainer, period
             ray.kill(victims.choice(alive).actor)
         elif kind == "push_broken_halfway":
             tally.break_a_push = True  # counted when a push was broken (`breaking_pushes`)
+            due.pop(0)
             continue
         elif kind == "trainer_rank_kill":
             workers = trainer._workers
@@ -193,6 +198,7 @@ async def inject(rng: random.Random, engines: list, trainer: VerlTrainer, period
             ray.kill(victims.choice(workers.actors))
         elif not stop_the_run(segment):
             continue  # between two runs, or this run is stopping already
+        due.pop(0)
         tally.injected[kind] += 1
         log.warning("chaos: %s (%d run faults so far)", kind, sum(tally.injected[k] for k in RUN_FAULTS))
         if kind == "sigterm_resume":
@@ -257,6 +263,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     for engine in engines:
         breaking_pushes(engine, tally)
     segments, results = 0, []
+    due: list[str] = []  # the run faults of this round still to come
     try:
         while True:
             segment = Segment()
@@ -267,7 +274,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 if not segment.stopping and not segment.over.is_set() and not stop_the_run(segment):
                     asyncio.get_running_loop().call_later(1.0, end_soon)
 
-            chaos = asyncio.create_task(inject(rng, engines, trainer, args.period, tally, segment))
+            chaos = asyncio.create_task(inject(rng, engines, trainer, args.period, tally, segment, due))
             ender = asyncio.get_running_loop().call_later(max(1.0, deadline - time.monotonic()), end_soon)
             try:
                 result = await AsyncAgentTrainer(config, rollout_fn=harness, resume="auto").train_async(engines,
@@ -304,7 +311,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             and time.monotonic() < settle:
         time.sleep(0.5)
     checks["no process left"] = not leftover
-    checks["no shared-memory file left"] = not (shm_files() - shm_before)
+    left = unmapped([SHM / name for name in shm_files() - shm_before])  # another program's live files are mapped
+    checks["no shared-memory file left"] = not left
     checks["no listening socket left"] = not listening_sockets()
     report = {
         "seed": args.seed, "minutes": round((time.monotonic() - began) / 60, 1), "runs": segments,
@@ -314,7 +322,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "trainer_restarts": sum(r.trainer_restarts for r in results),
         "engine_restarts": max((step.get("engines/restarts", 0.0) for r in results for step in r.history), default=0),
         "rows": last.outcomes, "violations": tally.violations[:20], "semaphores_swept": swept,
-        "leftover": {"processes": sorted(leftover), "shm": sorted(shm_files() - shm_before),
+        "leftover": {"processes": sorted(leftover), "shm": [path.name for path in left],
                      "sockets": listening_sockets()},
         "checks": checks,
     }

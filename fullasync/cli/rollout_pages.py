@@ -131,7 +131,8 @@ def _episode(episode: Record) -> str:
             f"data-staleness='{staleness}'><h3>row {html.escape(str(episode['row_id']))} · episode "
             f"{episode['episode']} · reward {float(episode['reward']):g}"
             f"{'' if failure == 'none' else ' · failed: ' + html.escape(failure)}</h3>"
-            f"<div class='meta'>{len(episode['calls'])} calls; staleness up to {staleness}"
+            f"<div class='meta'>{len(episode['calls'])} call{'' if len(episode['calls']) == 1 else 's'}; "
+            f"staleness up to {staleness}"
             f"{'; ' + metrics if metrics else ''}</div>"
             + "".join(_call(i, call, trainer_version) for i, call in enumerate(episode["calls"])) + "</div>")
 

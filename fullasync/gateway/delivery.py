@@ -9,9 +9,10 @@ The rules (DESIGN.md, "What is recorded"):
   stream's last chunk, was written to a connection still open. Only then it joins the episode's trajectory (and
   the turns a later request may extend). Should that connection then end in a reset before its next request, its
   client never read the answer (`fullasync.gateway.http.Connection`): the record leaves the episode again, counted
-  as an unread call, and an identical request is its retry, to join it. Should it close cleanly instead, the answer
-  may have been read or thrown away unread (HTTP cannot tell): the call is doubtful, and is not trained when the
-  harness then asks the same prompt again without going on from it (`Episode.settled_calls`).
+  as an unread call, and an identical request is its retry, to join it. Should it close cleanly at once instead
+  (within `DOUBT_WINDOW_S`), the answer may have been read or thrown away unread (HTTP cannot tell): the call is
+  doubtful, and is not trained when the harness then asks the same prompt again without going on from it
+  (`Episode.settled_calls`).
 - The openai SDK's retries say so (`x-stainless-retry-count` >= 1): its try before got no answer it returned. When
   that try's answer was written and its connection then closed before another request on it (the SDK's timer
   fired as the answer came in: read off the socket, thrown away), the retry is handed that same answer — one
@@ -45,6 +46,9 @@ from fullasync.gateway.http import Connection
 log = logging.getLogger("fullasync")
 
 ABANDON_GRACE_S = 0.75  # a request nobody waits for keeps running this long for a retry to join, then stops
+# a clean close this soon after the answer was written leaves it in doubt (an SDK giving up as it came in closes at
+# once); a connection its client kept open longer (idle in its pool until our keep-alive timeout, say) was read
+DOUBT_WINDOW_S = 2.0
 KEPT_DELIVERED = 8  # delivered answers an episode keeps for a retry that says its try got none (the newest)
 
 
@@ -72,6 +76,8 @@ class Production:
         self.closed_unsettled = False  # delivered, then its connection closed before another request on it
         self.unread = False  # delivered, then its connection was reset: not received, not recorded
         self.held: HeldCalls | None = None
+        self._written_to: Connection | None = None  # the connection its answer was written to last
+        self._written_at = 0.0  # when (the event loop's clock)
         self._client = client
         self._changed = asyncio.Event()
         self._on_idle = on_idle
@@ -124,17 +130,21 @@ class Production:
             self.held.commit()
             self.held.doubt(False)  # its connection decides again
         self.unread = self.closed_unsettled = False
+        self._written_to, self._written_at = connection, asyncio.get_running_loop().time()
         if connection is not None:
-            connection.watch(self._connection_ended)
+            connection.watch(partial(self._connection_ended, connection))
         if self.subscribers == 0:
             self._stop_expiry()
             self._on_idle(self)
 
-    def _connection_ended(self, reset: bool) -> None:
+    def _connection_ended(self, connection: Connection, reset: bool) -> None:
         """The connection it was written to ended before another request: unread when reset, doubtful when closed
-        (`Episode.settled_calls`)."""
+        (`Episode.settled_calls`). Only the connection it was written to last decides (a retry's, if one took it)."""
+        if connection is not self._written_to:
+            return
         self.closed_unsettled = True
-        if self.held is not None and self.answer.delivered and not reset:
+        soon = asyncio.get_running_loop().time() - self._written_at <= DOUBT_WINDOW_S
+        if self.held is not None and self.answer.delivered and not reset and soon:
             self.held.doubt(True)
         if reset and self.answer.delivered:
             self.answer.delivered, self.unread = False, True

@@ -55,10 +55,21 @@ def orphaned_semaphores(since: float, shm: Path = SHM) -> list[Path]:
             continue
         if stat.st_uid == uid and stat.st_mtime >= since:
             candidates[stat.st_ino] = path
-    if not candidates:
+    return unmapped(list(candidates.values()), shm)
+
+
+def unmapped(paths: list[Path], shm: Path = SHM) -> list[Path]:
+    """Those of `paths` (files under `shm`) that no process maps."""
+    inodes = {}
+    for path in paths:
+        try:
+            inodes[path.stat().st_ino] = path
+        except OSError:  # gone
+            continue
+    if not inodes:
         return []
     mapped = _mapped_inodes(shm.stat().st_dev)
-    return sorted(path for inode, path in candidates.items() if inode not in mapped)
+    return sorted(path for inode, path in inodes.items() if inode not in mapped)
 
 
 def remove_orphaned_semaphores(since: float, shm: Path = SHM) -> int:

@@ -29,6 +29,7 @@ from fullasync.config import EngineSection, RolloutSection, RunConfig, shared_se
 from fullasync.contracts.engine import Engine, PauseMode
 from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.contracts.weights import WeightTransport
+from fullasync.errors import EngineDiedError
 from fullasync.gateway import Gateway
 from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.generator import EpisodeContext, OpenEpisode, as_generator
@@ -341,7 +342,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
     """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
     travel (default: the object store, `weights/transport.py`)."""
     generator = as_generator(rollout_fn)
-    weight_sync = WeightSync(engines, mode=settings.push_mode, version=await engines[0].version(),
+    weight_sync = WeightSync(engines, mode=settings.push_mode, version=await serving_version(engines),
                              restart_on_failure=settings.restart_engines, transport=transport,
                              in_flight=service.router.load)
     # admission counts the versions of this run only (a resumed run: from its first run's start)
@@ -356,6 +357,16 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                           episode_context=episodes_on(gateway) if gateway is not None else None)
     return Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
                settings=settings, sink=sink, val_rows=val_rows, checkpoints=checkpoints, gateway=gateway)
+
+
+async def serving_version(engines: Sequence[Engine]) -> int:
+    """The newest version the engines serve, asked of every one not declared dead (engines handed over by a run
+    that stopped may include one that died: the run restarts it, `WeightSync.supervise`); 0 when none answers."""
+    answers = await asyncio.gather(*(e.version() for e in engines if e.death is None), return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, EngineDiedError):
+            raise answer
+    return max((answer for answer in answers if isinstance(answer, int)), default=0)
 
 
 def episodes_on(gateway: Gateway) -> OpenEpisode:

@@ -113,3 +113,36 @@ def test_only_a_retry_joins_identical_requests_on_open_connections_are_sampled_a
         return first is deliveries.production("episode", service.client("e"), key, produce)
 
     assert run_virtual(without_retries) is False
+
+
+def test_a_clean_close_right_after_the_answer_leaves_it_in_doubt_one_long_after_does_not():
+    """An SDK that gives up as the answer comes in closes at once; a client that keeps its connection idle in its
+    pool (until the server's keep-alive timeout closes it) read the answer."""
+    from fullasync.gateway.delivery import DOUBT_WINDOW_S
+    from fullasync.gateway.http import Connection
+    from fullasync.types import FinishReason, ModelCall
+
+    made = ModelCall(prompt_ids=(1,), output_ids=(2,), output_logprobs=(-1.0,), output_versions=(0,),
+                     finish_reason=FinishReason.STOP)
+
+    async def main(wait_s: float):
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        client = service.client("e")
+
+        async def produce(production) -> None:
+            production.held.calls.append(made)  # what the client's call records
+            production.add(b'{"answer": 42}')
+
+        production = Deliveries().production("episode", client, "key", produce)
+        never = asyncio.Event()
+        await production.json(never.wait)
+        connection = Connection()
+        production.delivered(connection)
+        await asyncio.sleep(wait_s)
+        connection.lost(None)  # closed cleanly
+        return client.episode
+
+    soon = run_virtual(lambda: main(0.01))
+    late = run_virtual(lambda: main(DOUBT_WINDOW_S + 5))
+    assert soon.calls == [made] and id(made) in soon.doubtful
+    assert late.calls == [made] and not late.doubtful

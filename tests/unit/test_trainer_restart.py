@@ -11,11 +11,14 @@ from __future__ import annotations
 import pytest
 from test_checkpoint import FINAL, Harness, parts, rows, run_settings
 
+from fullasync.client import ClientConfig, RolloutService
 from fullasync.errors import TrainerWorkerDiedError
 from fullasync.observe.metrics import MetricsSink, format_line
 from fullasync.run import assemble
 from fullasync.run.checkpoint import CheckpointPolicy
 from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.harness import SimTokenizer
 from fullasync.sim.trainer import SimulatedTrainer, TrainCost
 
 
@@ -80,3 +83,31 @@ def test_out_of_restarts_or_without_checkpoints_the_death_ends_the_run_naming_it
     with pytest.raises(TrainerWorkerDiedError, match="call 2"):  # nothing bounds what a restart would train again
         run_with(tmp_path / "b", trainer, restarts=3, every=0)
     assert trainer.restarts == 0
+
+
+class AnsweringLikeRay(SimulatedEngine):
+    """A simulated engine whose calls raise its death once it is declared dead, as a Ray engine's do."""
+
+    async def version(self) -> int:
+        if self.death is not None:
+            raise self.death
+        return await super().version()
+
+
+def test_a_run_handed_an_engine_that_died_before_it_started_restarts_it_and_trains(tmp_path):
+    """Engines kept across runs (a run stopped by SIGTERM just after a push broke on an engine): the next run
+    starts on them, restarts the dead one serving the current version, and trains its steps."""
+    async def main():
+        _, trainer, _ = parts()
+        engines = [AnsweringLikeRay(f"sim-{i}", DecodeCost(max_num_seqs=16, push_s=0.1)) for i in range(2)]
+        service = RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+        engines[0].mark_dead("its actor died during install")  # the first engine: the one the run asked before
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=Harness(),
+                             settings=run_settings(total_steps=4, restart_engines=True, engine_probe_interval_s=1.0),
+                             sink=MetricsSink(tmp_path / "metrics.jsonl"))
+        result = await run.execute(rows())
+        return result, engines, run.weight_sync
+
+    result, engines, sync = run_virtual(main)
+    assert result.steps == 4 and sync.restarts == 1
+    assert all(engine.death is None for engine in engines)
