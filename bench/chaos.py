@@ -320,7 +320,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "faults": dict(tally.injected), "fault_kinds": len(tally.injected),
         "faults_total": sum(tally.injected.values()),
         "trainer_restarts": sum(r.trainer_restarts for r in results),
-        "engine_restarts": max((step.get("engines/restarts", 0.0) for r in results for step in r.history), default=0),
+        "engine_restarts": sum(max((step.get("engines/restarts", 0.0) for step in r.history), default=0)
+                               for r in results),  # each run counts its own
         "rows": last.outcomes, "violations": tally.violations[:20], "semaphores_swept": swept,
         "leftover": {"processes": sorted(leftover), "shm": [path.name for path in left],
                      "sockets": listening_sockets()},

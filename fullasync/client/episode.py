@@ -5,7 +5,7 @@ the oldest version of its tokens, why its last call failed, and the calls held b
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -13,6 +13,8 @@ from fullasync.client.chat_tokens import TurnState
 from fullasync.client.continuation import InfraHooks, no_priority
 from fullasync.errors import FailureKind
 from fullasync.types import ModelCall
+
+RECENT_CALLS = 4  # the newest calls a request's prompt is checked against (`Episode.went_on`)
 
 
 class Episode:
@@ -29,6 +31,7 @@ class Episode:
         # calls whose answer's connection closed before another request on it: read, or thrown away unread (an SDK
         # that gave up as the answer came in); HTTP cannot tell (`settled_calls`)
         self.doubtful: dict[int, ModelCall] = {}  # by id (the call held: its id is not reused meanwhile)
+        self.went_on_from: dict[int, ModelCall] = {}  # calls a later request went on from: received, never doubtful
         # why the last call failed, when the policy or the infrastructure caused it (None after a call succeeds):
         # a harness that then raises anything (an SDK error over HTTP, say) failed for this reason
         self.fault: FailureKind | None = None
@@ -37,10 +40,19 @@ class Episode:
         # set by the rollouter: the engine priority of the episode's next request (its row's oldest token version)
         self.priority: Callable[[], int] = no_priority
 
+    def went_on(self, prompt_ids: Sequence[int]) -> None:
+        """A request's prompt (answered or not: one past the context still shows what the harness had): the recent
+        calls it goes on from — their prompt and completion start it — were received."""
+        prompt = tuple(prompt_ids)
+        for call in self.calls[-RECENT_CALLS:]:
+            if id(call) not in self.went_on_from and prompt[:len(call.all_ids)] == call.all_ids:
+                self.went_on_from[id(call)] = call
+                self.doubtful.pop(id(call), None)
+
     def settled_calls(self) -> list[ModelCall]:
-        """The calls to train: all, but a doubtful one that a later call asks again (the same prompt) and none
-        extends (its prompt and completion the start of a later prompt) — its harness asked again instead of going
-        on from it, so it did not use it (and may never have received it)."""
+        """The calls to train: all, but a doubtful one that a later call asks again (the same prompt) and that no
+        later call or request extends (its prompt and completion the start of a later prompt, `went_on`) — its
+        harness asked again instead of going on from it, so it did not use it (and may never have received it)."""
         if not self.doubtful:
             return list(self.calls)
         kept = []
@@ -95,7 +107,7 @@ class HeldCalls:
     def doubt(self, doubtful: bool) -> None:
         """Whether the responses' connection closed before another request on it (`Episode.doubtful`)."""
         for call in self.calls:
-            if doubtful:
+            if doubtful and id(call) not in self.episode.went_on_from:
                 self.episode.doubtful[id(call)] = call
             else:
                 self.episode.doubtful.pop(id(call), None)

@@ -228,6 +228,7 @@ class RolloutClient:
     def _prepare(self, prompt_ids: list[int], request: Any, *, max_tokens: int | None, num_top_logprobs: int,
                  with_logprobs: bool, prompt_field: str, structured: tuple[str, Any] | None = None) -> _Request:
         """Check the limits that depend on tokens and engines, then build the engine-side request."""
+        self.episode.went_on(prompt_ids)
         config = self.service.config
         context, length = config.max_model_len, len(prompt_ids)
         if length >= context or max_tokens is not None and length + max_tokens > context:

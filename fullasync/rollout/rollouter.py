@@ -402,8 +402,10 @@ class Rollouter:
         policy caused (`FailureKind.trained`) is the calls it made with `failure_reward`; any other is None."""
         try:
             async with asyncio.timeout(self.settings.episode_timeout_s) as timeout:  # in this task: no task of its own
-                client.episode.deadline_paused = EpisodeDeadline(timeout).suspended  # engine restarts do not count
-                result = await self.run_harness(client, row)
+                deadline = EpisodeDeadline(timeout)
+                client.episode.deadline_paused = deadline.suspended  # engine restarts do not count
+                with deadline.scope():
+                    result = await self.run_harness(client, row)
             if isinstance(result, (int, float)) and not isinstance(result, bool):
                 result = client.trajectory(float(result))
             if isinstance(result, Trajectory):

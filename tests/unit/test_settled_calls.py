@@ -48,3 +48,22 @@ def test_a_doubtful_call_nobody_asks_again_is_kept_and_a_new_delivery_lifts_the_
     held.doubt(False)  # handed again to the SDK's retry, on a connection that stays open
     recorded(other, call((1, 2), (5,)))
     assert other.settled_calls() == other.calls
+
+
+def test_a_request_that_goes_on_from_a_call_proves_it_received_even_if_that_request_fails():
+    """Terminus-2 runs the first answer's command, whose output overflows the context: the request that goes on
+    from the answer is refused (context_length_exceeded, nothing recorded), harbor summarises and starts a fresh
+    context from the instruction — the first call's prompt again. The refused request showed the first answer
+    was received, before or after its connection's close was seen."""
+    for close_seen_first in (True, False):
+        episode = Episode("e")
+        first = call((1, 2), (7, 8))
+        held = HeldCalls(episode)
+        held.calls.append(first)
+        held.commit()
+        if close_seen_first:
+            held.doubt(True)
+        episode.went_on((1, 2, 7, 8, 9, 9, 9))  # the overflowing request, refused
+        held.doubt(True)  # (or the close seen only now)
+        fresh = recorded(episode, call((1, 2), (5,)))
+        assert episode.settled_calls() == [first, fresh]
