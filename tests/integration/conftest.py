@@ -3,6 +3,7 @@ in this directory is marked `integration`."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from fullasync.client import ClientConfig, RolloutService
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.gateway import Gateway
 from fullasync.infra.runtime import init_ray
+from fullasync.infra.shm import remove_orphaned_semaphores
 from fullasync.weights.sync import WeightSync
 
 HERE = Path(__file__).parent
@@ -28,9 +30,11 @@ def pytest_collection_modifyitems(config, items):
 def ray_cluster():
     import ray
 
+    began = time.time()
     init_ray()
     yield
     ray.shutdown()
+    remove_orphaned_semaphores(began)  # of the engines tests killed outside a run (a run removes its own)
 
 
 @pytest.fixture(scope="module")
