@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code for a prompt + output past the context
 
@@ -32,6 +36,13 @@ class TrainerWorkerDiedError(FullasyncError, RuntimeError):
 
 class EngineDiedError(FullasyncError, RuntimeError):
     """An engine process is gone, or stopped making progress; the message names it."""
+
+
+def again(error: E) -> E:
+    """A fresh copy of `error` (same type, message and attributes, no traceback) to raise once more. An error kept and
+    raised to every caller (a dead engine's, until its restart) would otherwise gather every raise's frames in one
+    traceback, growing for as long as the engine stays dead."""
+    return copy.copy(error)
 
 
 class EngineResumeTimeoutError(FullasyncError, TimeoutError):

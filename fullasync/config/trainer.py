@@ -262,8 +262,26 @@ def _check_non_negative(config: TrainerConfig, *names: str) -> None:
             raise ValueError(f"TrainerConfig.{name}={getattr(config, name)!r} must be >= 0")
 
 
+# verl is installed apart from the resolver (its transformers pin conflicts with vLLM's; pyproject.toml says why)
+VERL_MISSING = ("verl is not installed: the trainer is verl's. `make setup` installs it in a clone; else "
+                "`pip install --no-deps verl==0.9.1` (--no-deps: verl 0.9.1 declares transformers<5.11, vLLM needs "
+                ">=5.16.1, and verl runs on the newer one); `fullasync doctor` checks the result")
+
+
+def verl_module(name: str) -> Any:
+    """`import_module(name)` of a verl module, with what to do when verl is not installed."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "verl":
+            raise
+        raise ModuleNotFoundError(VERL_MISSING, name=error.name) from error
+
+
 def _check_policy_loss(name: str) -> None:
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    POLICY_LOSS_REGISTRY = verl_module("verl.trainer.ppo.core_algos").POLICY_LOSS_REGISTRY
 
     if name not in POLICY_LOSS_REGISTRY:
         raise ValueError(
@@ -274,7 +292,7 @@ def _check_policy_loss(name: str) -> None:
 
 def _check_advantage_estimator(name: str) -> None:
     """The estimator must exist and need no inputs beyond outcome rewards and group ids."""
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    ADV_ESTIMATOR_REGISTRY = verl_module("verl.trainer.ppo.core_algos").ADV_ESTIMATOR_REGISTRY
 
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(

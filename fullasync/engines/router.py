@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, TokenDelta
+from fullasync.errors import again
 
 
 class EngineRouter:
@@ -48,7 +49,8 @@ class EngineRouter:
             for engine in self._buckets[load].values():
                 if engine.death is None:
                     return engine
-        raise self.engines[0].death or RuntimeError("EngineRouter: no live engine, yet none is declared dead")
+        death = self.engines[0].death
+        raise again(death) if death else RuntimeError("EngineRouter: no live engine, yet none is declared dead")
 
     def _move(self, engine: Engine, by: int) -> None:
         load = self._load[engine.name]

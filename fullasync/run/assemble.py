@@ -268,7 +268,9 @@ class Run:
     async def execute(self, rows: Iterable[tuple[str, Any]], resume: Checkpoint | None = None) -> LoopResult:
         """Validate (nothing generating yet), generate and train, stop generating, account for every row.
 
-        With `resume`, the run continues that checkpoint instead of validating first."""
+        With `resume`, the run continues that checkpoint instead of validating first. A run that ends without error
+        hands its engines back serving its last version (with `restart_on_failure`, one that died in the last push
+        and was not restarted yet is restarted first)."""
         result = self.loop.result
         self._task = asyncio.current_task()
         supervisor = asyncio.create_task(self.weight_sync.supervise(self.settings.engine_probe_interval_s),
@@ -284,6 +286,7 @@ class Run:
             self.rollouter.start(rows)
             await self._train()
             await self.rollouter.stop()
+            await self._hand_back_engines()
             report = self.rollouter.report()
             result.outcomes = dict(report.outcome_counts)
             result.row_outcomes = dict(report.row_outcomes)
@@ -302,6 +305,17 @@ class Run:
                     await self.gateway.stop()
                 if isinstance(self.queue, RayGroupQueue):
                     self.queue.shutdown()
+
+    async def _hand_back_engines(self) -> None:
+        """Restart an engine that died in the run's last push (the supervisor had no probe left to see it), so that
+        the engines a caller handed in come back serving the run's last version; one that cannot is left dead, as
+        the next run would find it (and restarts it), with a warning: the run's result stands."""
+        if not self.weight_sync.restart_on_failure:
+            return
+        try:
+            await self.weight_sync.restart_dead()
+        except Exception as error:  # the run is over and saved: its result is not lost to a failed restart
+            log.warning("an engine could not be restarted at the run's end (the next run restarts it): %r", error)
 
     async def _train(self) -> None:
         """The training loop with the rollouter's crash and the engines' failure watched beside it: either ends

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from fullasync.contracts.engine import Engine, InstallTiming, PauseMode
 from fullasync.contracts.weights import StreamedWeights, WeightsMovedOn, WeightsPayload, WeightTransport
-from fullasync.errors import EngineDiedError, WeightPushError
+from fullasync.errors import EngineDiedError, WeightPushError, again
 from fullasync.infra.offload import Pacer
 from fullasync.weights.transport import ObjectStoreTransport
 
@@ -97,7 +97,7 @@ class WeightSync:
         if not self.restart_on_failure:
             for engine in self.engines:
                 if engine.death is not None:
-                    raise engine.death
+                    raise again(engine.death)
 
     async def wait_failed(self) -> BaseException:
         """Return what ends the run as soon as `supervise` finds it (the run awaits this beside the training loop)."""

@@ -107,3 +107,96 @@ def test_doctor_names_an_unwritable_cache_and_how_to_fix_it(tmp_path):
     assert check.status == "FAIL" and "FULLASYNC_CACHE_DIR" in check.detail
     assert doctor.cache_check(tmp_path / "cache").status in ("ok", "warn")
     assert doctor.loopback_check().status == "ok"
+
+
+# imported but not declared, each for a reason: verl's declared transformers pin conflicts with vLLM's (see
+# pyproject.toml: installed --no-deps, checked by `fullasync doctor`); harbor runs in an interpreter of its own
+# (.venv-harbor, Python >= 3.12: Terminus-2's runner is started there); _typeshed exists for type checkers only
+UNDECLARED = {"verl", "harbor", "_typeshed"}
+
+
+def _imported_top_level_modules() -> dict[str, str]:
+    """Each third-party top-level module the shipped code imports, with one file that imports it."""
+    import ast
+
+    own = {"fullasync", "fullasync_agents", "fullasync_patches"}
+    found: dict[str, str] = {}
+    for folder in ("fullasync", "agents", "patches"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in own:
+                        found.setdefault(top, str(path.relative_to(ROOT)))
+    return found
+
+
+def _declared_distributions() -> set[str]:
+    import re
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values()
+                                                 for r in extra)]
+    return {re.split(r"[\[<>=!~;\s]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+            for requirement in requirements}
+
+
+def test_every_distribution_the_package_imports_is_declared_in_pyproject():
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    declared = _declared_distributions()
+    modules = _imported_top_level_modules()
+    assert {"torch", "vllm", "verl", "openai"} <= set(modules)  # the scan sees the imports it must
+    missing = []
+    for module, where in sorted(modules.items()):
+        if module in UNDECLARED:
+            continue
+        distributions = {d.lower().replace("_", "-") for d in providers.get(module, [])}
+        if not distributions & declared:
+            missing.append(f"{module} (imported by {where}; installed from {sorted(distributions) or 'nothing'})")
+    assert not missing, f"declare in pyproject.toml's dependencies or an extra: {missing}"
+
+
+def test_doctor_finds_the_locks_of_a_clone_and_pins_verl_as_they_do():
+    from fullasync.cli import doctor
+
+    assert doctor.LOCK.exists() and doctor.GPU_LOCK.exists()
+    for lock in (doctor.LOCK, doctor.GPU_LOCK):
+        assert f"verl=={doctor.VERL_VERSION}\n" in lock.read_text(), lock
+
+
+def test_doctor_checks_the_declared_requirements_and_says_what_is_missing(monkeypatch):
+    import importlib.metadata
+
+    from fullasync.cli import doctor
+
+    assert doctor.requirements_check().status == "ok"
+    declared = ["pytest>=1", "no-such-distribution>=1; extra == 'cpu'", "pluggy<0.1", "absent-elsewhere; extra == 'x'"]
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: declared)
+    check = doctor.requirements_check(extras=("cpu",))
+    assert check.status == "FAIL" and "no-such-distribution missing" in check.detail
+    assert "pluggy" in check.detail and "absent-elsewhere" not in check.detail and "fullasync[cpu]" in check.detail
+    assert doctor.requirements_check(extras=()).detail.startswith("pluggy")  # the cpu extra's requirement left out
+
+
+def test_doctor_names_a_module_that_will_not_import_in_its_child_process():
+    from fullasync.cli import doctor
+
+    assert "No module named 'no_such_module_here'" in doctor._import_in_child("no_such_module_here", "{}", 60)
+    assert doctor._import_in_child("json", "{'x': 1}", 60)["x"] == 1
+
+
+def test_a_trainer_config_without_verl_installed_says_how_to_install_it(tmp_path):
+    code = ("import sys; sys.modules['verl'] = None\n"  # as if verl were not installed
+            "from fullasync.config import TrainerConfig\n"
+            "try:\n    TrainerConfig().validate()\n"
+            "except ModuleNotFoundError as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "verl is not installed" in done.stdout and "pip install --no-deps verl==" in done.stdout, done.stderr

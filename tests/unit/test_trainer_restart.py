@@ -111,3 +111,58 @@ def test_a_run_handed_an_engine_that_died_before_it_started_restarts_it_and_trai
     result, engines, sync = run_virtual(main)
     assert result.steps == 4 and sync.restarts == 1
     assert all(engine.death is None for engine in engines)
+
+
+class DyingInPush(AnsweringLikeRay):
+    """An engine whose process dies half-way through installing `version`, as a push broken by a kill leaves it."""
+
+    def __init__(self, name: str, cost: DecodeCost, version: int) -> None:
+        super().__init__(name, cost)
+        self.dies_at = version
+
+    async def update_weights(self, weights, version: int) -> None:
+        if version == self.dies_at:
+            self.mark_dead("its actor died during install")
+            raise self.death
+        await super().update_weights(weights, version)
+
+
+def test_a_run_whose_last_push_kills_an_engine_hands_it_back_restarted_serving_the_last_version(tmp_path):
+    """The supervisor probes too rarely to see the death before the run ends: the run's end restarts it."""
+    async def main():
+        _, trainer, _ = parts()
+        cost = DecodeCost(max_num_seqs=16, push_s=0.1)
+        engines = [AnsweringLikeRay("sim-0", cost), DyingInPush("sim-1", cost, version=4)]
+        service = RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=Harness(),
+                             settings=run_settings(total_steps=4, restart_engines=True, engine_probe_interval_s=1e6),
+                             sink=MetricsSink(tmp_path / "metrics.jsonl"))
+        result = await run.execute(rows())
+        return result, engines, run.weight_sync, [await engine.version() for engine in engines]
+
+    result, engines, sync, versions = run_virtual(main)
+    assert result.steps == 4 and sync.restarts == 1
+    assert all(engine.death is None for engine in engines) and versions == [4, 4]
+
+
+def test_a_dead_engines_error_raised_to_every_caller_keeps_a_traceback_of_its_own_size():
+    """Every request routed while an engine is dead gets its death; the kept error gathers no frames."""
+    import traceback
+
+    from fullasync.engines.router import EngineRouter
+    from fullasync.errors import EngineDiedError
+
+    async def main():
+        engine = SimulatedEngine("sim-0", DecodeCost())
+        engine.mark_dead("its actor is gone")
+        router = EngineRouter([engine])
+        depths = []
+        for i in range(50):
+            with pytest.raises(EngineDiedError, match="sim-0 is dead") as raised:
+                router.pick(f"episode-{i}")
+            depths.append(len(traceback.extract_tb(raised.value.__traceback__)))
+        await engine.shutdown()
+        return depths, engine.death
+
+    depths, death = run_virtual(main)
+    assert set(depths) == {depths[0]} and death.__traceback__ is None

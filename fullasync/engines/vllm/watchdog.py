@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from fullasync.engines.vllm.config import EngineHealth, VLLMEngineConfig
-from fullasync.errors import EngineDiedError, InvalidRequestError
+from fullasync.errors import EngineDiedError, InvalidRequestError, again
 
 if TYPE_CHECKING:
     from fullasync.engines.vllm.actor import VLLMEngineActor
@@ -67,7 +67,7 @@ class WatchedActor:
         self.death = EngineDiedError(f"engine {self.name} is dead: {reason}{last}")
         for waiter in self._waiting:
             if not waiter.done():
-                waiter.set_exception(self.death)
+                waiter.set_exception(again(self.death))
         self._waiting.clear()
 
     async def _watched(self, awaitable: Awaitable[T], what: str, timeout_s: float, even_if_dead: bool = False) -> T:
@@ -77,7 +77,7 @@ class WatchedActor:
         aborts its vLLM request and frees the slot. `even_if_dead`: a restart talking to its new actor.
         """
         if self.death is not None and not even_if_dead:
-            raise self.death
+            raise again(self.death)
         reply = asyncio.ensure_future(awaitable)
         waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         reply.add_done_callback(lambda done: _transfer(done, waiter))
