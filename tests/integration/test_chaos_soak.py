@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.soak]  # `make test-soak`; out of CI while a crash it found is open
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # in `make test-slow`; alone: `make test-soak`
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
