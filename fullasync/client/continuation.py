@@ -115,12 +115,24 @@ async def _absorb(call: ResumableCall, done: StitchedGeneration, result: Generat
     return False
 
 
+async def _admitted(call: ResumableCall, request: GenerateRequest) -> None:
+    """Count the request's KV (prompt + budget) to its episode's engine; a new episode's first call may wait for
+    room (`EngineRouter.admit`), and that wait does not count against the episode's deadline."""
+    tokens = len(request.prompt_ids) + request.max_tokens
+    if call.router.bound(call.episode_id):
+        await call.router.admit(call.episode_id, tokens)
+        return
+    with call.infra.waiting():
+        await call.router.admit(call.episode_id, tokens)
+
+
 async def generate_with_resume(call: ResumableCall) -> StitchedGeneration:
     """The call's generation, resumed across aborts and engine restarts, stitched into one."""
     done = StitchedGeneration()
     while True:
         request = call.request(done)
         try:
+            await _admitted(call, request)
             result = await call.router.generate(request, call.episode_id)
             call.note_versions(result)
             finished = await _absorb(call, done, result)
@@ -195,6 +207,7 @@ async def stream_with_resume(call: ResumableCall, interval: int = 1) -> AsyncIte
         while True:
             request, result, sent = call.request(done), None, False
             try:
+                await _admitted(call, request)
                 async for item in call.router.generate_stream(request, call.episode_id):
                     if isinstance(item, GenerateResult):
                         result = item

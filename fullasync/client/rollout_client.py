@@ -70,6 +70,7 @@ class ClientConfig:
     reasoning_parser: str = ModelSection.reasoning_parser  # "" = none: thinking text stays in `content`
     max_top_logprobs: int = EngineSection.max_logprobs  # the engines' max_logprobs
     restart_wait_s: float = 0.0  # a call whose engines all died waits this long for one to be restarted
+    kv_routing: bool = RolloutSection.kv_routing  # EngineRouter(kv_aware=...)
     # token ids the engines can sample: the model's embedding rows, which a padded embedding puts beyond
     # the tokenizer's last id; 0 = read config.json next to the tokenizer (else the tokenizer's length)
     vocab_size: int = 0
@@ -91,7 +92,7 @@ class RolloutService:
     """What all episodes share: the tokenizer, the engine router and the client settings."""
 
     def __init__(self, engines: Sequence[Engine], tokenizer: Tokenizer, config: ClientConfig = ClientConfig()) -> None:
-        self.router = EngineRouter(engines)
+        self.router = EngineRouter(engines, kv_aware=config.kv_routing)
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
         self.tool_parser = make_tool_parser(config.tool_parser, tokenizer)

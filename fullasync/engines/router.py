@@ -1,10 +1,20 @@
-"""Routes requests over several engines: least-loaded, sticky per episode.
+"""Routes requests over several engines: sticky per episode, by the KV cache the episodes hold.
 
-Owns: the choice of engine for a request and the in-flight count it is based on.
-Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its
-prefix cache is reused; `release(episode_id)` forgets the binding when the episode ends. An engine
-declared dead (`engine.death`) is never picked again: its episodes move to a live engine, and when
-none is left `pick` raises the death of the first engine.
+Owns: the choice of engine for a request, the in-flight counts, and the KV budget of the episodes bound to each
+engine. Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its prefix
+cache is reused; `release(episode_id)` forgets the binding when the episode ends. An agent episode holds its
+context in its engine's cache between calls (while its tool runs), so an engine's load is what its bound episodes
+hold, not only what it is generating: each bound episode counts its context (its latest call's prompt and
+budget), and never less than the typical episode's (the mean context over an ended episode's calls, averaged
+over the episodes that ended: an episode admitted at its short first prompt grows). A new episode binds to the
+engine with the most room (engines whose capacity is unknown: the fewest bound episodes, then the least in
+flight). With known capacities (an engine's optional `kv_tokens`), `admit` holds a new episode's first call until
+some engine has room for it — admission by KV budget: past what the caches hold, more episodes at once only
+evict each other's contexts (each call prefills its whole context again) — unless that engine holds no episode
+at all (one larger than a cache still runs, alone). An engine declared dead (`engine.death`) is never picked
+again: its episodes move to a live engine (counted in `moves`), and when none is left `pick` raises the death of
+the first engine. `kv_aware=False` (`rollout.kv_routing=false`): the engine with the fewest requests in flight,
+never waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +24,15 @@ from collections.abc import AsyncIterator, Sequence
 
 from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, TokenDelta
 from fullasync.errors import again
+
+TYPICAL_WEIGHT = 0.05  # an ended episode's weight in the typical context (the last ~20 weigh most)
+
+
+def kv_capacity(engine: Engine) -> int | None:
+    """The engine's KV-cache capacity in tokens, where it reports one (an optional `kv_tokens` attribute: the
+    simulator's engines have it; an engine without it is routed by its bound episodes' count)."""
+    capacity = getattr(engine, "kv_tokens", None)
+    return capacity if isinstance(capacity, int) else None
 
 
 class EngineRouter:
@@ -25,21 +44,101 @@ class EngineRouter:
     in their buckets (a restarted engine serves again) and are passed over.
     """
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[Engine], kv_aware: bool = True) -> None:
+        """`kv_aware=False`: bind a new episode to the engine with the fewest requests in flight, never wait."""
         if not engines:
             raise ValueError("EngineRouter needs at least one engine")
         self.engines = list(engines)
+        self.kv_aware = kv_aware
         self._load = {e.name: 0 for e in self.engines}
         self._by_episode: dict[str, Engine] = {}
         self._buckets: dict[int, dict[str, Engine]] = {0: {e.name: e for e in self.engines}}
         self._least = 0  # the lowest in-flight count (its bucket is never empty)
+        self._context: dict[str, int] = {}  # episode -> the KV it counts: its latest call's, or the typical one
+        self._calls: dict[str, tuple[int, int]] = {}  # episode -> (its calls' KV summed, its calls)
+        self.typical_context = 0.0  # mean KV over an episode's calls, averaged (EMA) over the ended episodes
+        self._held = {e.name: 0 for e in self.engines}  # engine -> the contexts of the episodes bound to it
+        self._bound = {e.name: 0 for e in self.engines}  # engine -> episodes bound to it
+        self._room = asyncio.Event()  # set (and replaced) whenever an episode's KV is released
+        self.kv_waits = 0  # first calls held for want of KV room
+        self.waiting_for_kv = 0  # first calls held now
+        self.moves = 0  # episodes moved off a dead engine
+
+    def bound(self, episode_id: str) -> bool:
+        """Whether the episode is bound to a live engine (its calls never wait for room)."""
+        engine = self._by_episode.get(episode_id)
+        return engine is not None and engine.death is None
 
     def pick(self, episode_id: str) -> Engine:
+        """The episode's engine; an unbound episode binds to the engine with the most room (never waits)."""
         engine = self._by_episode.get(episode_id)
         if engine is None or engine.death is not None:
-            engine = self._least_loaded()
-            self._by_episode[episode_id] = engine
+            engine = self._bind(episode_id, self._roomiest(), moved=engine is not None)
         return engine
+
+    async def admit(self, episode_id: str, tokens: int) -> Engine:
+        """Account a call needing `tokens` of KV (prompt + budget) to its episode, binding a new episode to the
+        engine with the most room; a new episode's first call waits while no engine has room (see the module)."""
+        engine = self._by_episode.get(episode_id)
+        if engine is not None and engine.death is None:
+            self._account(episode_id, engine, tokens)
+            return engine
+        moved = engine is not None
+        counted = False
+        try:
+            while True:
+                candidate = self._roomiest()
+                capacity = kv_capacity(candidate) if self.kv_aware else None
+                if (moved or capacity is None or self._bound[candidate.name] == 0
+                        or self._held[candidate.name] + self._counted(tokens) <= capacity):
+                    break
+                if not counted:
+                    counted = True
+                    self.kv_waits += 1
+                    self.waiting_for_kv += 1
+                await self._room.wait()
+        finally:
+            if counted:
+                self.waiting_for_kv -= 1
+        engine = self._bind(episode_id, candidate, moved)
+        self._account(episode_id, engine, tokens)
+        return engine
+
+    def _bind(self, episode_id: str, engine: Engine, moved: bool) -> Engine:
+        self._unbind(episode_id)
+        self._by_episode[episode_id] = engine
+        self._bound[engine.name] += 1
+        self.moves += moved
+        return engine
+
+    def _account(self, episode_id: str, engine: Engine, tokens: int) -> None:
+        total, calls = self._calls.get(episode_id, (0, 0))
+        self._calls[episode_id] = (total + tokens, calls + 1)
+        counted = self._counted(tokens)
+        self._held[engine.name] += counted - self._context.get(episode_id, 0)
+        self._context[episode_id] = counted
+
+    def _counted(self, tokens: int) -> int:
+        return max(tokens, round(self.typical_context))
+
+    def _unbind(self, episode_id: str) -> None:
+        engine = self._by_episode.pop(episode_id, None)
+        if engine is None:
+            return
+        self._bound[engine.name] -= 1
+        self._held[engine.name] -= self._context.pop(episode_id, 0)
+        self._room.set()  # wake the held first calls: they look again
+        self._room = asyncio.Event()
+
+    def _roomiest(self) -> Engine:
+        """The live engine with the most KV room (capacity less what its episodes hold); where capacities are
+        unknown, the one with the fewest bound episodes; ties to the least loaded, then the first."""
+        live = [e for e in self.engines if e.death is None]
+        if not live or not self.kv_aware:
+            return self._least_loaded()  # with none live: raises the death
+        return max(live, key=lambda e: (
+            (capacity - self._held[e.name]) if (capacity := kv_capacity(e)) is not None else -self._bound[e.name],
+            -self._load[e.name]))
 
     def _least_loaded(self) -> Engine:
         for engine in self._buckets[self._least].values():
@@ -79,7 +178,17 @@ class EngineRouter:
         return True
 
     def release(self, episode_id: str) -> None:
-        self._by_episode.pop(episode_id, None)
+        """The episode ended: its binding and the KV it counted go (a first call held for room looks again)."""
+        total, calls = self._calls.pop(episode_id, (0, 0))
+        if calls:
+            mean = total / calls
+            self.typical_context = mean if not self.typical_context else (
+                TYPICAL_WEIGHT * mean + (1 - TYPICAL_WEIGHT) * self.typical_context)
+        self._unbind(episode_id)
+
+    def held(self, engine_name: str) -> int:
+        """The KV (tokens) the episodes bound to that engine count."""
+        return self._held[engine_name]
 
     def load(self, engine_name: str) -> int:
         return self._load[engine_name]

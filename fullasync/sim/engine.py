@@ -18,6 +18,11 @@ Cost model (all on the event loop's clock, virtual or real):
     no sequence decodes (prefill is not overlapped with decode; resubmitted tokens are prefilled
     again, since a weight push invalidates the KV cache)
 
+With `kv_blocks` (0: unlimited, no prefix cache), the engine has a KV cache of that many blocks with prefix caching
+(`kv.PrefixCache`): a request is admitted only when its prompt and generation fit, after evicting the least recently
+used free blocks (the first waiting request that does not fit holds the queue, as vLLM's scheduler does), and only
+the prompt tokens not found cached are prefilled. A weight push makes every cached block stale.
+
 The engine is event driven: between two events (an arrival, a completion, a pause) the batch is
 constant, so it computes the next completion instead of stepping token by token. Per-request
 work is O(log b) per event; no Python runs per token.
@@ -43,7 +48,8 @@ from fullasync.contracts.engine import (
     wait_until_set,
 )
 from fullasync.contracts.weights import WeightsPayload
-from fullasync.errors import EngineDiedError
+from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, EngineDiedError, InvalidRequestError
+from fullasync.sim.kv import PrefixCache
 from fullasync.types import FinishReason
 
 TOKEN_ID = 7  # every simulated output token has this id
@@ -57,8 +63,10 @@ class DecodeCost:
     step_base_s: float = 0.020  # τ(0): the memory-bound part of a decode step (weights read once per step)
     step_per_seq_s: float = 0.0002  # added per running sequence (KV reads, sampling)
     prefill_per_token_s: float = 0.00002  # engine time to prefill one prompt token
-    max_num_seqs: int = 32  # concurrent sequences (KV-cache capacity)
+    max_num_seqs: int = 32  # concurrent sequences
     push_s: float = 1.0  # time to receive and install one weight version
+    kv_blocks: int = 0  # KV-cache capacity in blocks, with prefix caching (0: unlimited, no prefix cache)
+    block_size: int = 16  # tokens per KV block
 
     def step_s(self, batch: int) -> float:
         return self.step_base_s + self.step_per_seq_s * batch
@@ -82,6 +90,7 @@ class EngineTime:
     prefill_tokens: int = 0
     aborted_tokens: int = 0  # tokens returned by aborts (to be resubmitted by the client)
     recomputed_tokens: int = 0  # prompt and output tokens prefilled again after a RECOMPUTE push
+    cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache (not prefilled; with kv_blocks)
 
     def total_s(self) -> float:
         return self.decode_s + self.drain_s + self.prefill_s + self.paused_s + self.idle_s
@@ -113,6 +122,7 @@ class SimulatedEngine:
         self.workers = 1
         self.cost = cost
         self.time = EngineTime()
+        self.kv = PrefixCache(cost.kv_blocks, cost.block_size) if cost.kv_blocks else None
         self._version = version
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
@@ -135,10 +145,18 @@ class SimulatedEngine:
 
     # -- Engine protocol ---------------------------------------------------------------------
 
+    @property
+    def kv_tokens(self) -> int | None:
+        return self.cost.kv_blocks * self.cost.block_size if self.cost.kv_blocks else None
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         while self._pause is not None:  # a paused engine admits nothing new
             await self._resumed.wait()
         self._advance()
+        if self.kv is not None and self.kv.blocks_for(len(request.prompt_ids) + request.max_tokens) > self.kv.capacity:
+            raise InvalidRequestError(
+                f"engine {self.name}: {len(request.prompt_ids)} prompt + {request.max_tokens} new tokens need more "
+                f"than its KV cache's {self.kv.capacity} blocks of {self.kv.block_size}", code=CONTEXT_LENGTH_EXCEEDED)
         future: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Sequence(request, future, target=request.max_tokens))
         self._drained.clear()
@@ -192,6 +210,8 @@ class SimulatedEngine:
             raise RuntimeError(f"engine {self.name}: pause the engine before update_weights (see WeightSync)")
         await asyncio.sleep(self.cost.push_s)
         self._advance()
+        if self.kv is not None:
+            self.kv.invalidate()  # cached blocks hold the old weights' keys and values
         recompute = self._pause is PauseMode.RECOMPUTE
         if recompute:
             self._prefill_backlog_s = 0.0  # every running sequence's KV is computed again, from the start
@@ -228,6 +248,7 @@ class SimulatedEngine:
         """A simulated engine never dies; a restart returns what is in flight as aborted and serves `version`."""
         await self.abort([s.request.request_id for s in self._waiting] + list(self._running))
         self._version = version
+        self.kv = PrefixCache(self.cost.kv_blocks, self.cost.block_size) if self.cost.kv_blocks else None
         self.death = None
 
     async def num_in_flight(self) -> int:
@@ -308,13 +329,21 @@ class SimulatedEngine:
             return
         while self._waiting and len(self._running) < self.cost.max_num_seqs:
             sequence = min(self._waiting, key=_priority)  # the first of the lowest priority: FIFO among equals
+            prompt = sequence.request.prompt_ids
+            cached = 0
+            if self.kv is not None:
+                found = self.kv.admit(sequence.request.request_id, prompt, sequence.target)
+                if found is None:  # no room even after evicting every free block: it waits, and so do those after
+                    return
+                cached = found
             self._waiting.remove(sequence)
             sequence.start_step = self._steps
             sequence.done_at = self._steps + sequence.target
             sequence.spans.append((self._version, self._version, 0))
-            prompt_tokens = len(sequence.request.prompt_ids)
+            prompt_tokens = len(prompt) - cached
             self._prefill_backlog_s += prompt_tokens * self.cost.prefill_per_token_s
             self.time.prefill_tokens += prompt_tokens
+            self.time.cached_prompt_tokens += cached
             self._running[sequence.request.request_id] = sequence
             heapq.heappush(self._heap, (sequence.done_at, next(self._tiebreak), sequence.request.request_id))
 
@@ -322,6 +351,8 @@ class SimulatedEngine:
         while self._heap and self._heap[0][0] <= self._steps + 1e-6:
             _, _, request_id = heapq.heappop(self._heap)
             sequence = self._running.pop(request_id, None)
+            if sequence is not None:
+                self._release(sequence, sequence.target)
             if sequence is not None and not sequence.future.done():
                 sequence.future.set_result(self._result(sequence, sequence.target, FinishReason.LENGTH))
 
@@ -333,9 +364,12 @@ class SimulatedEngine:
                     self._waiting.remove(waiting)
                     sequence = waiting
                     break
-        if sequence is None or sequence.future.done():
+        if sequence is None:
             return
         produced = sequence.produced(self._steps) if sequence.spans else 0
+        self._release(sequence, produced)
+        if sequence.future.done():
+            return
         self.time.aborted_tokens += produced
         sequence.future.set_result(self._result(sequence, produced, FinishReason.ABORT))
 
@@ -343,8 +377,14 @@ class SimulatedEngine:
         sequence = self._running.pop(request_id, None)
         if sequence is not None:
             self._count_decoded(sequence, sequence.produced(self._steps))
+            self._release(sequence, sequence.produced(self._steps))
         self._waiting = deque(s for s in self._waiting if s.request.request_id != request_id)
         self._wake.set()
+
+    def _release(self, sequence: _Sequence, produced: int) -> None:
+        """Its KV blocks back to the cache: the prompt's and the `produced` tokens' full blocks stay cached."""
+        if self.kv is not None:
+            self.kv.release(sequence.request.request_id, (*sequence.request.prompt_ids, *(TOKEN_ID,) * produced))
 
     def _count_decoded(self, sequence: _Sequence, produced: int) -> None:
         self.decoded_by_row[sequence.request.request_id.split("/", 1)[0]] += produced

@@ -23,6 +23,7 @@ import itertools
 import math
 import random
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -191,15 +192,20 @@ class _Mark:
     loop_iterations: int
 
 
+def row_token(row_id: str) -> int:
+    """A token id of its own for each row (stable across processes: no salted `hash`)."""
+    return 1000 + zlib.crc32(row_id.encode()) % 2**30
+
+
 def _rollout_fn(workload: Workload, counters: _Counters) -> Any:
     """The simulated agent: `workload.turns` calls, each extending the last call's context by its output
-    and `observation_tokens` of tool output after `workload.tool_latency`; a deterministic 0/1 reward."""
-    first_prompt = [1] * workload.prompt_tokens
+    and `observation_tokens` of tool output after `workload.tool_latency`; a deterministic 0/1 reward. A row's
+    prompt is its own (its first token names the row: a prefix cache shares it between the row's samples only)."""
 
     async def rollout_fn(client: RolloutClient, row: dict[str, Any]) -> float:
         episode = client.episode.id
         counters.episodes_started += 1
-        prompt = first_prompt
+        prompt = [row_token(episode.rsplit("/", 1)[0]), *[1] * (workload.prompt_tokens - 1)]
         for turn in range(workload.turns(episode)):
             if turn:
                 await asyncio.sleep(workload.tool_latency(episode, turn))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ("python", "versions", "torch", "ray", "vllm", "shm", "cache", "loopback")
+CHECKS = ("python", "versions", "requires", "torch", "ray", "vllm", "verl", "shm", "cache", "loopback")
 
 
 def doctor(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
@@ -25,6 +25,8 @@ def test_doctor_passes_here_and_reports_every_check(tmp_path):
     assert set(lines) == set(CHECKS), done.stdout
     assert all(line.split()[0] in ("ok", "warn") for line in lines.values())
     assert lines["vllm"].startswith("ok") and " on cpu," in lines["vllm"]
+    assert lines["versions"].startswith("ok   versions  all ")  # the clone's lock found and matched
+    assert lines["requires"].startswith("ok") and lines["verl"].startswith("ok   verl      0.9.1")
     assert lines["shm"].startswith("ok") and "/dev/shm: " in lines["shm"] and " GiB free" in lines["shm"]
     assert done.stdout.strip().endswith("all checks passed")
 

@@ -47,6 +47,7 @@ class CountingEngine:
         self.name = name
         self.death = None
         self.workers = 1
+        self.kv_tokens = None  # unknown: the router counts bound episodes
         self.seen: list[str] = []
         self.release = asyncio.Event()
 
@@ -55,7 +56,7 @@ class CountingEngine:
         await self.release.wait()
 
 
-async def test_router_is_least_loaded_and_sticky_per_episode():
+async def test_router_binds_to_the_fewest_bound_episodes_then_the_least_loaded_and_is_sticky():
     engines = [CountingEngine("a"), CountingEngine("b")]
     router = EngineRouter(engines)
     request = GenerateRequest("r", (1,), 1)
@@ -66,39 +67,45 @@ async def test_router_is_least_loaded_and_sticky_per_episode():
     sticky = asyncio.create_task(router.generate(request, "e2"))
     await asyncio.sleep(0)
     assert router.load("b") == 3  # e2 stays on b although a is as loaded
-    router.release("e2")
-    assert router.pick("e2").name == "a"
+    router.release("e2")  # ended: b holds one episode (e4), a two
+    assert router.pick("e2").name == "b"
     for engine in engines:
         engine.release.set()
     await asyncio.gather(*tasks, sticky)
     assert [router.load("a"), router.load("b")] == [0, 0]
 
 
-async def test_router_picks_a_least_loaded_live_engine_through_random_starts_ends_deaths_and_revivals():
+async def test_router_binds_to_a_live_engine_with_the_fewest_episodes_through_starts_ends_deaths_and_revivals():
     rng = random.Random(7)
     engines = [CountingEngine(f"e{i}") for i in range(9)]
     router = EngineRouter(engines)
-    running: list[asyncio.Task] = []
+    running: list[tuple[str, asyncio.Task]] = []
     for step in range(600):
         action = rng.random()
         if action < 0.05:
             victim = rng.choice(engines)
             victim.death = None if victim.death is not None else EngineDiedError(f"engine {victim.name} died")
         elif action < 0.5 and running:
-            task = running.pop(rng.randrange(len(running)))
+            episode, task = running.pop(rng.randrange(len(running)))
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            router.release(episode)  # the episode ended
         alive = [e for e in engines if e.death is None]
         if not alive:
             with pytest.raises(EngineDiedError):
                 router.pick(f"new-{step}")
             continue
+        bound = {e.name: sum(router.pick(episode) is e for episode, _ in running) for e in alive}  # moves the dead's
         picked = router.pick(f"new-{step}")
         assert picked.death is None
-        assert router.load(picked.name) == min(router.load(e.name) for e in alive), step
-        running.append(asyncio.create_task(router.generate(GenerateRequest("r", (1,), 1), f"new-{step}")))
+        fewest = min(bound.values())
+        assert bound[picked.name] == fewest, step
+        assert router.load(picked.name) == min(router.load(e.name) for e in alive if bound[e.name] == fewest), step
+        running.append((f"new-{step}",
+                        asyncio.create_task(router.generate(GenerateRequest("r", (1,), 1), f"new-{step}"))))
         await asyncio.sleep(0)
-    for task in running:
+    for episode, task in running:
         task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
-    assert all(router.load(e.name) == 0 for e in engines)
+        router.release(episode)
+    await asyncio.gather(*(task for _, task in running), return_exceptions=True)
+    assert all(router.load(e.name) == 0 for e in engines) and not any(router.held(e.name) for e in engines)

@@ -24,6 +24,12 @@ class ScriptedSegments:
         self.scripts = list(scripts)
         self.requests: list[GenerateRequest] = []
 
+    def bound(self, episode_id: str) -> bool:
+        return True
+
+    async def admit(self, episode_id: str, tokens: int) -> ScriptedSegments:
+        return self  # one engine, room for all
+
     async def generate_stream(self, request: GenerateRequest, episode_id: str
                               ) -> AsyncIterator[TokenDelta | GenerateResult]:
         self.requests.append(request)

@@ -1,0 +1,120 @@
+"""The router by KV (`EngineRouter.admit`): a new episode binds to the engine with the most room, its calls stay
+there, a first call waits while no engine has room for it (and only a first call), an episode moves once when its
+engine dies, and `kv_aware=False` keeps the least-in-flight binding that never waits."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.engines.router import EngineRouter
+from fullasync.errors import EngineDiedError
+from fullasync.sim.clock import run_virtual
+from fullasync.sim.engine import DecodeCost, SimulatedEngine
+from fullasync.sim.harness import SimTokenizer
+
+COST = DecodeCost(kv_blocks=100, block_size=16)  # 1,600 tokens per engine
+
+
+def test_new_episodes_spread_by_room_and_a_first_call_waits_until_an_episode_ends():
+    async def main():
+        engines = [SimulatedEngine(f"sim-{i}", COST) for i in range(2)]
+        router = EngineRouter(engines)
+        placed = [(await router.admit(f"e{i}", 600)).name for i in range(4)]
+        held = [router.held(e.name) for e in engines]
+        fifth = asyncio.create_task(router.admit("e4", 600))  # 1,200 + 600 > 1,600 on either engine
+        await asyncio.sleep(1.0)
+        waited = (fifth.done(), router.kv_waits, router.waiting_for_kv)
+        grown = await router.admit("e0", 1500)  # a bound episode's next call never waits, over capacity or not
+        router.release("e1")  # sim-1 now holds 600: room
+        engine = await asyncio.wait_for(fifth, 1.0)
+        after = (router.waiting_for_kv, engine.name, router.held("sim-1"))
+        for e in engines:
+            await e.shutdown()
+        return placed, held, waited, grown.name, after
+
+    placed, held, waited, grown, after = run_virtual(main)
+    assert placed == ["sim-0", "sim-1", "sim-0", "sim-1"] and held == [1200, 1200]
+    assert waited == (False, 1, 1)
+    assert grown == "sim-0"
+    assert after == (0, "sim-1", 1200)
+
+
+def test_an_episode_stays_on_its_engine_and_moves_once_when_it_dies_and_an_oversized_one_runs_alone():
+    async def main():
+        engines = [SimulatedEngine(f"sim-{i}", COST) for i in range(2)]
+        router = EngineRouter(engines)
+        home = (await router.admit("e", 100)).name
+        again = [(await router.admit("e", 100 + 50 * turn)).name for turn in range(1, 5)]
+        engines[0 if home == "sim-0" else 1].death = EngineDiedError(f"engine {home} died")
+        moved = (await router.admit("e", 400)).name
+        still = (await router.admit("e", 450)).name
+        huge = asyncio.create_task(router.admit("huge", 5000))  # larger than any cache: waits for an empty engine
+        await asyncio.sleep(1.0)
+        waiting = not huge.done()
+        router.release("e")
+        alone = (await asyncio.wait_for(huge, 1.0)).name
+        for e in engines:
+            await e.shutdown()
+        return home, again, moved, still, router.moves, waiting, alone
+
+    home, again, moved, still, moves, waiting, alone = run_virtual(main)
+    assert again == [home] * 4 and moved != home and still == moved and moves == 1
+    assert waiting and alone == moved  # the live engine, once it holds nothing else
+
+
+def test_without_kv_routing_an_episode_binds_to_the_least_loaded_engine_and_never_waits():
+    async def main():
+        engines = [SimulatedEngine(f"sim-{i}", COST) for i in range(2)]
+        router = EngineRouter(engines, kv_aware=False)
+        names = [(await asyncio.wait_for(router.admit(f"e{i}", 1500), 1.0)).name for i in range(4)]
+        for e in engines:
+            await e.shutdown()
+        return names, router.kv_waits
+
+    names, waits = run_virtual(main)
+    assert names == ["sim-0"] * 4 and waits == 0  # nothing in flight anywhere: the first engine each time
+
+
+def test_the_client_holds_a_first_call_for_room_without_spending_its_episodes_deadline():
+    """Two engines of 1,600 tokens; three episodes of 1,000: the third waits for the first to end, then runs."""
+    async def main():
+        engines = [SimulatedEngine(f"sim-{i}", DecodeCost(kv_blocks=100, block_size=16, step_base_s=0.01))
+                   for i in range(2)]
+        service = RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096))
+        loop = asyncio.get_running_loop()
+        ends = {}
+
+        async def episode(name: str, hold_s: float) -> None:
+            client = service.client(name)
+            await client.completions.create(model="policy", prompt=[hash(name) % 1000 + 1] * 900, max_tokens=100,
+                                            extra_body={"ignore_eos": True})
+            await asyncio.sleep(hold_s)  # its tool runs; its context stays counted
+            client.close()
+            ends[name] = loop.time()
+
+        await asyncio.gather(episode("a", 5.0), episode("b", 50.0), episode("c", 0.0))
+        for e in engines:
+            await e.shutdown()
+        return ends, service.router.kv_waits
+
+    ends, waits = run_virtual(main)
+    assert waits == 1 and ends["c"] > ends["a"]  # c ran only after a ended
+
+
+def test_a_new_episode_counts_at_least_the_typical_ended_episodes_context():
+    async def main():
+        engines = [SimulatedEngine("sim-0", COST)]
+        router = EngineRouter(engines)
+        for tokens in (200, 600, 1000):  # an episode that grew: 600 on average over its calls
+            await router.admit("grown", tokens)
+        router.release("grown")
+        await router.admit("new", 100)  # its first prompt is short; it will grow like the last one
+        held = router.held("sim-0")
+        await router.admit("new", 900)
+        grown = router.held("sim-0")
+        await engines[0].shutdown()
+        return router.typical_context, held, grown
+
+    typical, held, grown = run_virtual(main)
+    assert typical == 600 and held == 600 and grown == 900
