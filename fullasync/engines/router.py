@@ -36,12 +36,13 @@ def kv_capacity(engine: Engine) -> int | None:
 
 
 class EngineRouter:
-    """Sends each request to the bound engine of its episode, or binds the least-loaded one.
+    """Sends each request to the bound engine of its episode, or binds one (see the module).
 
-    The least-loaded engine is found in O(1) whatever the number of engines: engines sit in
-    buckets by in-flight count (a count moves by one per request start or end), with the lowest
-    non-empty bucket tracked; ties go to the engine that reached the count first. Dead engines stay
-    in their buckets (a restarted engine serves again) and are passed over.
+    Binding by KV looks at every live engine, once per episode. The least-loaded engine (`kv_aware=False`) is
+    found in O(1) whatever the number of engines: engines sit in buckets by in-flight count
+    (a count moves by one per request start or end), with the lowest non-empty bucket tracked; ties go to the
+    engine that reached the count first. Dead engines stay in their buckets (a restarted engine serves again) and
+    are passed over.
     """
 
     def __init__(self, engines: Sequence[Engine], kv_aware: bool = True) -> None:
