@@ -118,12 +118,9 @@ async def _absorb(call: ResumableCall, done: StitchedGeneration, result: Generat
 async def _admitted(call: ResumableCall, request: GenerateRequest) -> None:
     """Count the request's KV (prompt + budget) to its episode's engine; a new episode's first call may wait for
     room (`EngineRouter.admit`), and that wait does not count against the episode's deadline."""
-    tokens = len(request.prompt_ids) + request.max_tokens
-    if call.router.bound(call.episode_id):
-        await call.router.admit(call.episode_id, tokens)
-        return
-    with call.infra.waiting():
-        await call.router.admit(call.episode_id, tokens)
+    bound = call.router.bound(call.episode_id)  # its calls never wait: no deadline to pause
+    with contextlib.nullcontext() if bound else call.infra.waiting():
+        await call.router.admit(call.episode_id, len(request.prompt_ids) + request.max_tokens)
 
 
 async def generate_with_resume(call: ResumableCall) -> StitchedGeneration:

@@ -351,9 +351,10 @@ class SimulatedEngine:
         while self._heap and self._heap[0][0] <= self._steps + 1e-6:
             _, _, request_id = heapq.heappop(self._heap)
             sequence = self._running.pop(request_id, None)
-            if sequence is not None:
-                self._release(sequence, sequence.target)
-            if sequence is not None and not sequence.future.done():
+            if sequence is None:
+                continue
+            self._release(sequence, sequence.target)
+            if not sequence.future.done():
                 sequence.future.set_result(self._result(sequence, sequence.target, FinishReason.LENGTH))
 
     def _finish_aborted(self, request_id: str) -> None:
