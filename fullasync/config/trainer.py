@@ -263,8 +263,10 @@ def _check_non_negative(config: TrainerConfig, *names: str) -> None:
 
 
 # verl is installed apart from the resolver (its transformers pin conflicts with vLLM's; pyproject.toml says why)
-VERL_MISSING = ("verl is not installed: the trainer is verl's. `make setup` installs it in a clone; else "
-                "`pip install --no-deps verl==0.9.1` (--no-deps: verl 0.9.1 declares transformers<5.11, vLLM needs "
+VERL_VERSION = "0.9.1"  # the version both locks pin (tests/unit/test_packaging.py checks they agree)
+VERL_INSTALL = f"pip install --no-deps verl=={VERL_VERSION}"
+VERL_MISSING = (f"verl is not installed: the trainer is verl's. `make setup` installs it in a clone; else "
+                f"`{VERL_INSTALL}` (--no-deps: verl {VERL_VERSION} declares transformers<5.11, vLLM needs "
                 ">=5.16.1, and verl runs on the newer one); `fullasync doctor` checks the result")
 
 
