@@ -251,8 +251,11 @@ class RunConfig:
 
     def resolved_trainer(self) -> TrainerConfig:
         """The trainer's config with `auto` resolved for this run (what VerlTrainer gets): its correction for the
-        run's staleness, and its pushes in the dtype the engines serve (torch's name for vLLM's)."""
+        run's staleness, the engines' model overrides (engine.vllm.hf_overrides: rope scaling) unless the trainer
+        has its own, and its pushes in the dtype the engines serve (torch's name for vLLM's)."""
         trainer = self.trainer.for_staleness(self.staleness)
+        if not trainer.hf_overrides and self.engine.vllm.get("hf_overrides"):
+            trainer = dataclasses.replace(trainer, hf_overrides=dict(self.engine.vllm["hf_overrides"]))
         if trainer.push_dtype == "auto":
             trainer = dataclasses.replace(trainer, push_dtype=TORCH_DTYPE_NAMES.get(self.engine_dtype,
                                                                                     self.engine_dtype))
@@ -335,3 +338,8 @@ class RunConfig:
         check_ray_resources("engine.ray_resources", engine.ray_resources)
         if engine.kv_cache_mb < 0:
             raise ValueError(f"engine.kv_cache_mb={engine.kv_cache_mb} must be >= 0 (0 = the platform default)")
+        served = engine.vllm.get("hf_overrides")
+        if served and self.trainer.hf_overrides and dict(served) != dict(self.trainer.hf_overrides):
+            raise ValueError(f"engine.vllm.hf_overrides={dict(served)} and trainer.hf_overrides="
+                             f"{dict(self.trainer.hf_overrides)} differ: the engines would sample from another model "
+                             "than the one trained; set one of them (the trainer takes the engines')")

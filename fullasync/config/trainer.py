@@ -119,6 +119,20 @@ class TrainerConfig:
                                "skipped")
     micro_batch_size: int = setting(4, "sequences per forward/backward pass on one worker (gradient accumulation "
                                     "unit)")
+    max_tokens_per_micro_batch: int = setting(0, "micro-batches by tokens: each worker packs sequences into "
+                                              "forward/backward passes of at most this many tokens (verl's dynamic "
+                                              "batch size; a longer sequence gets a pass alone); 0 = by count "
+                                              "(micro_batch_size sequences)")
+    chunked_logprobs: bool = setting(False, "log-probs and entropy from the last hidden states 512 positions at a "
+                                     "time, in the forward and the backward pass (verl's fused torch kernel): the "
+                                     "[tokens, vocab] logits of a whole sequence are never held")
+    sequence_parallel_size: int = setting(1, "ranks that share each sequence (Ulysses: the attention heads split "
+                                          "across them, every other layer on a slice of the tokens); must divide "
+                                          "num_workers")
+    hf_overrides: dict[str, Any] = setting({}, "overrides of the model's config.json the trainer builds it with "
+                                           "(rope scaling for long contexts: rope_parameters={...}); a run gives "
+                                           "the trainer the engines' engine.vllm.hf_overrides, so both compute "
+                                           "the same model")
     ppo_epochs: int = setting(1, "passes over each batch per train_step; each pass makes `mini_batches` optimizer "
                               "updates")
     mini_batches: int = setting(1, "optimizer updates per pass: the batch is split into this many mini-batches")
@@ -185,7 +199,8 @@ class TrainerConfig:
         _check_positive(self, "lr", "micro_batch_size", "ppo_epochs", "mini_batches", "grad_clip", "num_workers",
                         "worker_num_cpus", "temperature", "start_timeout_s", "call_timeout_s")
         _check_non_negative(self, "weight_decay", "kl_coef", "entropy_coeff", "clip_ratio_low", "clip_ratio_high",
-                            "worker_threads")
+                            "worker_threads", "max_tokens_per_micro_batch")
+        self._check_sequence_parallel()
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"TrainerConfig.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip bound)")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
@@ -232,6 +247,26 @@ class TrainerConfig:
     def for_staleness(self, staleness: int) -> TrainerConfig:
         """A copy with `auto` resolved for data at most `staleness` versions old."""
         return replace(self, correction=default_correction(self.correction, staleness, self.policy_loss).value)
+
+    def _check_sequence_parallel(self) -> None:
+        size = self.sequence_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"TrainerConfig.sequence_parallel_size={size!r} must be an integer >= 1 (1 = off)")
+        if self.num_workers % size:
+            raise ValueError(f"TrainerConfig.sequence_parallel_size={size} must divide num_workers="
+                             f"{self.num_workers}: each group of {size} ranks shares its sequences; set num_workers "
+                             f"to a multiple of {size}")
+        if size > 1 and self.padding_free == "off":
+            raise ValueError(f"TrainerConfig.sequence_parallel_size={size} slices packed micro-batches: it needs "
+                             "padding_free=on or auto, not off")
+        if not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"TrainerConfig.hf_overrides={self.hf_overrides!r} must be a mapping of config.json "
+                             "fields to values")
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups of ranks that take different rows: num_workers / sequence_parallel_size."""
+        return self.num_workers // self.sequence_parallel_size
 
     def _check_correction(self) -> None:
         names = [c.value for c in Correction]

@@ -187,6 +187,18 @@ class EngineRouter:
                 TYPICAL_WEIGHT * mean + (1 - TYPICAL_WEIGHT) * self.typical_context)
         self._unbind(episode_id)
 
+    def stats(self) -> dict[str, float]:
+        """For the step metrics: first calls held for KV room (so far, and now), episodes moved off a dead engine,
+        the typical episode context, and per engine the KV its bound episodes count (with its share of the
+        engine's capacity where the engine reports one)."""
+        metrics = {"kv/waits": float(self.kv_waits), "kv/episodes_waiting": float(self.waiting_for_kv),
+                   "kv/moves": float(self.moves), "kv/typical_context": float(self.typical_context)}
+        for engine in self.engines:
+            metrics[f"kv/held_tokens/{engine.name}"] = float(self._held[engine.name])
+            if (capacity := kv_capacity(engine)) is not None:
+                metrics[f"kv/held_frac/{engine.name}"] = self._held[engine.name] / capacity
+        return metrics
+
     def held(self, engine_name: str) -> int:
         """The KV (tokens) the episodes bound to that engine count."""
         return self._held[engine_name]

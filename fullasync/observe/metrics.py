@@ -108,13 +108,15 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
     late = f" late {metrics.get('batch/late_joined', 0.0):.0f}/{places:.0f}" if places else ""
     restarts = metrics.get("trainer/restarts")
     healed = f" | trainer restarts {restarts:.0f}" if restarts else ""
+    kv_waits = metrics.get("kv/waits")
+    kv = f" | kv waits {kv_waits:.0f} now {metrics.get('kv/episodes_waiting', 0.0):.0f}" if kv_waits else ""
     return (
         f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')} | staleness mean "
         f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} "
         f"ahead {get('rollout/lead_batches', '.2f')}{late} | "
         f"samples/s {get('perf/samples_per_s', '.1f')} | tok/s {get('perf/tokens_per_s', '.0f')} | "
         f"idle trainer {get('perf/trainer_idle_frac', '.2f')} rollout {get('perf/rollout_idle_frac', '.2f')} | "
-        f"sync {get('weight_sync/total_s', '.3f')}s{healed}{remaining}"
+        f"sync {get('weight_sync/total_s', '.3f')}s{kv}{healed}{remaining}"
     )
 
 

@@ -163,11 +163,15 @@ class Run:
             checkpoint_every=checkpoints.every if checkpoints is not None else 0,
             save_model=self.save_model if checkpoints is not None and checkpoints.hf_every else None,
             save_model_every=checkpoints.hf_every if checkpoints is not None else 0,
-            more_stats=gateway.stats if gateway is not None else None, bind_late=settings.bind_late,
+            more_stats=self.component_stats, bind_late=settings.bind_late,
             # a restart trains again the steps since the newest checkpoint: only with checkpoints, which bound them
             restart_trainer=self.restart_trainer if checkpoints is not None and checkpoints.every else None,
             max_trainer_restarts=settings.trainer_restarts,
         )
+
+    def component_stats(self) -> dict[str, float]:
+        """Counts of the router (KV) and the gateway for each step's metrics."""
+        return {**self.service.router.stats(), **(self.gateway.stats() if self.gateway is not None else {})}
 
     def request_stop(self, reason: str) -> None:
         """Stop soon (a signal): finish the step under way, checkpoint, return. A second request stops at once."""

@@ -28,6 +28,7 @@ from verl.workers.config import (
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from fullasync.config import TrainerConfig
+from fullasync.trainer.attention import PACKED_SDPA
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.corrections import CorrectedPolicyLoss
 
@@ -49,11 +50,12 @@ def training_worker_config(
     never allocated (AdamW creates state on the first step, which never comes).
     """
     packed = padding_free(config, on_cpu)
-    flash = packed and _has_flash_attention(on_cpu)  # else SDPA: packed rows through transformers' sequence masks
     model = HFModelConfig(
         path=model_path,
-        override_config={"attn_implementation": "flash_attention_2" if flash else "sdpa"},
+        override_config={**config.hf_overrides, "attn_implementation": attention_implementation(packed, on_cpu)},
         use_remove_padding=packed,
+        use_fused_kernels=config.chunked_logprobs,
+        fused_kernel_options={"impl_backend": "torch"} if config.chunked_logprobs else {},
         enable_gradient_checkpointing=config.gradient_checkpointing,
         lora_rank=config.lora.rank,
         lora_alpha=config.lora.alpha,
@@ -65,9 +67,13 @@ def training_worker_config(
         mixed_precision=MIXED_PRECISION[config.model_dtype],
         param_offload=config.param_offload and not on_cpu,  # on CPU the parameters are in host memory already
         optimizer_offload=config.optimizer_offload and not on_cpu,
-        use_dynamic_bsz=False,
+        use_dynamic_bsz=config.max_tokens_per_micro_batch > 0,
         micro_batch_size_per_gpu=config.micro_batch_size,
         infer_micro_batch_size_per_gpu=config.micro_batch_size,
+        max_token_len_per_gpu=config.max_tokens_per_micro_batch,  # read only by tokens (above 0)
+        infer_max_token_len_per_gpu=config.max_tokens_per_micro_batch,
+        use_fused_kernels=config.chunked_logprobs,
+        ulysses_sequence_parallel_size=config.sequence_parallel_size,
         use_torch_compile=False,
         forward_only=reference and not on_cpu,
         seed=config.seed,
@@ -89,11 +95,20 @@ def training_worker_config(
 
 def padding_free(config: TrainerConfig, on_cpu: bool) -> bool:
     """Whether micro-batches are packed without padding: `on`, `off`, or for `auto` where flash-attention serves
-    the model (CUDA with flash_attn installed). `on` elsewhere runs through torch's SDPA, which transformers gives
-    a block-diagonal mask per packed row (tests/integration/test_trainer_precision.py checks it on CPU)."""
+    the model (CUDA with flash_attn installed) or sequences are shared by several ranks (sequence parallelism
+    slices the packed row). `on` elsewhere runs through `attention.PACKED_SDPA`
+    (tests/integration/test_trainer_precision.py checks it against a plain forward on CPU)."""
     if config.padding_free != "auto":
         return config.padding_free == "on"
-    return _has_flash_attention(on_cpu)
+    return _has_flash_attention(on_cpu) or config.sequence_parallel_size > 1
+
+
+def attention_implementation(packed: bool, on_cpu: bool) -> str:
+    """The attention the model is built with: flash-attention for packed rows where installed, else our causal
+    SDPA per packed sequence (with Ulysses when sequence parallel), and transformers' SDPA for padded rows."""
+    if not packed:
+        return "sdpa"
+    return "flash_attention_2" if _has_flash_attention(on_cpu) else PACKED_SDPA
 
 
 def _has_flash_attention(on_cpu: bool) -> bool:
@@ -121,6 +136,17 @@ def policy_loss_fn(config: TrainerConfig) -> CorrectedPolicyLoss:
         use_torch_compile=False,
     )
     return CorrectedPolicyLoss(config, actor)
+
+
+def micro_batch_keys(config: TrainerConfig, batch: TrainBatch) -> dict[str, bool | int]:
+    """How verl splits `batch` into micro-batches on a worker: by count, or by tokens with the budget raised to the
+    batch's longest sequence (over the sequence-parallel group), which verl would refuse otherwise: a longer
+    sequence gets a micro-batch alone."""
+    if not config.max_tokens_per_micro_batch:
+        return {"use_dynamic_bsz": False, "micro_batch_size_per_gpu": config.micro_batch_size}
+    longest = int(batch.attention_mask.sum(dim=1).max()) if batch.num_sequences else 0
+    share = -(-longest // config.sequence_parallel_size)
+    return {"use_dynamic_bsz": True, "max_token_len_per_gpu": max(config.max_tokens_per_micro_batch, share)}
 
 
 def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: Any) -> TensorDict:

@@ -20,7 +20,7 @@ import os
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 
@@ -28,12 +28,14 @@ from fullasync.config.trainer import GROUP_LOCAL_ESTIMATORS, TrainerConfig
 from fullasync.contracts.weights import NamedTensors, StreamedWeights, WeightsMovedOn
 from fullasync.infra.offload import off_loop
 from fullasync.infra.platform import is_cpu_platform
-from fullasync.trainer.batch import TrainBatch, build_batch, loss_normaliser, shard_batch
+from fullasync.trainer.batch import ShardedBatch, TrainBatch, build_batch, loss_normaliser, shard_batch
 from fullasync.trainer.corrections import CorrectionStats
 from fullasync.trainer.worker import WHOLE_STEP, RankStepResult, StepPart, WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
 from fullasync.types import TrajectoryGroup
 from fullasync.weights.stream import Metadata, StreamPlan, plan_buckets
+
+Result = TypeVar("Result")
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -96,11 +98,11 @@ class VerlTrainer:
         divided by `config.temperature`, as the rollout sampled.
         """
         workers = self._require_started()
-        sharded = await off_loop(shard_batch, batch, len(workers.actors), 1, self.config.micro_batch_size,
-                                 self._pad_token_id)  # off the loop: in proportion to the batch
-        results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in sharded.shards]), "log_probs")
+        sharded = await self._shard(batch, 1)
+        results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in self._per_rank(sharded)]),
+                                     "log_probs")
         logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
-        for shard, shard_logprobs in zip(sharded.shards, results, strict=True):
+        for shard, shard_logprobs in zip(sharded.shards, self._sources(results), strict=True):
             real = shard.row_index >= 0
             logprobs[shard.row_index[real]] = shard_logprobs[real]
         return logprobs
@@ -165,12 +167,26 @@ class VerlTrainer:
 
     async def _train_part(self, batch: TrainBatch, version: int, part: StepPart) -> list[RankStepResult]:
         workers = self._require_started()
-        config = self.config
-        sharded = await off_loop(shard_batch, batch, len(workers.actors), config.mini_batches,
-                                 config.micro_batch_size, self._pad_token_id)  # off the loop: as the batch grows
+        sharded = await self._shard(batch, self.config.mini_batches)
         per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version, part)
-                    for s in sharded.shards]
-        return list(await workers.wait(workers.submit_each("train", per_rank), "train"))
+                    for s in self._per_rank(sharded)]
+        return self._sources(await workers.wait(workers.submit_each("train", per_rank), "train"))
+
+    async def _shard(self, batch: TrainBatch, mini_batches: int) -> ShardedBatch:
+        """`batch` split over the data-parallel groups (off the loop: it takes time in proportion to the batch);
+        by tokens, blocks need no rounding to micro-batches."""
+        config = self.config
+        unit = 1 if config.max_tokens_per_micro_batch else config.micro_batch_size
+        return await off_loop(shard_batch, batch, config.data_parallel_size, mini_batches, unit, self._pad_token_id)
+
+    def _per_rank(self, sharded: ShardedBatch) -> list[TrainBatch]:
+        """Each rank's shard: the ranks of one sequence-parallel group (consecutive ranks, as verl's device mesh
+        (dp, sp) groups them) take the same rows."""
+        return [shard for shard in sharded.shards for _ in range(self.config.sequence_parallel_size)]
+
+    def _sources(self, per_rank: Sequence[Result]) -> list[Result]:
+        """One result per data-parallel group (its first rank's): the group's ranks computed the same rows."""
+        return list(per_rank[:: self.config.sequence_parallel_size])
 
     async def export_weights(self) -> ObjectRef[NamedTensors] | StreamedWeights:
         """The current policy for `WeightSync.push`: with `weight_transport=object_store` its gathered weights
@@ -286,6 +302,7 @@ def _trainer_version(batch: TrainBatch, trainer_version: int | None) -> int:
 
 LAST_PART_METRICS = ("grad_norm", "grad_norm_max", "lr", "num_updates")  # of the update, made by the last part
 SUMMED_METRICS = ("logprob_time_s", "update_time_s")
+MAX_METRICS = ("peak_memory_gb",)  # the highest of any rank (a group's first, under sequence parallelism) and part
 
 
 def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> dict[str, float]:
@@ -300,6 +317,8 @@ def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> d
         values = [(part[name], weight) for part, weight in zip(per_part, weights, strict=True) if name in part]
         if name in LAST_PART_METRICS:
             metrics[name] = values[-1][0]
+        elif name in MAX_METRICS:
+            metrics[name] = max(r.metrics[name] for results in parts for r in results)
         elif name in SUMMED_METRICS:
             metrics[name] = sum(max(r.metrics[name] for r in results) for results in parts)
         else:
@@ -325,6 +344,7 @@ def _batch_metrics(parts: list[TrainBatch]) -> dict[str, float]:
     return {
         "num_sequences": float(sum(part.num_sequences for part in parts)),
         "num_trained_tokens": float(sum(part.num_trained_tokens for part in parts)),
+        "max_sequence_tokens": float(max(int(part.attention_mask.sum(dim=1).max()) for part in parts)),
         "reward_mean": float(rewards.mean()),
         "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
         "min_sampled_version": float(sampled_versions.min()) if sampled_versions.numel() else -1.0,

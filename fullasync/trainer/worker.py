@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from fullasync.config import TrainerConfig
+from fullasync.infra.memory import PeakMemory
 from fullasync.infra.placement import where_am_i
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.corrections import CorrectionStats
@@ -127,6 +128,8 @@ class TrainerWorker:
             "compute_dtype": _dtype_name(compute or parameters[0].dtype),
             "attention": str(getattr(hf_config, "_attn_implementation", "unknown")),
             "padding_free": str(bool(policy.model_config.use_remove_padding)).lower(),
+            "chunked_logprobs": str(_chunked_head(model)).lower(),
+            "sequence_parallel": str(getattr(policy.engine, "ulysses_sequence_parallel_size", 1)),
             "gradient_checkpointing": str(bool(getattr(model, "is_gradient_checkpointing", False))).lower(),
             "trained_parameters": f"{trained}/{total}",
         }
@@ -153,7 +156,10 @@ class TrainerWorker:
                 verl_cpu.apply()
             from verl.workers.engine_workers import TrainingWorker
 
+        from fullasync.trainer import attention
         from fullasync.trainer.verl_setup import policy_loss_fn, training_worker_config
+
+        attention.register()
 
         config = self.spec.config
         self._policy = policy = TrainingWorker(training_worker_config(self.spec.model_path, config,
@@ -190,6 +196,8 @@ class TrainerWorker:
         """
         config = self.spec.config
         policy, loss = self._set_up()
+        peak = PeakMemory()
+        peak.reset()
         start = time.perf_counter()
         recompute = config.recomputes_proximal
         extra = {"old_log_probs": self._infer(policy, shard) if recompute else shard.behaviour_logprobs}
@@ -212,7 +220,8 @@ class TrainerWorker:
         loss.recording = False
         metrics = _mean_over_updates(updates)
         metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
-        metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared)
+        metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared,
+                       peak_memory_gb=peak.read() / 2**30)
         return RankStepResult(metrics, loss.drain())
 
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
@@ -325,11 +334,20 @@ class TrainerWorker:
                 yield TIED_OUTPUT_WEIGHT, tensor
 
     def _infer(self, worker: TrainingWorker, shard: TrainBatch) -> torch.Tensor:
-        from fullasync.trainer.verl_setup import response_logprobs, to_tensordict
+        from fullasync.trainer.verl_setup import micro_batch_keys, response_logprobs, to_tensordict
 
-        data = to_tensordict(shard, self.spec.config.temperature, {}, compute_loss=False, calculate_entropy=False)
+        config = self.spec.config
+        data = to_tensordict(shard, config.temperature, {}, compute_loss=False, calculate_entropy=False,
+                             **micro_batch_keys(config, shard))
         output = worker.infer_batch(data)
-        return response_logprobs(output, data)
+        group = getattr(worker.engine, "ulysses_parallel_group", None)
+        if group is None:
+            return response_logprobs(output, data)
+        # sequence parallel: verl returns the values on the group's first rank only; every rank of the group
+        # trains on them (the proximal or reference log-probs of the loss), so that rank hands them on
+        values = torch.zeros(shard.responses.shape) if output is None else response_logprobs(output, data)
+        torch.distributed.broadcast(values, src=torch.distributed.get_global_rank(group, 0), group=group)
+        return values
 
     def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int,
                 trainer_version: int, last: bool, part: StepPart) -> dict[str, float]:
@@ -337,11 +355,12 @@ class TrainerWorker:
         backward over the micro-batches, clip and step, the LR scheduler after the step's last update."""
         from verl.utils import tensordict_utils as tu
 
-        from fullasync.trainer.verl_setup import to_tensordict
+        from fullasync.trainer.verl_setup import micro_batch_keys, to_tensordict
 
-        data = to_tensordict(block, self.spec.config.temperature, extra, calculate_entropy=True,
+        config = self.spec.config
+        data = to_tensordict(block, config.temperature, extra, calculate_entropy=True,
                              global_batch_size=sequences, trainer_version=trainer_version,
-                             **_engine_keys(policy))
+                             **{**_engine_keys(policy), **micro_batch_keys(config, block)})
         engine = policy.engine
         tu.maybe_fix_3d_position_ids(data)
         started = time.perf_counter()
@@ -361,16 +380,18 @@ class TrainerWorker:
         if last and part.last:
             output["metrics"]["lr"] = engine.lr_scheduler_step()
         output.pop("model_output", None)
+        micro_batches = len(output["loss"])  # verl's losses, one per forward/backward pass
         reported = policy._postprocess_output(output, global_token_num=tu.get(data, key="global_token_num"),
                                               delta_time=time.perf_counter() - started, forward_only=False,
                                               images_seqlens=None)
         metrics = _reduce_metrics(tu.get(reported, "metrics"))
+        metrics["micro_batches"] = float(micro_batches)
         if "loss" in metrics:
             metrics["loss"] /= part.loss_scale  # the part's own loss; the trainer weighs the parts
         return metrics
 
 
-def _engine_keys(policy: TrainingWorker) -> dict[str, Any]:
+def _engine_keys(policy: TrainingWorker) -> dict[str, object]:
     """The engine settings verl's `TrainingWorker.train_batch` puts on a batch that does not carry them."""
     engine_config = policy.engine_config
     return {
@@ -380,6 +401,13 @@ def _engine_keys(policy: TrainingWorker) -> dict[str, Any]:
         "micro_batch_size_per_gpu": engine_config.micro_batch_size_per_gpu,
         "use_fused_kernels": engine_config.use_fused_kernels,
     }
+
+
+def _chunked_head(model: torch.nn.Module) -> bool:
+    """Whether the model verl built computes log-probs and entropy in chunks from the hidden states (its forward
+    replaced by verl's fused torch kernel)."""
+    base = getattr(getattr(model, "base_model", None), "model", model)  # under LoRA, peft's wrapped model
+    return getattr(base, "_verl_fused_kernels_backend", None) == "torch"  # set by verl's patch of the forward
 
 
 def _scale_gradients(module: torch.nn.Module, factor: float) -> None:

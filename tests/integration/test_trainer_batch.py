@@ -141,9 +141,40 @@ def test_shard_batch_spreads_rows_and_fills_blocks_to_micro_batches():
         ("lora", LoraConfig(rank=-1), r"trainer.lora.rank=-1 must be an integer >= 0"),
         ("lora", LoraConfig(rank=8, target_modules=" , "), r"trainer.lora.target_modules=' , ' names no module"),
         ("lora", LoraConfig(rank=8, alpha=0), r"trainer.lora.alpha=0 must be > 0"),
+        ("max_tokens_per_micro_batch", -1, r"max_tokens_per_micro_batch=-1 must be >= 0"),
+        ("sequence_parallel_size", 0, r"sequence_parallel_size=0 must be an integer >= 1"),
+        ("sequence_parallel_size", 3, r"sequence_parallel_size=3 must divide num_workers=2"),
+        ({"sequence_parallel_size": 2, "padding_free": "off"}, None, r"needs padding_free=on or auto, not off"),
+        ("hf_overrides", "rope", r"hf_overrides='rope' must be a mapping"),
     ],
 )
 def test_config_validation_names_the_field(field, value, message):
+    settings = field if isinstance(field, dict) else {field: value}
     with pytest.raises(ValueError, match=message):
-        TrainerConfig(**{field: value}).validate()
+        TrainerConfig(num_workers=2, **settings).validate()
     TrainerConfig().validate()
+
+
+def test_a_token_budget_is_raised_to_the_longest_sequence_of_the_batch_over_its_sequence_parallel_group():
+    from fullasync.trainer.verl_setup import micro_batch_keys
+
+    group = TrajectoryGroup("row", (trajectory(call(range(10, 40), range(40, 70)), reward=1.0),
+                                    trajectory(call(range(10, 20), range(20, 30)), reward=0.0)))
+    batch = build_batch([group])  # sequences of 60 and 20 tokens
+    longest = int(batch.attention_mask.sum(dim=1).max())
+    assert longest == 60
+    assert micro_batch_keys(TrainerConfig(micro_batch_size=3), batch) == {"use_dynamic_bsz": False,
+                                                                           "micro_batch_size_per_gpu": 3}
+    assert micro_batch_keys(TrainerConfig(max_tokens_per_micro_batch=4096), batch)["max_token_len_per_gpu"] == 4096
+    assert micro_batch_keys(TrainerConfig(max_tokens_per_micro_batch=10), batch)["max_token_len_per_gpu"] == longest
+    two = TrainerConfig(max_tokens_per_micro_batch=10, num_workers=2, sequence_parallel_size=2)
+    assert micro_batch_keys(two, batch)["max_token_len_per_gpu"] == -(-longest // 2)
+
+
+def test_packed_sequences_start_where_their_position_is_zero():
+    from fullasync.trainer.attention import sequence_bounds
+
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
+    assert sequence_bounds(positions, 10) == [(0, 3), (3, 5), (5, 6), (6, 10)]
+    assert sequence_bounds(torch.tensor([[5, 6, 0, 1]]), 4) == [(0, 2), (2, 4)]  # a slice starting mid-sequence
+    assert sequence_bounds(None, 7) == [(0, 7)]

@@ -9,6 +9,7 @@ import asyncio
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import EngineDiedError
+from fullasync.observe.metrics import format_line
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer
@@ -38,6 +39,30 @@ def test_new_episodes_spread_by_room_and_a_first_call_waits_until_an_episode_end
     assert waited == (False, 1, 1)
     assert grown == "sim-0"
     assert after == (0, "sim-1", 1200)
+
+
+def test_the_router_reports_kv_waits_and_what_each_engine_holds_on_the_step_line():
+    async def main():
+        engines = [SimulatedEngine(f"sim-{i}", COST) for i in range(2)]
+        router = EngineRouter(engines)
+        for i in range(4):
+            await router.admit(f"e{i}", 600)
+        fifth = asyncio.create_task(router.admit("e4", 600))
+        await asyncio.sleep(1.0)
+        waiting = router.stats()
+        router.release("e1")
+        await asyncio.wait_for(fifth, 1.0)
+        for e in engines:
+            await e.shutdown()
+        return waiting, router.stats()
+
+    waiting, after = run_virtual(main)
+    assert waiting["kv/waits"] == waiting["kv/episodes_waiting"] == 1
+    assert waiting["kv/held_tokens/sim-0"] == 1200 and waiting["kv/held_frac/sim-0"] == 1200 / 1600
+    assert after["kv/waits"] == 1 and after["kv/episodes_waiting"] == 0 and after["kv/typical_context"] == 600
+    line = format_line(3, {**after, "progress/total_steps": 10})
+    assert "kv waits 1 now 0" in line
+    assert "kv waits" not in format_line(3, {"kv/waits": 0.0})
 
 
 def test_an_episode_stays_on_its_engine_and_moves_once_when_it_dies_and_an_oversized_one_runs_alone():

@@ -47,6 +47,9 @@ def test_a_preset_fills_the_node_its_name_gives_with_real_training_values(name):
         plan_gpus(blocks, {f"node {index}": gpus - (index == 0) for index in range(nodes)})
     assert config.trainer.model_dtype == "bf16" and config.trainer.lr <= 1e-5 and config.trainer.gradient_checkpointing
     assert config.engine.max_model_len >= 16384 and config.model.path != RunConfig().model.path
+    # a whole episode of the context fits a micro-batch, whose log-probs never hold [tokens, vocab] logits
+    assert config.trainer.max_tokens_per_micro_batch >= config.engine.max_model_len
+    assert config.trainer.chunked_logprobs
     assert builtin_values_warning(config, 16 * 2**30) is None  # validated in test_config_components (loads verl)
 
 
