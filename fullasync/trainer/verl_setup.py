@@ -10,6 +10,7 @@ take. Runs inside trainer workers, after the CPU platform patch is applied (it i
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from typing import Any
 
@@ -52,7 +53,7 @@ def training_worker_config(
     packed = padding_free(config, on_cpu)
     model = HFModelConfig(
         path=model_path,
-        override_config={**config.hf_overrides, "attn_implementation": attention_implementation(packed, on_cpu)},
+        override_config={"attn_implementation": attention_implementation(packed, on_cpu)},
         use_remove_padding=packed,
         use_fused_kernels=config.chunked_logprobs,
         fused_kernel_options={"impl_backend": "torch"} if config.chunked_logprobs else {},
@@ -61,6 +62,8 @@ def training_worker_config(
         lora_alpha=config.lora.alpha,
         target_modules=config.lora.modules,
     )
+    for name, value in config.hf_overrides.items():  # whole values, as vLLM applies its hf_overrides (verl's
+        setattr(model.hf_config, name, copy.deepcopy(value))  # override_config cannot replace a nested mapping)
     engine = FSDPEngineConfig(
         strategy="fsdp2",
         model_dtype="fp32",  # master weights

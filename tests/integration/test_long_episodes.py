@@ -65,4 +65,6 @@ async def test_a_42_call_episode_of_16k_tokens_trains_as_one_sequence_token_exac
         assert step["num_sequences"] == 2  # one sequence per episode: 42 calls, each extending the last
         assert step["max_sequence_tokens"] >= 16_000, step["max_sequence_tokens"]
         assert step["num_trained_tokens"] == 2 * CALLS * 24  # the sampled tokens only
-        assert step["logprob_gap_max"] < 1e-3, step["logprob_gap_max"]  # engine and trainer: the same model
+        # engine and trainer compute the same model on the same tokens: 1.4e-6 seen; 3.7e-3 with the trainer
+        # left at the model's own rope (the tiny model's log-probs barely depend on positions)
+        assert step["logprob_gap_max"] < 1e-4, step["logprob_gap_max"]
