@@ -1,7 +1,9 @@
 """The trainer's memory and time on one long sequence: the path before long-context training, packed attention,
 log-probs in chunks, and sequence parallelism, at growing lengths.
 
-For each model and each path, one `VerlTrainer` (verl FSDP2 on CPU, fp32, full fine-tuning) trains one step on a
+For each model and each path, one `VerlTrainer` (verl FSDP2 on CPU, fp32, full fine-tuning, activations recomputed
+in the backward pass as any long-context training does: without, SmolLM2 holds ~1.6 MB of activations per token,
+50 GB at 32k) trains one step on a
 sequence of L tokens (half prompt, half response; every response token trained with advantage 1) at each length,
 shortest first, after a warm-up step at the shortest. Reported per (path, L): the peak resident memory of the
 busiest rank during the step (`peak_memory_gb`: VmHWM, reset at the step's start) and the seconds per 1k tokens.
@@ -17,7 +19,8 @@ Paths:
 Micro-batches by tokens (`max_tokens_per_micro_batch` = L) in every path but `before`.
 
 A full-logits path is skipped at a length where its logits alone would pass `--logits-cap-gb` (the machine has 24 GB;
-its fp32 logits, their softmax and gradient take about four copies of [L, vocab]).
+its fp32 logits, their softmax and gradient take about four copies of [L, vocab]); a step whose rank Ray kills for
+memory is reported as "out of memory", and that path's longer lengths with it.
 
     .venv/bin/python bench/long_context.py [--models tiny smollm2-135m-instruct] [--lengths 2048 8192 16384 32768]
         [--tiny-lengths ... 65536] [--no-write]
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -80,7 +84,7 @@ async def measure(model_path: str, path: Path_, lengths: list[int], vocab: int, 
             results[n] = f"skipped: full logits ~{n * vocab * 4 * LOGITS_COPIES / 2**30:.0f} GB"
     if not runnable:
         return results
-    settings = dict(path.settings)
+    settings = dict(path.settings, gradient_checkpointing=True)
     if path.name != "before":
         settings["max_tokens_per_micro_batch"] = max(runnable)
     config = TrainerConfig(lr=1e-6, micro_batch_size=1, call_timeout_s=7200, worker_num_cpus=2 / path.ranks,
@@ -92,14 +96,21 @@ async def measure(model_path: str, path: Path_, lengths: list[int], vocab: int, 
             batch = trainer.build_batch(one_sequence(n, step))
             batch = dataclasses.replace(batch, advantages=batch.response_mask.float())  # every response token
             started = time.perf_counter()
-            metrics = await trainer.train_step(batch, trainer_version=0)
+            try:
+                metrics = await trainer.train_step(batch, trainer_version=0)
+            except Exception as error:  # a rank killed for memory (Ray's OOM killer) is a result
+                reason = "out of memory" if "memory" in str(error).lower() else type(error).__name__
+                print(f"  {path.name:>14} L={n:>6}: {reason}", flush=True)
+                results.update({m: reason for m in runnable if m >= n})
+                break
             seconds = time.perf_counter() - started
             if step:  # the first is the warm-up
                 results[n] = {"peak_gb": metrics["peak_memory_gb"], "s_per_1k": seconds / (n / 1000)}
                 print(f"  {path.name:>14} L={n:>6}: peak {metrics['peak_memory_gb']:.2f} GB, "
                       f"{seconds / (n / 1000):.2f} s per 1k tokens", flush=True)
     finally:
-        await trainer.shutdown()
+        with contextlib.suppress(Exception):  # a trainer whose rank died may not shut down cleanly
+            await trainer.shutdown()
     return results
 
 
@@ -116,10 +127,11 @@ def render(tables: dict[str, dict[str, dict[int, dict[str, float] | str]]], voca
            note: str) -> str:
     lines = ["## Long sequences in the trainer", "",
              "One train step on one sequence of L tokens (half prompt, half trained response), verl FSDP2 on this "
-             "machine's CPU, fp32; peak resident memory of the busiest rank during the step and seconds per 1k "
-             "tokens, per path (see `bench/long_context.py`: before = padded SDPA + full logits, the path before "
-             "this work; packed = causal SDPA per packed sequence; chunked = packed + log-probs 512 positions at a "
-             "time; SP = sequence parallel over that many ranks). Slope: least squares of peak memory on L.", "",
+             "machine's CPU, fp32, activations recomputed in the backward pass; peak resident memory of the "
+             "busiest rank during the step and seconds per 1k tokens, per path (see `bench/long_context.py`: "
+             "before = padded SDPA + full logits, the path before this work; packed = causal SDPA per packed "
+             "sequence; chunked = packed + log-probs 512 positions at a time; SP = sequence parallel over that many "
+             "ranks). Slope: least squares of peak memory on L.", "",
              note, ""]
     for model, table in tables.items():
         lengths = sorted({n for points in table.values() for n in points})
@@ -192,7 +204,8 @@ async def main(args: argparse.Namespace) -> None:
         for path in paths(parallel):
             if args.paths and path.name.split()[0] not in args.paths:
                 continue
-            tables[model][path.name] = await measure(model_path, path, sorted(lengths), hf_config.vocab_size,
+            runs = sorted(n for n in lengths if path.ranks == 1 or model == "tiny" or n <= args.sp_max_length)
+            tables[model][path.name] = await measure(model_path, path, runs, hf_config.vocab_size,
                                                      args.logits_cap_gb)
     if not args.no_write:
         plot(tables, DOCS / "long_context.png")
@@ -206,5 +219,7 @@ if __name__ == "__main__":
     parser.add_argument("--tiny-lengths", nargs="+", type=int, default=[2048, 8192, 16384, 32768, 65536])
     parser.add_argument("--paths", nargs="*", default=[], help="only these (before, packed, chunked)")
     parser.add_argument("--logits-cap-gb", type=float, default=12.0)
+    parser.add_argument("--sp-max-length", type=int, default=16384,
+                        help="the longest sequence the SP path of a real model runs (its 32k step takes ~20 min here)")
     parser.add_argument("--no-write", action="store_true")
     asyncio.run(main(parser.parse_args()))

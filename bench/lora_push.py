@@ -42,7 +42,7 @@ def make_adapter(model_path: str, rank: int, out: Path) -> dict[str, float]:
     from peft.tuners.lora import LoraLayer
     from transformers import AutoModelForCausalLM
 
-    from fullasync.trainer.worker import merge_lora
+    from fullasync.trainer.lora import merge_lora
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)

@@ -321,13 +321,14 @@ async def _start_trainer(trainer: VerlTrainer) -> None:
     runs = await trainer.describe()
     budget = trainer.config.max_tokens_per_micro_batch
     log.info("trainer ready: %d worker%s (%.1f s): %s master weights, %s compute, %s attention, %s micro-batches "
-             "%s, log-probs %s, sequence parallel %s, gradient checkpointing %s, trained parameters %s", workers,
+             "%s, log-probs %s, sequence parallel %s, gradient checkpointing %s, trained parameters %s, rank 0 on "
+             "cores %s with %s threads", workers,
              "s" * (workers != 1), took, runs["master_dtype"], runs["compute_dtype"], runs["attention"],
              "packed" if runs["padding_free"] == "true" else "padded",
              f"of up to {budget} tokens" if budget else f"of {trainer.config.micro_batch_size} sequences",
              "in chunks" if runs["chunked_logprobs"] == "true" else "from full logits", runs["sequence_parallel"],
-             "on" if runs["gradient_checkpointing"] == "true" else "off", runs["trained_parameters"],
-             extra=progress("trainer", 1, 1))
+             "on" if runs["gradient_checkpointing"] == "true" else "off", runs["trained_parameters"], runs["cpus"],
+             runs["threads"], extra=progress("trainer", 1, 1))
 
 
 @contextlib.contextmanager

@@ -72,3 +72,16 @@ def check_gateway_host(host: str) -> None:
     if any(c in host for c in "/@ ") or host.startswith("["):
         raise ValueError(f"rollout.gateway_host={host!r} is not an address or host name (no scheme, port or "
                          "brackets: e.g. 127.0.0.1, ::1 or 10.0.0.5)")
+
+
+def parse_cpus(field_name: str, text: str) -> list[int]:
+    """The CPU ids of a Linux CPU list (`0`, `0-3`, `0-3,6,8-9`; "" = none given), sorted; a ValueError naming
+    `field_name` and the expected form otherwise."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")) if text.strip() else ():
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"{field_name}={text!r} is not a CPU list: write ids and ranges such as 0, 0-3 or "
+                             "0-3,6 (as taskset -c takes them)")
+        cpus.update(range(int(low), int(high if dash else low) + 1))
+    return sorted(cpus)

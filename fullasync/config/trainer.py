@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fullasync.config.checks import check_ray_resources
+from fullasync.config.checks import check_ray_resources, parse_cpus
 from fullasync.config.fields import section, setting
 
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -182,8 +182,11 @@ class TrainerConfig:
                               "= as the trainer holds them; or float32, bfloat16, float16", resume_may_change=True)
     num_workers: int = setting(1, "FSDP2 data-parallel worker processes (one node)")
     worker_num_cpus: float = setting(1.0, "Ray CPUs reserved per worker", resume_may_change=True)
-    worker_threads: int = setting(0, "torch threads per worker; 0 = cpu_count // num_workers (at least 1)",
-                                  resume_may_change=True)
+    worker_threads: int = setting(0, "torch threads per worker; 0 = its cores: cpu_count // num_workers, or its "
+                                  "share of `cpus` (at least 1)", resume_may_change=True)
+    cpus: str = setting("", "CPU cores the trainer's ranks run on, as a Linux CPU list (0, 1-3): each rank's "
+                        "process bound to an equal contiguous share; \"\" = every core (see engine.cpus)",
+                        resume_may_change=True)
     ray_resources: dict[str, float] = setting({}, "custom Ray resources per rank: pins the ranks' node",
                                               resume_may_change=True)
     start_timeout_s: float = setting(600.0, "seconds allowed for the workers to start and load the model",
@@ -218,6 +221,10 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.weight_transport={self.weight_transport!r}: choose one of "
                              f"{WEIGHT_TRANSPORTS}")
         check_ray_resources("TrainerConfig.ray_resources", self.ray_resources)
+        cpus = parse_cpus("trainer.cpus", self.cpus)
+        if cpus and len(cpus) < self.num_workers:
+            raise ValueError(f"trainer.cpus={self.cpus!r} names {len(cpus)} cores for {self.num_workers} ranks: each "
+                             "rank needs one at least")
         self.lora.validate()
         _check_policy_loss(self.policy_loss)
         _check_advantage_estimator(self.advantage_estimator)

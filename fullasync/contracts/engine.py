@@ -151,6 +151,23 @@ class InstallTiming:
     phases: dict[str, float] = field(default_factory=dict)  # engine-specific breakdown of update_s
 
 
+@dataclass(frozen=True)
+class KVStats:
+    """An engine's own KV counters over its life (an engine that has them answers `kv_stats()`; the router and the
+    run's metrics skip one that does not): prompt tokens looked up in its prefix cache and those found there (the
+    rest were prefilled), the share of its KV blocks in use when asked, and its KV capacity in tokens."""
+
+    prefix_queries: int
+    prefix_hits: int
+    usage: float
+    capacity_tokens: int
+
+    @property
+    def recomputed(self) -> int:
+        """Prompt tokens prefilled because the cache did not hold them."""
+        return self.prefix_queries - self.prefix_hits
+
+
 @runtime_checkable
 class Engine(Protocol):
     """An inference engine as the router, the client, the weight sync and the run see it.

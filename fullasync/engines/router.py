@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, TokenDelta
+from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, KVStats, TokenDelta
 from fullasync.errors import again
 
 TYPICAL_WEIGHT = 0.05  # an ended episode's weight in the typical context (the last ~20 weigh most)
@@ -33,6 +33,37 @@ def kv_capacity(engine: Engine) -> int | None:
     simulator's engines have it; an engine without it is routed by its bound episodes' count)."""
     capacity = getattr(engine, "kv_tokens", None)
     return capacity if isinstance(capacity, int) else None
+
+
+ENGINE_STATS_TIMEOUT_S = 5.0  # an engine that does not answer its counters in time is left out of a step's metrics
+
+
+async def engine_kv_metrics(engines: Sequence[Engine]) -> dict[str, float]:
+    """The engines' own KV counters for the step metrics (engines with `kv_stats()`, live and answering): per
+    engine its prefix-cache hit rate (hit over queried prompt tokens, over its life) and KV usage; summed, the
+    prompt tokens prefilled because no cache held them."""
+    async def ask(engine: Engine) -> KVStats | None:
+        method = getattr(engine, "kv_stats", None)
+        if method is None or engine.death is not None:
+            return None
+        try:
+            return await asyncio.wait_for(method(), ENGINE_STATS_TIMEOUT_S)
+        except Exception:  # a dead or busy engine: its watchdog reports it, the metrics leave it out
+            return None
+
+    answers = await asyncio.gather(*(ask(engine) for engine in engines))
+    metrics: dict[str, float] = {}
+    recomputed = 0
+    for engine, stats in zip(engines, answers, strict=True):
+        if stats is None:
+            continue
+        recomputed += stats.recomputed
+        metrics[f"kv/usage/{engine.name}"] = stats.usage
+        if stats.prefix_queries:
+            metrics[f"kv/prefix_hit_rate/{engine.name}"] = stats.prefix_hits / stats.prefix_queries
+    if metrics:
+        metrics["kv/recomputed_prefill_tokens"] = float(recomputed)
+    return metrics
 
 
 class EngineRouter:
@@ -198,6 +229,10 @@ class EngineRouter:
             if (capacity := kv_capacity(engine)) is not None:
                 metrics[f"kv/held_frac/{engine.name}"] = self._held[engine.name] / capacity
         return metrics
+
+    async def kv_metrics(self) -> dict[str, float]:
+        """`stats()` and the engines' own KV counters (`engine_kv_metrics`): what each step's metrics take."""
+        return {**self.stats(), **await engine_kv_metrics(self.engines)}
 
     def held(self, engine_name: str) -> int:
         """The KV (tokens) the episodes bound to that engine count."""

@@ -6,8 +6,11 @@ platform. Everything else in `fullasync.engines` is the same code on both.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
+
+from fullasync.config.checks import parse_cpus
 
 CPU_KV_CACHE_BYTES = 64 * 2**20  # the CPU default (~8 GiB) starts slowly and is far more than a small model needs
 
@@ -53,7 +56,26 @@ def platform_engine_kwargs() -> dict[str, object]:
     return {"gpu_memory_utilization": 0.85}
 
 
+THREADS = "/proc/self/task"  # Linux: one entry per thread of this process
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM-cpu: the cores each worker's OpenMP threads are bound to
+
+
+def bind_to_cpus(field_name: str, cpu_list: str, ranks: int = 1, rank: int = 0) -> list[int]:
+    """Bind this process (and the processes it starts) to `rank`'s contiguous share of the cores in `cpu_list`
+    (split evenly over `ranks`); returns the share. A core this process may not use is a ValueError naming the
+    field and the cores it may."""
+    cpus = parse_cpus(field_name, cpu_list)
+    allowed = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - allowed)
+    if missing:
+        raise ValueError(f"{field_name}={cpu_list!r} names cores {missing} that this node does not offer this "
+                         f"process; it may use {sorted(allowed)}")
+    size = len(cpus) // ranks
+    share = cpus[rank * size:(rank + 1) * size] if size else cpus
+    for thread in os.listdir(THREADS):  # every thread of the process (the call binds one); new ones inherit
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(thread), share)
+    return share
 
 
 def cpu_tensor_parallel_binding(ranks: int, cpus: list[int] | None = None) -> str:

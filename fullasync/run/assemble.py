@@ -169,9 +169,9 @@ class Run:
             max_trainer_restarts=settings.trainer_restarts,
         )
 
-    def component_stats(self) -> dict[str, float]:
-        """Counts of the router (KV) and the gateway for each step's metrics."""
-        return {**self.service.router.stats(), **(self.gateway.stats() if self.gateway is not None else {})}
+    async def component_stats(self) -> dict[str, float]:
+        """Counts of the router and the engines (KV) and of the gateway for each step's metrics."""
+        return {**await self.service.router.kv_metrics(), **(self.gateway.stats() if self.gateway is not None else {})}
 
     def request_stop(self, reason: str) -> None:
         """Stop soon (a signal): finish the step under way, checkpoint, return. A second request stops at once."""

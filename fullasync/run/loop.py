@@ -139,7 +139,7 @@ class TrainingLoop(Generic[BatchT]):
                  validate: Callable[[], Awaitable[float]] | None, sink: MetricsSink,
                  checkpoint: Callable[[list[TrajectoryGroup]], Awaitable[object | None]] | None = None,
                  checkpoint_every: int = 0, save_model: Callable[[int], Awaitable[object]] | None = None,
-                 save_model_every: int = 0, more_stats: Callable[[], Mapping[str, float]] | None = None,
+                 save_model_every: int = 0, more_stats: Callable[[], Awaitable[Mapping[str, float]]] | None = None,
                  bind_late: bool = True, restart_trainer: Callable[[], Awaitable[str]] | None = None,
                  max_trainer_restarts: int = 0) -> None:
         """`checkpoint(pending)` saves the run (`pending`: groups taken from the queue, not trained; None back: it
@@ -417,7 +417,7 @@ class TrainingLoop(Generic[BatchT]):
             "rollout/infra_retries": float(report.infra_retries),
         }
         if self.more_stats is not None:
-            metrics.update(self.more_stats())
+            metrics.update(await self.more_stats())
         return metrics
 
 

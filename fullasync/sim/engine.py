@@ -43,6 +43,7 @@ from fullasync.contracts.engine import (
     GenerateRequest,
     GenerateResult,
     InstallTiming,
+    KVStats,
     PauseMode,
     TokenDelta,
     wait_until_set,
@@ -148,6 +149,14 @@ class SimulatedEngine:
     @property
     def kv_tokens(self) -> int | None:
         return self.cost.kv_blocks * self.cost.block_size if self.cost.kv_blocks else None
+
+    async def kv_stats(self) -> KVStats | None:
+        """Its prefix cache's counters, as a vLLM engine reports them (None without a KV model)."""
+        if self.kv is None:
+            return None
+        counters = self.kv.counters
+        return KVStats(prefix_queries=counters.queried_tokens, prefix_hits=counters.hit_tokens,
+                       usage=self.kv.used / self.kv.capacity, capacity_tokens=self.kv.capacity * self.kv.block_size)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         while self._pause is not None:  # a paused engine admits nothing new

@@ -68,7 +68,7 @@ class VerlTrainer:
             raise FileNotFoundError(f"model_path {self.model_path!r} is not a directory with a HF model")
         self.config.validate()
         on_cpu = is_cpu_platform()
-        threads = self.config.worker_threads or default_threads(self.config.num_workers)
+        threads = self.config.worker_threads or default_threads(self.config.num_workers, self.config.cpus)
         spec = WorkerSpec(model_path=self.model_path, config=self.config, on_cpu=on_cpu, threads=threads)
         resources = WorkerResources(
             num_cpus=self.config.worker_num_cpus, num_gpus=0 if on_cpu else 1,

@@ -30,8 +30,10 @@ import torch
 from fullasync.config import TrainerConfig
 from fullasync.infra.memory import PeakMemory
 from fullasync.infra.placement import where_am_i
+from fullasync.infra.platform import bind_to_cpus
 from fullasync.trainer.batch import TrainBatch
 from fullasync.trainer.corrections import CorrectionStats
+from fullasync.trainer.lora import merged_lora_weights
 
 if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
     from verl.workers.engine_workers import TrainingWorker
@@ -99,6 +101,8 @@ class TrainerWorker:
         self.rank = rank
         self.world_size = world_size
         self.spec = spec
+        if spec.config.cpus:
+            bind_to_cpus("trainer.cpus", spec.config.cpus, ranks=world_size, rank=rank)
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.config.seed)
         self._policy: TrainingWorker | None = None
@@ -130,6 +134,8 @@ class TrainerWorker:
             "padding_free": str(bool(policy.model_config.use_remove_padding)).lower(),
             "chunked_logprobs": str(_chunked_head(model)).lower(),
             "sequence_parallel": str(getattr(policy.engine, "ulysses_sequence_parallel_size", 1)),
+            "cpus": ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0))),
+            "threads": str(torch.get_num_threads()),
             "gradient_checkpointing": str(bool(getattr(model, "is_gradient_checkpointing", False))).lower(),
             "trained_parameters": f"{trained}/{total}",
         }
@@ -318,7 +324,7 @@ class TrainerWorker:
         embeddings' tensor, right after them."""
         policy = self._set_up()[0]
         if self.spec.config.lora.enabled:
-            per_tensor: Iterable[tuple[str, torch.Tensor]] = _merged_lora_weights(_fsdp_module(policy)).items()
+            per_tensor: Iterable[tuple[str, torch.Tensor]] = merged_lora_weights(_fsdp_module(policy)).items()
         else:
             per_tensor, _ = policy.engine.get_per_tensor_param()
         tied = policy.model_config.hf_config.tie_word_embeddings
@@ -422,39 +428,6 @@ def _fsdp_module(policy: TrainingWorker) -> torch.nn.Module:
     """The FSDP-wrapped model of verl's FSDP engine (its `module`; verl's BaseEngine does not declare it)."""
     engine: Any = policy.engine
     return engine.module
-
-
-PEFT_PREFIX = "base_model.model."  # peft's name of the wrapped model's parameters
-LORA_ADAPTER = "default"  # the adapter verl's peft model trains
-
-
-def _merged_lora_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's weights with its LoRA adapters merged, HF-named (a collective: every rank gathers every tensor
-    in the same order). verl's own merged export casts to bf16; this keeps the master weights' dtype."""
-    from peft.tuners.lora import LoraLayer
-    from torch.distributed.tensor import DTensor
-
-    model = getattr(module, "_fsdp_wrapped_module", module)
-    scalings = {name: layer.scaling[LORA_ADAPTER] for name, layer in model.named_modules()
-                if isinstance(layer, LoraLayer)}
-    full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
-            for name, t in model.state_dict().items()}
-    return merge_lora(full, scalings)
-
-
-def merge_lora(state: Mapping[str, torch.Tensor], scalings: Mapping[str, float]) -> dict[str, torch.Tensor]:
-    """HF-named weights from a peft LoRA model's full state dict: each adapted layer's weight W + scaling · B·A
-    (computed in fp32, returned in W's dtype), every other tensor as it is, the adapters themselves dropped."""
-    merged = {}
-    for name, tensor in state.items():
-        if ".lora_" in name:
-            continue
-        if name.endswith(".base_layer.weight") and (layer := name.removesuffix(".base_layer.weight")) in scalings:
-            a = state[f"{layer}.lora_A.{LORA_ADAPTER}.weight"].float()
-            b = state[f"{layer}.lora_B.{LORA_ADAPTER}.weight"].float()
-            tensor = (tensor.float() + scalings[layer] * (b @ a)).to(tensor.dtype)
-        merged[name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")] = tensor
-    return merged
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

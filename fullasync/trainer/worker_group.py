@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from fullasync.config.checks import parse_cpus
 from fullasync.errors import TrainerWorkerDiedError
 from fullasync.infra.placement import require_cluster_offers
 from fullasync.trainer.worker import TrainerWorker, WorkerSpec
@@ -162,5 +163,7 @@ def worker_env_vars(on_cpu: bool, threads: int) -> dict[str, str]:
     return env
 
 
-def default_threads(num_workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // num_workers)
+def default_threads(num_workers: int, cpus: str = "") -> int:
+    """Torch threads per rank: its share of `cpus` (trainer.cpus), or of the machine's cores."""
+    cores = len(parse_cpus("trainer.cpus", cpus)) or os.cpu_count() or 1
+    return max(1, cores // num_workers)

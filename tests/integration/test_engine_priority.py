@@ -58,3 +58,28 @@ async def test_a_freed_slot_goes_to_the_lowest_priority_value_not_to_the_first_c
         await asyncio.gather(*holding, return_exceptions=True)
     await asyncio.wait_for(asyncio.gather(young, old), 120)
     assert ended == ["prio-old", "prio-young"]
+
+
+async def test_the_engine_reports_its_prefix_cache_hits_usage_and_kv_capacity(engine):
+    """vLLM's own counters (`kv_stats`, read from its stat loggers): a prompt asked twice is looked up twice and
+    found the second time, whole blocks of it; the run's step metrics take them (`kv/prefix_hit_rate/<engine>`)."""
+    from fullasync.engines.router import engine_kv_metrics
+
+    before = await engine.kv_stats()
+    prompt = tuple(100 + i % 800 for i in range(600))
+    for attempt in range(2):
+        await engine.generate(GenerateRequest(f"kv-stats-{attempt}", prompt, max_tokens=2,
+                                              sampling=SamplingOptions(seed=0)))
+    deadline = time.monotonic() + 5.0
+    while True:  # the counters come with the engine core's outputs, at most a step behind
+        after = await engine.kv_stats()
+        queried, hit = after.prefix_queries - before.prefix_queries, after.prefix_hits - before.prefix_hits
+        if queried >= 2 * len(prompt) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert queried >= 2 * len(prompt) - 1
+    assert len(prompt) // 2 <= hit < len(prompt)  # the second request's whole blocks, never its last token
+    assert after.capacity_tokens > len(prompt) and 0.0 <= after.usage <= 1.0
+    metrics = await engine_kv_metrics([engine])
+    assert 0.0 < metrics[f"kv/prefix_hit_rate/{engine.name}"] <= 1.0
+    assert metrics["kv/recomputed_prefill_tokens"] == after.recomputed >= len(prompt)

@@ -146,6 +146,8 @@ def test_shard_batch_spreads_rows_and_fills_blocks_to_micro_batches():
         ("sequence_parallel_size", 3, r"sequence_parallel_size=3 must divide num_workers=2"),
         ({"sequence_parallel_size": 2, "padding_free": "off"}, None, r"needs padding_free=on or auto, not off"),
         ("hf_overrides", "rope", r"hf_overrides='rope' must be a mapping"),
+        ("cpus", "3-1", r"trainer.cpus='3-1' is not a CPU list: write ids and ranges such as 0, 0-3"),
+        ("cpus", "0", r"trainer.cpus='0' names 1 cores for 2 ranks"),
     ],
 )
 def test_config_validation_names_the_field(field, value, message):

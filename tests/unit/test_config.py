@@ -34,6 +34,7 @@ RESUME_MAY_CHANGE = (
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads", "trainer.weight_transport",
     "trainer.push_dtype",
     "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir", "trainer.restart_on_failure",
+    "trainer.cpus",
 )
 
 

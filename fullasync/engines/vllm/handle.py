@@ -18,7 +18,14 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from fullasync.contracts.engine import GenerateRequest, GenerateResult, InstallTiming, PauseMode, TokenDelta
+from fullasync.contracts.engine import (
+    GenerateRequest,
+    GenerateResult,
+    InstallTiming,
+    KVStats,
+    PauseMode,
+    TokenDelta,
+)
 from fullasync.contracts.weights import WeightsPayload
 from fullasync.engines.vllm.actor import VLLMEngineActor, spawn_actor
 from fullasync.engines.vllm.config import VLLMEngineConfig
@@ -156,6 +163,9 @@ class RayEngine(WatchedActor):
 
     async def in_flight_tokens(self) -> dict[str, int]:
         return await self._call("in_flight_tokens")
+
+    async def kv_stats(self) -> KVStats | None:
+        return await self._call("kv_stats")
 
     async def shutdown(self) -> None:
         """Stop the watchdog, shut vLLM down (its engine core too, even when declared dead), kill the actor."""

@@ -1,0 +1,43 @@
+"""Engines and trainer on cores of their own (`engine.cpus`, `trainer.cpus`), as a GPU node gives each its GPUs: the
+engine actor and every process vLLM starts under it run on the engine's cores, each trainer rank on its share of
+the trainer's, with as many torch threads."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+from fullasync.trainer import TrainerConfig, VerlTrainer
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
+
+
+async def test_engines_and_trainer_run_on_the_cores_given_to_each(ray_cluster, tiny_model_path):
+    engine_core, trainer_core = sorted(os.sched_getaffinity(0))[:2]
+    (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=tiny_model_path, max_model_len=256,
+                                                           cpus=str(engine_core)))
+    trainer = VerlTrainer(tiny_model_path, TrainerConfig(cpus=str(trainer_core), worker_num_cpus=0.5))
+    try:
+        await trainer.start()
+        runs = await trainer.describe()
+        assert (runs["cpus"], runs["threads"]) == (str(trainer_core), "1")
+        pid = await engine.actor.__ray_call__.remote(lambda actor: os.getpid())
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        assert len(processes) >= 2  # the actor and vLLM's engine core
+        assert {tuple(p.cpu_affinity()) for p in processes} == {(engine_core,)}
+        assert await engine.num_in_flight() == 0
+    finally:
+        await trainer.shutdown()
+        await engine.shutdown()
+
+
+def test_a_core_the_node_does_not_offer_is_refused_naming_the_field():
+    from fullasync.infra.platform import bind_to_cpus
+
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match=r"engine.cpus='4096' names cores \[4096\] that this node does not offer"):
+        bind_to_cpus("engine.cpus", "4096")
+    assert os.sched_getaffinity(0) == before  # nothing was bound
