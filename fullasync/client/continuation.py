@@ -116,11 +116,11 @@ async def _absorb(call: ResumableCall, done: StitchedGeneration, result: Generat
 
 
 async def _admitted(call: ResumableCall, request: GenerateRequest) -> None:
-    """Count the request's KV (prompt + budget) to its episode's engine; a new episode's first call may wait for
-    room (`EngineRouter.admit`), and that wait does not count against the episode's deadline."""
+    """Count the request's KV (prompt and likely answer) to its episode's engine; a new episode's first call may
+    wait for room (`EngineRouter.admit`), and that wait does not count against the episode's deadline."""
     bound = call.router.bound(call.episode_id)  # its calls never wait: no deadline to pause
     with contextlib.nullcontext() if bound else call.infra.waiting():
-        await call.router.admit(call.episode_id, len(request.prompt_ids) + request.max_tokens)
+        await call.router.admit(call.episode_id, len(request.prompt_ids), request.max_tokens)
 
 
 async def generate_with_resume(call: ResumableCall) -> StitchedGeneration:
@@ -143,6 +143,7 @@ async def generate_with_resume(call: ResumableCall) -> StitchedGeneration:
             await call.router.pick(call.episode_id).abort([request.request_id])
             raise
         if finished:
+            call.router.settle(call.episode_id, len(call.prompt_ids), len(done.output_ids))
             return done
 
 

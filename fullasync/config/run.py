@@ -119,8 +119,9 @@ class RolloutSection:
                                    "events for a harness's SDK to parse, coarser streaming", resume_may_change=True)
     kv_routing: bool = setting(True, "bind each new episode to the engine with the most KV room (its bound "
                                "episodes' contexts count, tool time included), and where engines report their KV "
-                               "capacity hold a new episode's first call until one has room; false: the engine with "
-                               "the fewest requests in flight, never waiting", resume_may_change=True)
+                               "capacity (vLLM's do) hold a new episode's first call while none has room and each "
+                               "has a call in flight, and move an episode once off a full engine; false: the "
+                               "engine with the fewest requests in flight, never waiting", resume_may_change=True)
     join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode whose "
                                             "connection is gone (a harness's retry) joins it instead of sampling "
                                             "again; identical requests on open connections are always sampled "

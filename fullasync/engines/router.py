@@ -1,31 +1,37 @@
 """Routes requests over several engines: sticky per episode, by the KV cache the episodes hold.
 
 Owns: the choice of engine for a request, the in-flight counts, and the KV budget of the episodes bound to each
-engine. Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its prefix
-cache is reused; `release(episode_id)` forgets the binding when the episode ends. An agent episode holds its
-context in its engine's cache between calls (while its tool runs), so an engine's load is what its bound episodes
-hold, not only what it is generating: each bound episode counts its context (its latest call's prompt and
-budget), and never less than the typical episode's (the mean context over an ended episode's calls, averaged
-over the episodes that ended: an episode admitted at its short first prompt grows). A new episode binds to the
-engine with the most room (engines whose capacity is unknown: the fewest bound episodes, then the least in
-flight). With known capacities (an engine's optional `kv_tokens`), `admit` holds a new episode's first call until
-some engine has room for it — admission by KV budget: past what the caches hold, more episodes at once only
-evict each other's contexts (each call prefills its whole context again) — unless that engine holds no episode
-at all (one larger than a cache still runs, alone). An engine declared dead (`engine.death`) is never picked
-again: its episodes move to a live engine (counted in `moves`), and when none is left `pick` raises the death of
-the first engine. `kv_aware=False` (`rollout.kv_routing=false`): the engine with the fewest requests in flight,
-never waiting.
+engine. Does not own: the engines themselves. Stickiness keeps an episode's turns on one engine so its prefix cache
+is reused; `release(episode_id)` forgets the binding when the episode ends. An agent episode holds its context in
+its engine's cache between calls (while its tool runs), so an engine's load is what its bound episodes hold, not
+only what it is generating: each bound episode counts its context — while a call runs, its prompt and what it will
+likely generate (its budget, or the typical answer where that is shorter); once the call is done (`settle`), its
+prompt and answer, which is what the cache holds while the episode's tool runs — and never less than the typical
+episode's (the mean context over an ended episode's calls, averaged over the episodes that ended: an episode
+admitted at its short first prompt grows). A new episode binds to the engine with the most room (engines whose
+capacity is unknown: the fewest bound episodes, then the least in flight). With known capacities (an engine's
+optional `kv_tokens`), `admit` holds a new episode's first call until some engine has room for it — admission by KV
+budget: past what the caches hold, more episodes at once only evict each other's contexts (each call prefills its
+whole context again) — unless that engine holds no episode at all (one larger than a cache still runs, alone) or
+some engine has nothing in flight: holding the call would leave that engine idle while its episodes' tools run (the
+admission is work-conserving). A bound episode's calls stay on its engine while the engine has room for its grown
+context; past that it moves, once (counted in `moves`), to the engine with the most room if its whole context fits
+there — one prefill there rather than evicting its neighbours' contexts here, call after call. An engine declared
+dead (`engine.death`) is never picked again: its episodes move to a live engine (counted in `moves`), and when none
+is left `pick` raises the death of the first engine. `kv_aware=False` (`rollout.kv_routing=false`): the engine with
+the fewest requests in flight, never waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Sequence
 
 from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, KVStats, TokenDelta
 from fullasync.errors import again
 
-TYPICAL_WEIGHT = 0.05  # an ended episode's weight in the typical context (the last ~20 weigh most)
+TYPICAL_WEIGHT = 0.05  # an ended episode's (a done call's) weight in the typical context (answer)
 
 
 def kv_capacity(engine: Engine) -> int | None:
@@ -87,14 +93,16 @@ class EngineRouter:
         self._buckets: dict[int, dict[str, Engine]] = {0: {e.name: e for e in self.engines}}
         self._least = 0  # the lowest in-flight count (its bucket is never empty)
         self._context: dict[str, int] = {}  # episode -> the KV it counts: its latest call's, or the typical one
-        self._calls: dict[str, tuple[int, int]] = {}  # episode -> (its calls' KV summed, its calls)
+        self._calls: dict[str, tuple[int, int]] = {}  # episode -> (its done calls' KV summed, its done calls)
         self.typical_context = 0.0  # mean KV over an episode's calls, averaged (EMA) over the ended episodes
+        self.typical_answer = 0.0  # tokens generated per call, averaged (EMA) over the done calls
         self._held = {e.name: 0 for e in self.engines}  # engine -> the contexts of the episodes bound to it
         self._bound = {e.name: 0 for e in self.engines}  # engine -> episodes bound to it
         self._room = asyncio.Event()  # set (and replaced) whenever an episode's KV is released
         self.kv_waits = 0  # first calls held for want of KV room
         self.waiting_for_kv = 0  # first calls held now
-        self.moves = 0  # episodes moved off a dead engine
+        self.moves = 0  # episodes moved off a dead engine or off a full one
+        self._moved_for_room: set[str] = set()  # episodes moved off a full engine (once each)
 
     def bound(self, episode_id: str) -> bool:
         """Whether the episode is bound to a live engine (its calls never wait for room)."""
@@ -108,11 +116,15 @@ class EngineRouter:
             engine = self._bind(episode_id, self._roomiest(), moved=engine is not None)
         return engine
 
-    async def admit(self, episode_id: str, tokens: int) -> Engine:
-        """Account a call needing `tokens` of KV (prompt + budget) to its episode, binding a new episode to the
-        engine with the most room; a new episode's first call waits while no engine has room (see the module)."""
+    async def admit(self, episode_id: str, prompt_tokens: int, max_tokens: int = 0) -> Engine:
+        """Account a call of `prompt_tokens` that may generate `max_tokens` to its episode, binding a new episode
+        to the engine with the most room; a new episode's first call waits while no engine has room (see the
+        module)."""
+        answer = min(max_tokens, math.ceil(self.typical_answer)) if self.typical_answer else max_tokens
+        tokens = prompt_tokens + answer
         engine = self._by_episode.get(episode_id)
         if engine is not None and engine.death is None:
+            engine = self._stay_or_move(episode_id, engine, tokens)
             self._account(episode_id, engine, tokens)
             return engine
         moved = engine is not None
@@ -123,6 +135,10 @@ class EngineRouter:
                 capacity = kv_capacity(candidate) if self.kv_aware else None
                 if (moved or capacity is None or self._bound[candidate.name] == 0
                         or self._held[candidate.name] + self._counted(tokens) <= capacity):
+                    break
+                idle = self._idle()
+                if idle is not None:
+                    candidate = idle
                     break
                 if not counted:
                     counted = True
@@ -136,6 +152,21 @@ class EngineRouter:
         self._account(episode_id, engine, tokens)
         return engine
 
+    def _stay_or_move(self, episode_id: str, engine: Engine, tokens: int) -> Engine:
+        """A bound episode's engine for its next call: its own while it has room for the grown context; else,
+        once per episode, the engine with the most room where the whole context fits."""
+        capacity = kv_capacity(engine) if self.kv_aware else None
+        counted = self._counted(tokens)
+        if (capacity is None or episode_id in self._moved_for_room
+                or self._held[engine.name] - self._context.get(episode_id, 0) + counted <= capacity):
+            return engine
+        other = self._roomiest()
+        room = kv_capacity(other)
+        if other is engine or room is None or room - self._held[other.name] < counted:
+            return engine
+        self._moved_for_room.add(episode_id)
+        return self._bind(episode_id, other, moved=True)
+
     def _bind(self, episode_id: str, engine: Engine, moved: bool) -> Engine:
         self._unbind(episode_id)
         self._by_episode[episode_id] = engine
@@ -143,9 +174,19 @@ class EngineRouter:
         self.moves += moved
         return engine
 
-    def _account(self, episode_id: str, engine: Engine, tokens: int) -> None:
+    def settle(self, episode_id: str, prompt_tokens: int, answer_tokens: int) -> None:
+        """A call of the episode is done: its context is now its prompt and answer (what the cache holds while
+        its tool runs), counted in place of the call's estimate."""
+        tokens = prompt_tokens + answer_tokens
         total, calls = self._calls.get(episode_id, (0, 0))
         self._calls[episode_id] = (total + tokens, calls + 1)
+        self.typical_answer = answer_tokens if not self.typical_answer else (
+            TYPICAL_WEIGHT * answer_tokens + (1 - TYPICAL_WEIGHT) * self.typical_answer)
+        engine = self._by_episode.get(episode_id)
+        if engine is not None:
+            self._account(episode_id, engine, tokens)
+
+    def _account(self, episode_id: str, engine: Engine, tokens: int) -> None:
         counted = self._counted(tokens)
         self._held[engine.name] += counted - self._context.get(episode_id, 0)
         self._context[episode_id] = counted
@@ -159,8 +200,17 @@ class EngineRouter:
             return
         self._bound[engine.name] -= 1
         self._held[engine.name] -= self._context.pop(episode_id, 0)
-        self._room.set()  # wake the held first calls: they look again
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the held first calls: they look again."""
+        self._room.set()
         self._room = asyncio.Event()
+
+    def _idle(self) -> Engine | None:
+        """A live engine with nothing in flight (the one with the most room among them), if any."""
+        idle = [e for e in self._buckets.get(0, {}).values() if e.death is None]
+        return max(idle, key=lambda e: (kv_capacity(e) or 0) - self._held[e.name]) if idle else None
 
     def _roomiest(self) -> Engine:
         """The live engine with the most KV room (capacity less what its episodes hold); where capacities are
@@ -195,6 +245,8 @@ class EngineRouter:
                 self._least = load + by
         if load + by < self._least:
             self._least = load + by
+        if load + by == 0 and self.waiting_for_kv:
+            self._wake()  # an idle engine takes a held first call
 
     def dead_engines(self) -> list[Engine]:
         return [e for e in self.engines if e.death is not None]
@@ -212,6 +264,7 @@ class EngineRouter:
     def release(self, episode_id: str) -> None:
         """The episode ended: its binding and the KV it counted go (a first call held for room looks again)."""
         total, calls = self._calls.pop(episode_id, (0, 0))
+        self._moved_for_room.discard(episode_id)
         if calls:
             mean = total / calls
             self.typical_context = mean if not self.typical_context else (
@@ -219,7 +272,8 @@ class EngineRouter:
         self._unbind(episode_id)
 
     def stats(self) -> dict[str, float]:
-        """For the step metrics: first calls held for KV room (so far, and now), episodes moved off a dead engine,
+        """For the step metrics: first calls held for KV room (so far, and now), episodes moved (off a dead or full
+        engine),
         the typical episode context, and per engine the KV its bound episodes count (with its share of the
         engine's capacity where the engine reports one)."""
         metrics = {"kv/waits": float(self.kv_waits), "kv/episodes_waiting": float(self.waiting_for_kv),

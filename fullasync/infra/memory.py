@@ -2,7 +2,7 @@
 
 Owns: `PeakMemory` — on an accelerator, torch's allocator peak (reset at the span's start); on CPU, the resident
 set's high-water mark (Linux: VmHWM in /proc/self/status, reset through /proc/self/clear_refs; where the reset is
-refused the mark is the process's lifetime peak, and `since_reset` says so).
+refused the mark is the process's lifetime peak).
 """
 
 from __future__ import annotations
@@ -19,19 +19,16 @@ RESET_PEAK_RSS = "5"  # Linux: "5" resets the peak resident set size (proc(5), /
 class PeakMemory:
     """`reset()` at a span's start, `read()` (bytes) at its end."""
 
-    def __init__(self) -> None:
-        self.since_reset = False  # whether the last read covers only the span since `reset`
-
-    def reset(self) -> None:
+    def reset(self) -> bool:
+        """Start the span; False where the mark cannot be reset (the next read is the lifetime peak)."""
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-            self.since_reset = True
-            return
+            return True
         try:
             CLEAR_REFS.write_text(RESET_PEAK_RSS)
-            self.since_reset = True
         except OSError:
-            self.since_reset = False
+            return False
+        return True
 
     def read(self) -> int:
         if torch.cuda.is_available():

@@ -62,7 +62,8 @@ async def test_a_freed_slot_goes_to_the_lowest_priority_value_not_to_the_first_c
 
 async def test_the_engine_reports_its_prefix_cache_hits_usage_and_kv_capacity(engine):
     """vLLM's own counters (`kv_stats`, read from its stat loggers): a prompt asked twice is looked up twice and
-    found the second time, whole blocks of it; the run's step metrics take them (`kv/prefix_hit_rate/<engine>`)."""
+    found the second time, whole blocks of it; the run's step metrics take them (`kv/prefix_hit_rate/<engine>`), and
+    the router its capacity (`kv_tokens`)."""
     from fullasync.engines.router import engine_kv_metrics
 
     before = await engine.kv_stats()
@@ -80,6 +81,7 @@ async def test_the_engine_reports_its_prefix_cache_hits_usage_and_kv_capacity(en
     assert queried >= 2 * len(prompt) - 1
     assert len(prompt) // 2 <= hit < len(prompt)  # the second request's whole blocks, never its last token
     assert after.capacity_tokens > len(prompt) and 0.0 <= after.usage <= 1.0
+    assert engine.kv_tokens == after.capacity_tokens  # read at start: the router admits by it
     metrics = await engine_kv_metrics([engine])
     assert 0.0 < metrics[f"kv/prefix_hit_rate/{engine.name}"] <= 1.0
     assert metrics["kv/recomputed_prefill_tokens"] == after.recomputed >= len(prompt)

@@ -27,8 +27,11 @@ class ScriptedSegments:
     def bound(self, episode_id: str) -> bool:
         return True
 
-    async def admit(self, episode_id: str, tokens: int) -> ScriptedSegments:
+    async def admit(self, episode_id: str, prompt_tokens: int, max_tokens: int = 0) -> ScriptedSegments:
         return self  # one engine, room for all
+
+    def settle(self, episode_id: str, prompt_tokens: int, answer_tokens: int) -> None:
+        pass
 
     async def generate_stream(self, request: GenerateRequest, episode_id: str
                               ) -> AsyncIterator[TokenDelta | GenerateResult]:

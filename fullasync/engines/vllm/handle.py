@@ -45,6 +45,7 @@ class RayEngine(WatchedActor):
         super().__init__(actor, name, config)
         self.workers = config.tensor_parallel_size  # a streamed push reaches each of its tensor-parallel ranks
         self.restarts = 0
+        self.kv_tokens: int | None = None  # its KV cache's capacity in tokens (`read_kv_capacity`): the router's room
         self._channel: asyncio.Task[None] | None = None  # reads the actor's `deltas()`; started by the first stream
         self._channel_actor: ActorHandle[VLLMEngineActor] | None = None
         self._listeners: dict[str, Callable[[TokenDelta | None], None]] = {}  # stream key -> its queue's put
@@ -59,6 +60,7 @@ class RayEngine(WatchedActor):
         self.restarts += 1
         self.actor = spawn_actor(self.config, self.name, f"{self.name}-r{self.restarts}")
         await self._call("start", version, timeout_s=self.config.start_timeout_s, even_if_dead=True)
+        await self.read_kv_capacity(even_if_dead=True)
         if weights is not None:
             await self._call("install", weights, version, PauseMode.ABORT, even_if_dead=True)
         self.death = None
@@ -166,6 +168,11 @@ class RayEngine(WatchedActor):
 
     async def kv_stats(self) -> KVStats | None:
         return await self._call("kv_stats")
+
+    async def read_kv_capacity(self, even_if_dead: bool = False) -> None:
+        """Learn the KV cache's capacity (the blocks vLLM allocated at start, times their size) for `kv_tokens`."""
+        stats: KVStats | None = await self._call("kv_stats", even_if_dead=even_if_dead)
+        self.kv_tokens = stats.capacity_tokens if stats is not None and stats.capacity_tokens else None
 
     async def shutdown(self) -> None:
         """Stop the watchdog, shut vLLM down (its engine core too, even when declared dead), kill the actor."""

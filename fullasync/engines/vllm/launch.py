@@ -34,6 +34,7 @@ async def launch_vllm_engines(config: VLLMEngineConfig, num_engines: int = 1,
 
     async def start(engine: RayEngine) -> None:
         await engine._call("start", initial_version, timeout_s=config.start_timeout_s)
+        await engine.read_kv_capacity()
         ready.append(engine.name)
         log.info("engine %d/%d ready: %s (%.1f s)", len(ready), num_engines, engine.name, time.perf_counter() - began,
                  extra=progress("engines", len(ready), num_engines))
