@@ -137,9 +137,12 @@ async def test_an_engine_killed_after_a_streamed_push_restarts_serving_the_train
     await trainer.train_step(trainer.build_batch(_groups()), sync.version)
     timing = await sync.push(await trainer.export_weights())
     trained = dict(await (await trainer.gather_weights()))
+    capacity = engine.kv_tokens
     ray.kill(engine.actor)
     engine.mark_dead("killed by the test")
+    engine.kv_tokens = None
     assert await sync.restart_dead() == [engine.name]  # the trainer still holds the pushed version: gathered
     assert await engine.version() == timing.version == await engine.served_version()
+    assert capacity and engine.kv_tokens == capacity  # the new actor's KV capacity, read again for the router
     compared, wrong = await engine.check_weights(trained)
     assert compared > 0 and wrong == []
