@@ -125,3 +125,15 @@ def test_terminus_gets_the_engines_context_as_its_own():
 @pytest.mark.parametrize("name", preset_names())
 def test_each_preset_passes_the_runs_own_checks(name):
     preset_config(name).validate()
+
+
+def test_the_trainer_builds_the_model_the_engines_serve_with_their_overrides():
+    rope = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "max_position_embeddings": 8192}
+    config = RunConfig(engine=EngineSection(max_model_len=8192, vllm={"hf_overrides": rope}))
+    assert config.resolved_trainer().hf_overrides == rope
+    config.trainer.hf_overrides = dict(rope)  # the same, set on both: fine
+    config.validate()
+    config.trainer.hf_overrides = {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
+    with pytest.raises(ValueError, match="differ: the engines would sample from another model than the one trained"):
+        config.validate()

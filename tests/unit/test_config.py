@@ -264,15 +264,3 @@ def test_pushes_travel_in_the_dtype_the_engines_serve_unless_set(model_dtype, en
     assert config.resolved_trainer().push_dtype == pushed
     config.trainer.push_dtype = "float32"
     assert config.resolved_trainer().push_dtype == "float32"
-
-
-def test_the_trainer_builds_the_model_the_engines_serve_with_their_overrides():
-    rope = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-            "max_position_embeddings": 8192}
-    config = RunConfig(engine=EngineSection(max_model_len=8192, vllm={"hf_overrides": rope}))
-    assert config.resolved_trainer().hf_overrides == rope
-    config.trainer.hf_overrides = dict(rope)  # the same, set on both: fine
-    config.validate()
-    config.trainer.hf_overrides = {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
-    with pytest.raises(ValueError, match="differ: the engines would sample from another model than the one trained"):
-        config.validate()
