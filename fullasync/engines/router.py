@@ -178,13 +178,14 @@ class EngineRouter:
         """A call of the episode is done: its context is now its prompt and answer (what the cache holds while
         its tool runs), counted in place of the call's estimate."""
         tokens = prompt_tokens + answer_tokens
-        total, calls = self._calls.get(episode_id, (0, 0))
-        self._calls[episode_id] = (total + tokens, calls + 1)
         self.typical_answer = answer_tokens if not self.typical_answer else (
             TYPICAL_WEIGHT * answer_tokens + (1 - TYPICAL_WEIGHT) * self.typical_answer)
         engine = self._by_episode.get(episode_id)
-        if engine is not None:
-            self._account(episode_id, engine, tokens)
+        if engine is None:  # released already (a call that ended after its episode): nothing to count
+            return
+        total, calls = self._calls.get(episode_id, (0, 0))
+        self._calls[episode_id] = (total + tokens, calls + 1)
+        self._account(episode_id, engine, tokens)
 
     def _account(self, episode_id: str, engine: Engine, tokens: int) -> None:
         counted = self._counted(tokens)
