@@ -403,6 +403,7 @@ class TrainingLoop(Generic[BatchT]):
             "perf/rollout_idle_frac": report.idle_fraction,
             "rollout/lead_batches": report.lead_rows / self.batch_size,
             "perf/samples_per_s": result.trained_samples / elapsed,
+            "perf/elapsed_s": elapsed,  # the training loop's wall time so far (score against wall-clock)
             "progress/total_steps": float(self.total_steps),
             **({"progress/eta_s": elapsed / result.steps * (self.total_steps - result.steps)} if self.total_steps
                else {}),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
-from fullasync.tasks.arithmetic import ArithmeticTask, messages
+from fullasync.tasks.arithmetic import FILLER, ArithmeticTask, messages
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +55,14 @@ class WarmupSpec:
         return spec_key(WARMUP_FORMAT, self)
 
 
+@dataclass(frozen=True)
+class LongTailWarmupSpec(WarmupSpec):
+    """The starting policy of the long-tail variant (`arithmetic.LongTail`): the same warm-up, every label's answer
+    followed by `filler_tokens` FILLER tokens and no end token, so that a reply goes on with its working-out."""
+
+    filler_tokens: int = 4  # few: the loss of the warm-up stays on the answers (the run continues the pattern)
+
+
 def spec_key(build_format: int, spec: Any, *extra: object) -> str:
     """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model, and
     anything else the build reads (`extra`, e.g. the harness version whose prompt it copies)."""
@@ -64,7 +72,8 @@ def spec_key(build_format: int, spec: Any, *extra: object) -> str:
 
 def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = None) -> Path:
     """Directory of the warm-started policy (an HF model dir), building it first if not cached."""
-    return cached_warm_policy("arith-warm", spec, _train, cache_dir)
+    return cached_warm_policy("arith-long-tail-warm" if isinstance(spec, LongTailWarmupSpec) else "arith-warm", spec,
+                              _train, cache_dir)
 
 
 def cached_warm_policy(name: str, spec: Any, train: Callable[[Any, Path, Path], None],
@@ -219,7 +228,9 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
 
 def _sloppy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) -> list[int]:
     text = str(answer) if rng.random() < spec.exact_format_share else rng.choice((f"{answer}.", f"= {answer}"))
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    end = (tokenizer.encode(FILLER, add_special_tokens=False) * spec.filler_tokens
+           if isinstance(spec, LongTailWarmupSpec) else [tokenizer.eos_token_id])
+    return tokenizer.encode(text, add_special_tokens=False) + end
 
 
 def _pad(examples):
