@@ -34,6 +34,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,7 +137,7 @@ def run_one(mode: str, seed: int, args: argparse.Namespace) -> None:
         return
     out = OUT / mode / f"seed{seed}"
     if out.exists():
-        subprocess.run(["rm", "-rf", str(out)], check=True)  # a fresh run: an old checkpoint would be resumed
+        shutil.rmtree(out)  # a fresh run: an old checkpoint would be resumed
     out.mkdir(parents=True)
     common = ["--median", str(args.median), "--steps", str(args.steps), "--every", str(args.every),
               "--lr", str(args.lr), "--batch", str(args.batch), "--val-samples", str(args.val_samples)]
@@ -176,20 +177,6 @@ def where_time_went(steps: list[dict[str, Any]]) -> dict[str, float]:
             "resubmitted_per_step": statistics.fmean(s.get("rollout/resubmitted_tokens", 0.0) for s in steps)}
 
 
-def _with_time(record: dict[str, Any]) -> dict[str, Any]:
-    """A record written before records kept `time`: taken from its run's metrics.jsonl where that is still here."""
-    out = OUT / record["mode"] / f"seed{record['seed']}"
-    changed = False
-    if "time" not in record and (out / "metrics.jsonl").exists():
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        record["time"], changed = where_time_went([json.loads(line) for line in lines if line]), True
-    if "driver_cpu_s" not in record and (out / "driver.json").exists():
-        record["driver_cpu_s"], changed = json.loads((out / "driver.json").read_text())["cpu_s"], True
-    if changed:
-        (RECORDS / record["mode"] / f"seed{record['seed']}.json").write_text(json.dumps(record) + "\n")
-    return record
-
-
 def _commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                           check=False).stdout.strip()
@@ -197,7 +184,7 @@ def _commit() -> str:
 
 def records() -> dict[str, list[dict[str, Any]]]:
     """Every kept run, by mode (seeds in order)."""
-    return {mode: [_with_time(json.loads(p.read_text())) for p in sorted((RECORDS / mode).glob("seed*.json"))]
+    return {mode: [json.loads(p.read_text()) for p in sorted((RECORDS / mode).glob("seed*.json"))]
             for mode in MODES if (RECORDS / mode).is_dir()}
 
 

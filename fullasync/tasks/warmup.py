@@ -6,10 +6,11 @@ the exact format the reward wants ("7") only `exact_format_share` of the time; o
 the format is one behaviour shared by all questions, so what RL learns on the training rows
 carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a minute.
 
-Also owns what every warm-up shares: the supervised loop (`fine_tune`), the cache (`cached_warm_policy`,
-`spec_key`), single-token
-names for copying (`extend_vocabulary`, `share_updates`), and batches whose shared prompt prefix runs
-once (`shared_prefix_batch`, `prefix_logits`), used by the examples' warm-ups.
+The long-tail variant's starting policy (`LongTailWarmupSpec`) is the same warm-up with each answer followed by
+filler tokens instead of the end token. Also owns what every warm-up shares: the supervised loop (`fine_tune`), the
+cache (`cached_warm_policy`, `spec_key`), single-token names for copying (`extend_vocabulary`, `share_updates`),
+and batches whose shared prompt prefix runs once (`shared_prefix_batch`, `prefix_logits`), used by the examples'
+warm-ups.
 """
 
 from __future__ import annotations
