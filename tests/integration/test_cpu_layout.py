@@ -41,3 +41,26 @@ def test_a_core_the_node_does_not_offer_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"engine.cpus='4096' names cores \[4096\] that this node does not offer"):
         bind_to_cpus("engine.cpus", "4096")
     assert os.sched_getaffinity(0) == before  # nothing was bound
+
+
+def test_the_run_process_holds_its_cores_while_it_trains_and_gets_its_own_back_after():
+    import threading
+
+    from fullasync.infra.platform import process_on_cpus
+
+    before = os.sched_getaffinity(0)
+    first = min(before)
+    seen: dict[str, set[int]] = {}
+    with process_on_cpus("rollout.cpus", str(first)):
+        seen["process"] = os.sched_getaffinity(0)
+        started = threading.Thread(target=lambda: seen.setdefault("thread", os.sched_getaffinity(0)))
+        started.start()
+        started.join()
+    assert seen == {"process": {first}, "thread": {first}}  # a thread started meanwhile inherits the binding
+    assert os.sched_getaffinity(0) == before
+    with process_on_cpus("rollout.cpus", ""):  # "" leaves the process alone
+        assert os.sched_getaffinity(0) == before
+    with pytest.raises(ValueError, match=r"rollout.cpus='4096' names cores \[4096\]"):
+        with process_on_cpus("rollout.cpus", "4096"):
+            pass
+    assert os.sched_getaffinity(0) == before

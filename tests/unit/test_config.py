@@ -30,7 +30,7 @@ RESUME_MAY_CHANGE = (
     "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
     "rollout.resume_timeout_s", "rollout.stream_interval", "rollout.join_identical_requests", "rollout.infra_retries",
     "rollout.kv_routing",
-    "rollout.gateway_host",
+    "rollout.gateway_host", "rollout.cpus",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads", "trainer.weight_transport",
     "trainer.push_dtype",
     "trainer.worker_num_cpus", "trainer.ray_resources", "trainer.checkpoint_dir", "trainer.restart_on_failure",

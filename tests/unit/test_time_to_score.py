@@ -30,3 +30,25 @@ def test_targets_come_from_sync_and_the_mean_curve_averages_seeds_per_saved_step
     assert time_to_score.curve(sync)[1][1:4:2] == (12.0, 0.5)  # step 4: mean wall 12 s, mean score 0.5
     # the mean curve: 0.5 at 12 s, 0.65 at 23 s → 0.58 at 12 + 11 × 0.08 / 0.15 s
     assert math.isclose(time_to_score.mean_curve_time(0.58, sync), 12 + 11 * 0.08 / 0.15)
+
+
+def test_a_run_gets_its_modes_settings_its_layout_and_the_runs_common_ones_as_dotted_names():
+    from argparse import Namespace
+
+    args = Namespace(mode="fully_async+partial", seed=3, steps=30, lr=5e-4, batch=8, every=3, out="out/x")
+    settings = time_to_score.run_settings(args)
+    assert settings["engine.cpus"] == "0" and settings["trainer.cpus"] == "1"  # split: a core each
+    assert (settings["mode"], settings["max_staleness"], settings["partial_rollout"]) == ("fully_async", 4, True)
+    assert (settings["seed"], settings["trainer.seed"], settings["total_steps"]) == (3, 3, 30)
+    assert (settings["rollout.max_running_rows"], settings["checkpoint.save_hf_every"]) == (16, 3)
+    shared = time_to_score.run_settings(Namespace(**{**vars(args), "mode": "sync"}))
+    assert "engine.cpus" not in shared and "trainer.cpus" not in shared  # shared: every core for each phase
+    assert "layout" not in settings and "layout" not in shared
+
+
+def test_the_reference_is_sync_at_its_faster_layout():
+    sync = [{**run([(0, 0.0, 0.2), (4, 20.0, 0.6)]), "train_wall_s": 40.0}]
+    split = [{**run([(0, 0.0, 0.3), (4, 10.0, 0.5)]), "train_wall_s": 30.0}]
+    assert time_to_score.reference_mode({"sync": sync, "sync@split": split, "fully_async": sync}) == "sync@split"
+    assert time_to_score.targets({"sync": sync, "sync@split": split})[:2] == (0.3, 0.4)  # sync@split: last two 0.3, 0.5
+    assert time_to_score.reference_mode({"sync": sync}) == "sync"
