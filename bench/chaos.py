@@ -292,6 +292,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() >= deadline or not result.interrupted:
                 break
         versions = [await engine.version() for engine in engines]
+        # each engine's handle counts its replacements, across the soak's runs: a step's `engines/restarts` misses
+        # one that a run's supervisor made after that run's last step (killed late, replaced before the stop)
+        engine_restarts = sum(engine.restarts for engine in engines)
         final_version = trainer.step
     finally:
         await asyncio.gather(trainer.shutdown(), *(engine.shutdown() for engine in engines),
@@ -322,8 +325,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "faults": dict(tally.injected), "fault_kinds": len(tally.injected),
         "faults_total": sum(tally.injected.values()),
         "trainer_restarts": sum(r.trainer_restarts for r in results),
-        "engine_restarts": sum(max((step.get("engines/restarts", 0.0) for step in r.history), default=0)
-                               for r in results),  # each run counts its own
+        "engine_restarts": engine_restarts,
         "rows": last.outcomes, "violations": tally.violations[:20], "semaphores_swept": swept,
         "leftover": {"processes": sorted(leftover), "shm": [path.name for path in left],
                      "sockets": listening_sockets()},

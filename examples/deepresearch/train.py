@@ -35,7 +35,7 @@ from fullasync.engines.vllm.args import engine_arg_names
 ConfigStore.instance().store(name="deepresearch_schema", node=schema_node(DeepResearchConfig))
 
 
-def _files(config: DeepResearchConfig) -> dict[str, Path]:
+def data_files(config: DeepResearchConfig) -> dict[str, Path]:
     """The question and corpus files: the user's, else the generated world's (built once, cached)."""
     from examples.deepresearch.world import ensure_world
 
@@ -44,7 +44,7 @@ def _files(config: DeepResearchConfig) -> dict[str, Path]:
     return {name: Path(path) if path else world_dir / f"{name}.jsonl" for name, path in chosen.items()}
 
 
-def _policy_path(config: DeepResearchConfig) -> str:
+def policy_path(config: DeepResearchConfig) -> str:
     if config.model.path != BUILTIN_POLICY:
         return config.model.path
     from examples.deepresearch.warmup import build_warm_policy
@@ -55,7 +55,7 @@ def _policy_path(config: DeepResearchConfig) -> str:
     return str(path)
 
 
-async def _retriever(config: DeepResearchConfig, corpus: Path) -> tuple[Any, Any]:
+async def open_retriever(config: DeepResearchConfig, corpus: Path) -> tuple[Any, Any]:
     """(retriever, server or None) for retrieval.mode."""
     from examples.deepresearch.data import load_corpus
     from examples.deepresearch.retrieval import Bm25Index
@@ -87,14 +87,14 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
 
     started = time.monotonic()
     config.validate()
-    files = _files(config)
+    files = data_files(config)
     train_rows = load_questions(files["train"])
     heldout_rows = load_questions(files["heldout"], limit=config.evaluation.questions)
-    config.model.path = _policy_path(config)
+    config.model.path = policy_path(config)
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     stats = EpisodeStats(output_dir / "episodes.jsonl")
-    retriever, server = await _retriever(config, files["corpus"])
+    retriever, server = await open_retriever(config, files["corpus"])
     tools = ResearchTools(retriever, config.agent.top_k, config.agent.tools)
     harness_type = DeepResearchAgent if config.harness == "function" else DeepResearchGenerator
     harness = harness_type(tools, config.agent, config.reward, on_episode=stats)
