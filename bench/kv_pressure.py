@@ -75,8 +75,8 @@ class Episodes:
 CPU_EPISODES = Episodes(prompt_tokens=192, turns=6, answer_tokens=24, observation_tokens=64, tool_s=2.0)
 CPU_MODEL = "smollm2-135m-instruct"
 CPU_KV_MB = 64  # the CPU default
-# `--long`: prefill-heavy, contexts of 1-2k tokens in a 256 MiB cache (5,825 tokens): a recomputed context is
-# several times CPU_EPISODES' few hundred tokens; an episode ends at 2,128 tokens, ~3.7 mean contexts per cache.
+# `--long`: prefill-heavy, contexts of 1-2k tokens in a 256 MiB cache (5,760 tokens, as vLLM reports it): a
+# recomputed context is several times CPU_EPISODES' few hundred tokens; an episode ends at 2,128 tokens.
 CPU_LONG_EPISODES = Episodes(prompt_tokens=1024, turns=6, answer_tokens=24, observation_tokens=192, tool_s=2.0)
 CPU_LONG_KV_MB = 256
 

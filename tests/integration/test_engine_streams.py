@@ -56,6 +56,31 @@ async def test_a_resubmitted_request_id_gets_only_its_own_attempts_tokens(engine
     assert len(result.output_ids) == 200
 
 
+async def test_a_request_id_resubmitted_while_its_first_call_runs_ends_both_calls_cleanly(engine):
+    """The first call is still in flight (frozen) when the second call of the same id arrives, and ends (aborted)
+    while the second waits: each call keeps its own bookkeeping, and the second runs to its end."""
+    await wait_idle(engine)
+    first = engine.generate_stream(request("twice", seed=1, max_tokens=1000))
+    head = asyncio.create_task(anext(first))  # sends the request
+    await freeze_mid_generation(engine, "twice", at_least=1, budget=1000)
+    try:
+        second = asyncio.create_task(collect(engine.generate_stream(request("twice", seed=2))))
+        async with asyncio.timeout(30):
+            while await engine.num_in_flight() < 2:  # both calls of "twice" in flight, the second not yet admitted
+                await asyncio.sleep(0.01)
+        assert (await head).output_ids
+        await first.aclose()  # the first call ends while the second is in flight
+        async with asyncio.timeout(30):
+            while await engine.num_in_flight() > 1:
+                await asyncio.sleep(0.01)
+    finally:
+        await engine.resume()
+    deltas, result = await second
+    assert joined(deltas) == (result.output_ids, result.output_logprobs, result.top_logprobs)
+    assert len(result.output_ids) == 200
+    await wait_idle(engine)
+
+
 async def test_a_stream_delivers_while_its_request_runs_and_a_dropped_one_frees_its_slot(engine):
     await wait_idle(engine)
     stream = engine.generate_stream(request("dropped", seed=3, max_tokens=1000))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -52,7 +53,7 @@ from fullasync.engines.vllm.config import (
     VLLMEngineConfig,
     torch_dtype,
 )
-from fullasync.engines.vllm.install import WeightInstall
+from fullasync.engines.vllm.install import InFlight, WeightInstall
 from fullasync.engines.vllm.sampling import oldest_versions, sampling_params, versions_from_spans
 from fullasync.errors import InvalidRequestError
 from fullasync.infra.placement import where_am_i
@@ -92,8 +93,9 @@ class VLLMEngineActor(WeightInstall):
         self._admitting = 0
         self._none_admitting = asyncio.Event()
         self._none_admitting.set()
-        self._progress: dict[str, int] = {}  # request id -> tokens received so far, while in flight
-        self._recomputed: dict[str, list[int]] = {}  # request id -> versions whose push recomputed its KV, in flight
+        # each call's request while vLLM runs it, by call (a resubmitted request id is a call of its own)
+        self._in_flight: dict[int, InFlight] = {}
+        self._calls = itertools.count()
         self._pause_mode = PauseMode.ABORT
         self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
         self._last_request_id: str | None = None
@@ -200,11 +202,10 @@ class VLLMEngineActor(WeightInstall):
         top: list[dict[int, float]] = []
         finish_reason, stop_reason, spans = None, None, None
         want_top = request.sampling.num_top_logprobs > 0
-        if not self._progress:
+        if not self._in_flight:
             self._progress_at = time.monotonic()
-        self._progress[request.request_id] = 0
-        recomputed: list[int] = []  # versions of "recompute" pushes while it runs (appended by update_weights)
-        self._recomputed[request.request_id] = recomputed
+        call, running = next(self._calls), InFlight(request.request_id)
+        self._in_flight[call] = running
         self._last_request_id = request.request_id
         try:
             kv_version, outputs = await self._admitted(request)
@@ -214,7 +215,7 @@ class VLLMEngineActor(WeightInstall):
                     new_ids = list(completion.token_ids)
                     before = len(output_ids)
                     output_ids += new_ids
-                    self._progress[request.request_id] = len(output_ids)
+                    running.tokens = len(output_ids)
                     self._progress_at = time.monotonic()
                     entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
                     for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
@@ -231,12 +232,11 @@ class VLLMEngineActor(WeightInstall):
                         pending[2].extend(top[before:])
                         self._outbox_ready.set()
         finally:
-            del self._progress[request.request_id]
-            del self._recomputed[request.request_id]
+            del self._in_flight[call]
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
         weight_versions = versions_from_spans(spans, len(output_ids), self._version)
-        versions = oldest_versions(weight_versions, kv_version, recomputed)
+        versions = oldest_versions(weight_versions, kv_version, running.recomputed)
         return GenerateResult(
             request_id=request.request_id,
             output_ids=tuple(output_ids),
@@ -300,9 +300,9 @@ class VLLMEngineActor(WeightInstall):
 
     async def health(self) -> EngineHealth:
         """What the watchdog needs; answers from the actor's loop without touching the engine core."""
-        idle = not self._progress or not self._resumed.is_set()
+        idle = not self._in_flight or not self._resumed.is_set()
         return EngineHealth(
-            in_flight=len(self._progress),
+            in_flight=len(self._in_flight),
             paused=not self._resumed.is_set(),
             core_errored=self._llm is not None and self._llm.errored,
             seconds_without_progress=0.0 if idle else time.monotonic() - self._progress_at,
@@ -358,11 +358,12 @@ class VLLMEngineActor(WeightInstall):
         return where_am_i()
 
     async def num_in_flight(self) -> int:
-        return len(self._progress)
+        return len(self._in_flight)
 
     async def in_flight_tokens(self) -> dict[str, int]:
-        """Tokens generated so far by each in-flight request (progress of long generations)."""
-        return dict(self._progress)
+        """Tokens generated so far by each in-flight request (progress of long generations); of a request id
+        in flight twice (resubmitted before its first call ended), its latest call's."""
+        return {running.request_id: running.tokens for running in self._in_flight.values()}
 
     async def shutdown(self) -> None:
         if self._llm is not None:

@@ -9,6 +9,7 @@ weight-transfer API; after each, a sample of tensors is compared with what every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,15 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 
+@dataclasses.dataclass
+class InFlight:
+    """One call's request while vLLM runs it."""
+
+    request_id: str
+    tokens: int = 0  # received so far
+    recomputed: list[int] = dataclasses.field(default_factory=list)  # versions of "recompute" pushes while it ran
+
+
 class WeightInstall:
     """The weight-install half of `VLLMEngineActor` (its state is set up by the actor's `__init__`)."""
 
@@ -34,7 +44,7 @@ class WeightInstall:
     _version: int
     _resumed: asyncio.Event
     _pause_mode: PauseMode
-    _recomputed: dict[str, list[int]]
+    _in_flight: dict[int, InFlight]
     _tied_embeddings: bool
     _weights: WeightSender
 
@@ -118,8 +128,8 @@ class WeightInstall:
         await llm.reset_prefix_cache()
         self._version = version
         if self._pause_mode is PauseMode.RECOMPUTE:  # what is in flight prefills again under `version`
-            for versions in self._recomputed.values():
-                versions.append(version)
+            for running in self._in_flight.values():
+                running.recomputed.append(version)
         return {"load_s": loaded - started, "verify_s": verified - loaded, "reset_s": time.perf_counter() - verified,
                 "checked_tensors": float(checked)}
 
