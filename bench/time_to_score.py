@@ -29,8 +29,9 @@ Each (mode, seed) run is a child process of its own (fresh Ray, its layout); mod
 hits all alike. Records: bench/results/time_to_score/<mode>/seed<S>.json (a run with a record is not run again);
 runs write to outputs/time_to_score/. The table and plot (docs/benchmarks.md, docs/time_to_score.png) come from the
 records (deepresearch: bench/results/time_to_score/deepresearch/, docs/time_to_score_deepresearch.png). A benchmark,
-not a test: nothing is asserted. Idle machine: each long-tail run is ~6 min (training ~4, scoring ~2), the study
-~75 min; a deepresearch run ~8 min (training ~6 with the example's start-up, scoring ~2).
+not a test: nothing is asserted. Idle machine: each long-tail run is 6-8 min (training 3-6, scoring ~2;
+this VM's speed varies between days), the five-mode study 116 min on 2026-11-30; a deepresearch run ~7.5 min
+(training ~5.5 with the example's start-up, scoring ~2), the four-mode study ~90 min.
 
     .venv/bin/python bench/time_to_score.py --seeds 0,1,2
     .venv/bin/python bench/time_to_score.py --task deepresearch --modes sync,sync@split,fully_async+partial
