@@ -21,7 +21,8 @@ from openai import AsyncOpenAI
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
 
 from fullasync.client.streaming import _chunk
-from fullasync.gateway.routes import _chunk_json, _json
+from fullasync.gateway.dialects import _chunk_json
+from fullasync.gateway.routes import _json
 from fullasync.gateway.wire import sse
 
 WIRES = {"set fields (now)": _chunk_json, "every field, nulls (before)": _json}

@@ -1,6 +1,8 @@
 """An edge fake for tests of the client: an engine that "samples" what the test scripted.
 
-Each request is answered with the next scripted output ids (ended by STOP, or cut by `max_tokens` as LENGTH);
+Each request is answered with the next scripted output ids (ended by STOP, or cut by `max_tokens` as LENGTH); a
+script entry `(ids, stop_string)` ends as vLLM ends an output at a stop string of the request (STOP, the string as
+its `stop_reason`, the ids through the string's tokens);
 streams deliver them a few ids at a time, so a delta may end inside a marker or a multi-byte character. Everything
 between the test and this engine (client, gateway, parsers, templates) stays real."""
 
@@ -18,13 +20,16 @@ class ScriptedEngine:
     workers = 1
 
     def __init__(self) -> None:
-        self.script: list[list[int]] = []
+        self.script: list[list[int] | tuple[list[int], str]] = []
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        ids = self.script.pop(0)[: request.max_tokens]
-        finish = FinishReason.STOP if len(ids) < request.max_tokens else FinishReason.LENGTH
+        entry = self.script.pop(0)
+        ids, stop = (entry, None) if isinstance(entry, list) else entry
+        assert stop is None or stop in request.sampling.stop, f"the script stops at {stop!r}, not asked to"
+        ids = ids[: request.max_tokens]
+        finish = FinishReason.STOP if len(ids) < request.max_tokens or stop else FinishReason.LENGTH
         return GenerateResult(request.request_id, tuple(ids), (-0.5,) * len(ids), (0,) * len(ids), finish,
-                              engine=self.name)
+                              stop_reason=stop, engine=self.name)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
         result = await self.generate(request)

@@ -1,10 +1,11 @@
 """The OpenAI-style, token-exact client that harnesses call.
 
 - `rollout_client.py`: `RolloutService` (what every episode shares: tokenizer, router, settings) and
-  `RolloutClient` (one episode: `chat.completions.create`, `completions.create`, `responses.create`).
+  `RolloutClient` (one episode: `chat.completions.create`, `completions.create`, `responses.create`,
+  `messages.create`); `dialects/`: the Responses API and Anthropic Messages translated into the chat path.
 - `request_schema.py` / `messages.py`: requests checked and normalised; `chat_tokens.py`: prompt ids that
   continue a turn without re-tokenization; `tool_parsers.py` / `reasoning.py`: every vLLM tool and reasoning
-  format; `answers.py` / `streaming.py` / `responses.py`: the answer, streamed or whole.
+  format; `answers.py` / `streaming.py` / `chat_answers.py`: the answer, streamed or whole.
 - `continuation.py`: a call interrupted by a push resubmits its tokens under the new weights; `episode.py`: what
   one episode recorded (its model calls, their versions) and which calls are held.
 

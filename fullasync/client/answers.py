@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fullasync.client import responses
+from fullasync.client import chat_answers
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 from fullasync.client.reasoning import ReasoningSplitter
@@ -57,7 +57,7 @@ class AnswerFormat:
 
     def visible_text(self, generation: StitchedGeneration) -> str:
         """`text` of the whole output, cut before a matched stop string (as OpenAI does)."""
-        return responses.visible_text(self.chat_tokens, generation, self.text)
+        return chat_answers.visible_text(self.chat_tokens, generation, self.text)
 
     def answer(self, text: str) -> Answer:
         reasoning, rest = (self.reasoning.split(text, self.template_kwargs, self.thinks) if self.reasoning

@@ -29,7 +29,7 @@ from typing import Any
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from fullasync.client import responses
+from fullasync.client import chat_answers
 from fullasync.client.answers import Answer, AnswerFormat
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState, model_vocab_size
 from fullasync.client.continuation import (
@@ -38,6 +38,9 @@ from fullasync.client.continuation import (
     generate_with_resume,
     stream_with_resume,
 )
+from fullasync.client.dialects.anthropic_messages import MessagesEndpoint
+from fullasync.client.dialects.openai_responses import ResponsesEndpoint
+from fullasync.client.dialects.turns import Handles
 from fullasync.client.episode import Episode, HeldCalls
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.reasoning import ReasoningSplitter
@@ -106,15 +109,21 @@ class RolloutService:
 
     def accept(self, parsed: Parsed) -> Any:
         """The validated request, once its model is checked; warns once per ignored field."""
-        request = parsed.request
-        if request.model != self.config.model_name:
-            raise InvalidRequestError(
-                f"unknown model {request.model!r}; this client serves {self.config.model_name!r}", param="model"
-            )
-        for name in set(parsed.ignored) - self._warned:
+        self.accept_model(parsed.request.model)
+        self.note_ignored(parsed.ignored)
+        return parsed.request
+
+    def accept_model(self, model: object) -> None:
+        if model != self.config.model_name:
+            raise InvalidRequestError(f"unknown model {model!r}; this client serves {self.config.model_name!r}",
+                                      param="model")
+
+    def note_ignored(self, names: Sequence[str]) -> None:
+        """Warn once per request field accepted and ignored (the modules that read requests list them)."""
+        for name in set(names) - self._warned:
             self._warned.add(name)
-            log.warning("request field %r is accepted and ignored (see fullasync.client.request_schema)", name)
-        return request
+            log.warning("request field %r is accepted and ignored (see fullasync.client.request_schema and "
+                        "fullasync.client.dialects)", name)
 
     def client(self, episode_id: str | None = None) -> RolloutClient:
         return RolloutClient(self, episode_id or uuid.uuid4().hex)
@@ -139,6 +148,7 @@ class RolloutClient:
     def __init__(self, service: RolloutService, episode_id: str) -> None:
         self.service = service
         self.episode = Episode(episode_id)
+        self.handles = Handles()  # the reasoning of turns answered in the Responses and Anthropic dialects
 
     # Made per access rather than stored: a stored `_Chat(self)` would make every client a reference cycle,
     # so a finished episode (its calls, every token tuple) would wait for the cyclic collector to be freed.
@@ -149,6 +159,16 @@ class RolloutClient:
     @property
     def completions(self) -> _Completions:
         return _Completions(self)
+
+    @property
+    def responses(self) -> ResponsesEndpoint:
+        """The OpenAI Responses API over the chat path (`fullasync.client.dialects.openai_responses`)."""
+        return ResponsesEndpoint(self)
+
+    @property
+    def messages(self) -> MessagesEndpoint:
+        """Anthropic Messages over the chat path (`fullasync.client.dialects.anthropic_messages`)."""
+        return MessagesEndpoint(self)
 
     def trajectory(self, reward: float, metadata: Mapping[str, Any] | None = None) -> Trajectory:
         """The episode's recorded calls (`Episode.settled_calls`) as a `Trajectory` with `reward`."""
@@ -300,7 +320,7 @@ class RolloutClient:
               generation: StitchedGeneration, answer: Answer) -> TurnState:
         eos = self.service.chat_tokens.eos_token_id
         return TurnState(
-            messages=tuple(messages) + (responses.message_dict(answer.content, answer.calls, answer.reasoning),),
+            messages=tuple(messages) + (chat_answers.message_dict(answer.content, answer.calls, answer.reasoning),),
             tools=tuple(answers.tools) or None,
             token_ids=tuple(prompt_ids) + tuple(generation.output_ids),
             ended_with_eos=bool(generation.output_ids) and generation.output_ids[-1] == eos,
@@ -390,13 +410,13 @@ class _ChatCompletions:
         choices, turns = [], []
         for index, generation in enumerate(generations):
             answer = answers.answer(answers.visible_text(generation))
-            logprob_obj = responses.chat_logprobs(service.chat_tokens, generation) if logprobs else None
+            logprob_obj = chat_answers.chat_logprobs(service.chat_tokens, generation) if logprobs else None
             choices.append(
-                responses.chat_choice(index, answer.content, responses.tool_call_objects(answer.calls), generation,
-                                      logprob_obj, request.token_ids, answer.reasoning)
+                chat_answers.chat_choice(index, answer.content, chat_answers.tool_call_objects(answer.calls),
+                                         generation, logprob_obj, request.token_ids, answer.reasoning)
             )
             turns.append(client._turn(normalized, answers, request.prompt_ids, generation, answer))
-        response = responses.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
+        response = chat_answers.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
         for generation in generations:
             client._record(request.prompt_ids, generation)
         client._remember(turns=turns)
@@ -461,7 +481,7 @@ class _Completions:
                 on_done=lambda generation: client._record(request.prompt_ids, generation),
             )
         generations = await client._generate(request)
-        response = responses.completion(
+        response = chat_answers.completion(
             service.chat_tokens, model, request.prompt_ids, generations, request.with_logprobs, request.token_ids
         )
         for generation in generations:

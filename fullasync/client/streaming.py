@@ -23,7 +23,7 @@ from openai.types.chat.chat_completion_chunk import (
     ChoiceLogprobs,
 )
 
-from fullasync.client import responses
+from fullasync.client import chat_answers
 from fullasync.client.answers import Answer, AnswerFormat, before_markers
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
@@ -117,7 +117,7 @@ def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta,
            logprobs: ChoiceLogprobs | None = None, token_ids: tuple[int, ...] | None = None) -> ChatCompletionChunk:
     choice = Choice(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
     if token_ids is not None:
-        responses.set_vllm_field(choice, "token_ids", list(token_ids))
+        chat_answers.set_vllm_field(choice, "token_ids", list(token_ids))
     return ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
                                choices=[choice])
 
@@ -125,7 +125,7 @@ def _chunk(chunk_id: str, created: int, model: str, delta: ChoiceDelta,
 def _delta(reasoning: str = "", content: str | None = "") -> ChoiceDelta:
     delta = ChoiceDelta(content=content)
     if reasoning:
-        responses.set_reasoning(delta, reasoning)
+        chat_answers.set_reasoning(delta, reasoning)
     return delta
 
 
@@ -134,21 +134,21 @@ async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, mode
                       on_done: Callable[[StitchedGeneration, Answer], None],
                       ) -> AsyncIterator[ChatCompletionChunk]:
     """Chunks of one streamed chat completion; `on_done(generation, answer)` records it."""
-    chunk_id, created = responses.response_id("chatcmpl"), int(time.time())
+    chunk_id, created = chat_answers.response_id("chatcmpl"), int(time.time())
     chat_tokens = answers.chat_tokens
     texts = TextDeltas(answers.text, stop)
     reasoning_sent, content_sent = Sent(), Sent()
     first = _chunk(chunk_id, created, model, ChoiceDelta(role="assistant", content=""))
     if token_ids:
         # chunk level, on the first chunk only (as vLLM streams it)
-        responses.set_vllm_field(first, "prompt_token_ids", list(prompt_ids))
+        chat_answers.set_vllm_field(first, "prompt_token_ids", list(prompt_ids))
     yield first
     async for item, text in texts.follow(stream):
         logprobs = None
         if with_logprobs:
             part = StitchedGeneration(output_ids=list(item.output_ids), output_logprobs=list(item.output_logprobs),
                                       top_logprobs=list(item.top_logprobs))
-            logprobs = ChoiceLogprobs(content=responses.chat_logprobs(chat_tokens, part).content)
+            logprobs = ChoiceLogprobs(content=chat_answers.chat_logprobs(chat_tokens, part).content)
         reasoning, content = answers.partial(text)
         reasoning, content = reasoning_sent.more(reasoning), content_sent.more(content)
         if reasoning or content or logprobs is not None or token_ids:
@@ -163,7 +163,7 @@ async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, mode
     # the turn recorded is the message the harness assembles from the deltas (what a parser trimmed from the final
     # answer may already have been sent), so that its echo in the next request is recognised as this turn
     answer = Answer(reasoning_sent.text or None, content_sent.text or None, answer.calls)
-    tool_calls = responses.tool_call_objects(answer.calls)
+    tool_calls = chat_answers.tool_call_objects(answer.calls)
     for index, call in enumerate(tool_calls):
         function = ChoiceDeltaToolCallFunction(name=call.function.name, arguments=call.function.arguments)
         yield _chunk(chunk_id, created, model,
@@ -171,11 +171,13 @@ async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, mode
                                                                  function=function)]))
     on_done(generation, answer)
     finish: Literal["stop", "length", "tool_calls"] = (
-        "tool_calls" if tool_calls else responses.finish_reason(generation.finish_reason))
-    yield _chunk(chunk_id, created, model, ChoiceDelta(), finish=finish)
+        "tool_calls" if tool_calls else chat_answers.finish_reason(generation.finish_reason))
+    last = _chunk(chunk_id, created, model, ChoiceDelta(), finish=finish)
+    chat_answers.set_stop_reason(last.choices[0], generation)
+    yield last
     if include_usage:
         yield ChatCompletionChunk(id=chunk_id, object="chat.completion.chunk", created=created, model=model,
-                                  choices=[], usage=responses.usage(len(prompt_ids), [generation]))
+                                  choices=[], usage=chat_answers.usage(len(prompt_ids), [generation]))
 
 
 async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, model: str,
@@ -183,7 +185,7 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
                             on_done: Callable[[StitchedGeneration], None]) -> AsyncIterator[Completion]:
     """Text-completion chunks (`object: text_completion`), as OpenAI streams them; with `token_ids`, each
     choice carries its delta's ids and the first one also `prompt_token_ids` (vLLM's placement)."""
-    chunk_id, created = responses.response_id("cmpl"), int(time.time())
+    chunk_id, created = chat_answers.response_id("cmpl"), int(time.time())
     texts = TextDeltas(chat_tokens.decode, stop)
     sent = Sent()
     prompt_pending = token_ids
@@ -193,9 +195,9 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
         # streamed choices carry finish_reason null until the last one, which the pydantic type forbids
         choice = CompletionChoice.model_construct(index=0, text=text, finish_reason=finish, logprobs=None)
         if token_ids:
-            responses.set_vllm_field(choice, "token_ids", list(ids))
+            chat_answers.set_vllm_field(choice, "token_ids", list(ids))
             if prompt_pending:
-                responses.set_vllm_field(choice, "prompt_token_ids", list(prompt_ids))
+                chat_answers.set_vllm_field(choice, "prompt_token_ids", list(prompt_ids))
                 prompt_pending = False
         return Completion.model_construct(id=chunk_id, object="text_completion", created=created, model=model,
                                           choices=[choice])
@@ -206,9 +208,9 @@ async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatToke
             yield chunk(text, item.output_ids)
     generation = texts.generation
     assert generation is not None
-    full = responses.visible_text(chat_tokens, generation)
+    full = chat_answers.visible_text(chat_tokens, generation)
     on_done(generation)
     last = chunk(sent.more(full), (), generation.finish_reason.value)
     if include_usage:
-        last.usage = responses.usage(len(prompt_ids), [generation])
+        last.usage = chat_answers.usage(len(prompt_ids), [generation])
     yield last

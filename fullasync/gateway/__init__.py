@@ -1,6 +1,8 @@
-"""The OpenAI-compatible HTTP gateway for harnesses that only take a base URL: one URL per episode.
+"""The HTTP gateway (OpenAI chat and Responses, Anthropic Messages) for harnesses that only take a base URL.
+One URL per episode.
 
-- `server.py`: `Gateway` (episodes' keys and lifetimes, the server's start and stop); `routes.py`: the routes;
+- `server.py`: `Gateway` (episodes' keys and lifetimes, the server's start and stop); `routes.py`: the routes, one
+  path for every dialect (`dialects.py`: chat completions, completions, the Responses API, Anthropic Messages);
   `wire.py`: error bodies, statuses and SSE; `delivery.py`: a call counts only once its answer reached the
   harness, and an identical retry joins it; `http.py`: uvicorn on loopback as a task of the caller's loop.
 

@@ -1,8 +1,10 @@
 """HTTP routes of the gateway (Starlette): parse, call the episode's client (through `delivery`: a call is
 recorded only when its answer reached the harness; identical retries join it), answer or stream.
 
-Every answer that is not a completion is an OpenAI-style JSON error body: unknown routes (404),
-wrong methods (405), malformed bodies (400), engine faults (503) and our own bugs (500, logged).
+One code path serves every dialect (`dialects.DIALECTS`: chat completions, completions, the Responses API,
+Anthropic Messages). Every answer that is not a completion is the dialect's JSON error body (OpenAI's, or
+Anthropic's on the `/messages` routes): unknown episodes (404), malformed bodies (400), engine faults (503) and our
+own bugs (500, logged); unknown routes (404) and wrong methods (405) answer OpenAI-style.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -20,28 +23,31 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from fullasync.client.dialects.turns import Fields
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
+from fullasync.gateway.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Dialect
 from fullasync.gateway.http import Connection, connection_of
-from fullasync.gateway.wire import error_body, error_of, sse
+from fullasync.gateway.wire import error_of
 
 if TYPE_CHECKING:
-    from fullasync.gateway.server import Gateway
+    from fullasync.gateway.server import Gateway, GatewayEpisode
 
 log = logging.getLogger("fullasync")
 
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away before the answer
 
 ROUTES_HELP = ("POST /sessions/{key}/v1/chat/completions, POST /sessions/{key}/v1/completions, "
-               "GET /sessions/{key}/v1/models, GET /v1/models")
+               "POST /sessions/{key}/v1/responses, POST /sessions/{key}/v1/messages, "
+               "POST /sessions/{key}/v1/messages/count_tokens, GET /sessions/{key}/v1/models, GET /v1/models")
 
 
 def _error(message: str, status: int, param: str | None = None, code: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param, code), status_code=status, headers=headers)
+           headers: dict[str, str] | None = None, dialect: Dialect = CHAT) -> JSONResponse:
+    return JSONResponse(dialect.error_body(message, status, param, code), status_code=status, headers=headers)
 
 
-async def _read_json(gateway: Gateway, request: Request) -> tuple[bytes, Any]:
+async def _read_json(gateway: Gateway, request: Request) -> tuple[bytes, Fields]:
     """The body as sent, and parsed."""
     raw = await request.body()
     if len(raw) > gateway.max_body_bytes:
@@ -62,29 +68,23 @@ def _json(obj: Any) -> str:
     return obj.model_dump_json(exclude_none=False)
 
 
-def _chunk_json(chunk: BaseModel) -> str:
-    """A streamed chunk as OpenAI and vLLM send one: the fields the chunk set (a delta's text, without nulls for
-    the delta's other fields), so a harness that reads the raw JSON and tests `"tool_calls" in delta` sees a
-    call only where there is one. (The cost per event is the same either way: `bench/stream_chunks.py`.)"""
-    return chunk.model_dump_json(exclude_unset=True)
-
-
 async def _disconnected(request: Request) -> None:
     """Return when the client closes the connection (the body was read: the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         continue
 
 
-async def _stream(chunks: Any) -> Any:
+async def _stream(chunks: AsyncIterator[BaseModel], dialect: Dialect) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
-            yield sse(_chunk_json(chunk))
+            yield dialect.event(chunk)
     except Exception as error:  # the status line is sent already: report in the stream, as OpenAI does
-        body, status = error_of(error)
+        body, status = dialect.error_of(error)
         if status >= 500:
             log.exception("gateway: a streamed request failed")
-        yield sse(body)
-    yield sse("[DONE]")
+        yield dialect.stream_error(body)
+    if dialect.stream_end:
+        yield dialect.stream_end
 
 
 def _models_body(gateway: Gateway) -> dict[str, Any]:
@@ -110,10 +110,10 @@ async def _server_error(request: Request, error: Exception) -> Response:
     return JSONResponse(body, status_code=status)
 
 
-def _episode_ended(key: str) -> Response:
+def _episode_ended(key: str, dialect: Dialect) -> Response:
     """The answer to a request whose episode ended while it ran (its work was stopped with the episode)."""
     return _error(f"episode {key[:8]}… ended while this request ran; nothing was recorded", 404,
-                  code="episode_not_found")
+                  code="episode_not_found", dialect=dialect)
 
 
 def _sdk_retry(request: Request) -> bool:
@@ -135,49 +135,65 @@ class _Delivery(Response):
 
 
 def build_app(gateway: Gateway) -> Starlette:
-    async def handle(request: Request, kind: str) -> Response:
-        response = await answer(request, kind)
+    async def handle(request: Request, dialect: Dialect) -> Response:
+        response = await answer(request, dialect)
         gateway.answered[response.status_code] += 1
         return response
 
-    async def answer(request: Request, kind: str) -> Response:
-        key = request.path_params["key"]
+    async def read(request: Request, dialect: Dialect) -> tuple[GatewayEpisode, bytes, Fields] | Response:
+        """The episode and the body of a request, or the dialect's error answer."""
         try:
-            episode = gateway.lookup(key)
+            episode = gateway.lookup(request.path_params["key"])
         except LookupError as error:
-            return _error(str(error), 404, code="episode_not_found")
+            return _error(str(error), 404, code="episode_not_found", dialect=dialect)
         try:
             raw, body = await _read_json(gateway, request)
         except OverflowError as error:
-            return _error(str(error), 413, code="request_too_large")
+            return _error(str(error), 413, code="request_too_large", dialect=dialect)
         except InvalidRequestError as error:
-            error_json, status = error_of(error)
+            error_json, status = dialect.error_of(error)
             return JSONResponse(error_json, status_code=status)
-        endpoint = episode.client.chat.completions if kind == "chat" else episode.client.completions
+        return episode, raw, body
+
+    async def answer(request: Request, dialect: Dialect) -> Response:
+        key = request.path_params["key"]
+        received = await read(request, dialect)
+        if isinstance(received, Response):
+            return received
+        episode, raw, body = received
+        client = episode.client
+        if body.get("model") in gateway.untrained_models:  # answered by the policy in an episode of its own: dropped
+            body, client = {**body, "model": gateway.service.config.model_name}, gateway.service.client()
+            gateway.untrained_calls += 1
+        endpoint = dialect.endpoint(client)
         stream = bool(body.get("stream"))
 
         async def produce(production: Production) -> None:
             try:
-                result = await endpoint.create(**body)
+                result = await endpoint(**body)
             except Exception as error:
-                error_json, status = error_of(error)
+                error_json, status = dialect.error_of(error)
                 if status >= 500:
                     log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
                 production.add(json.dumps(error_json).encode(), status)
                 return
-            if stream:
-                async for piece in _stream(result):
-                    production.add(piece)
-            else:
-                production.add(_json(result).encode())
+            try:
+                if not isinstance(result, BaseModel):
+                    async for piece in _stream(result, dialect):
+                        production.add(piece)
+                else:
+                    production.add(_json(result).encode())
+            finally:
+                if client is not episode.client:
+                    client.close()
 
-        request_key = Deliveries.request_key(kind, raw, stream, request.headers.get("idempotency-key"))
+        request_key = Deliveries.request_key(dialect.name, raw, stream, request.headers.get("idempotency-key"))
         production = gateway.deliveries.production(key, episode.client, request_key, produce,
                                                    sdk_retry=_sdk_retry(request))
         if stream:
             started = await production.started()
             if not started.chunks:
-                return _episode_ended(key)
+                return _episode_ended(key, dialect)
             if started.status != 200:
                 return Response(started.chunks[0], status_code=started.status, media_type="application/json")
             return StreamingResponse(production.stream(connection_of(request.scope)), media_type="text/event-stream")
@@ -185,16 +201,27 @@ def build_app(gateway: Gateway) -> Starlette:
         if answered is None:
             return Response(status_code=CLIENT_CLOSED)  # nobody reads it; what it generated is not recorded
         if not answered.chunks:
-            return _episode_ended(key)
+            return _episode_ended(key, dialect)
         if answered.status != 200:
             return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
         return _Delivery(production, connection_of(request.scope), answered.chunks[0])
 
-    async def chat(request: Request) -> Response:
-        return await handle(request, "chat")
+    def route(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return await handle(request, dialect)
+        return endpoint
 
-    async def completions(request: Request) -> Response:
-        return await handle(request, "completions")
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's token count of a request (nothing generated, nothing recorded)."""
+        received = await read(request, MESSAGES)
+        if isinstance(received, Response):
+            return received
+        episode, _, body = received
+        try:
+            return JSONResponse(await episode.client.messages.count_tokens(**body))
+        except InvalidRequestError as error:
+            error_json, status = MESSAGES.error_of(error)
+            return JSONResponse(error_json, status_code=status)
 
     async def session_models(request: Request) -> Response:
         try:
@@ -208,8 +235,11 @@ def build_app(gateway: Gateway) -> Starlette:
 
     return Starlette(
         routes=[
-            Route("/sessions/{key}/v1/chat/completions", chat, methods=["POST"]),
-            Route("/sessions/{key}/v1/completions", completions, methods=["POST"]),
+            Route("/sessions/{key}/v1/chat/completions", route(CHAT), methods=["POST"]),
+            Route("/sessions/{key}/v1/completions", route(COMPLETIONS), methods=["POST"]),
+            Route("/sessions/{key}/v1/responses", route(RESPONSES), methods=["POST"]),
+            Route("/sessions/{key}/v1/messages", route(MESSAGES), methods=["POST"]),
+            Route("/sessions/{key}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
             Route("/sessions/{key}/v1/models", session_models, methods=["GET"]),
             Route("/v1/models", models, methods=["GET"]),
         ],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from fullasync.client import RolloutClient, RolloutService
@@ -34,11 +35,16 @@ class Gateway:
     """Start with `await start()`; `open_episode()` per episode; `close_episode()`; `await stop()`."""
 
     def __init__(self, service: RolloutService, host: str = "127.0.0.1", port: int = 0,
-                 max_body_bytes: int = 8 * 2**20, join_retries: bool = True) -> None:
+                 max_body_bytes: int = 8 * 2**20, join_retries: bool = True,
+                 untrained_models: Collection[str] = ()) -> None:
         """`join_retries`: a request identical to one of the same episode whose connection is gone (running, or
         abandoned moments ago) joins it instead of sampling again; identical requests on open connections are
-        sampled independently (`fullasync.gateway.delivery`)."""
+        sampled independently (`fullasync.gateway.delivery`). `untrained_models`: model names besides the policy's
+        that requests may name (a harness's background model: Claude Code's titles and command checks); the policy
+        answers them, and they are neither recorded nor trained, only counted (`untrained_calls`)."""
         self.service = service
+        self.untrained_models = frozenset(untrained_models)
+        self.untrained_calls = 0
         self.host = host
         self.port = port
         self.max_body_bytes = max_body_bytes
@@ -84,7 +90,8 @@ class Gateway:
         return {"gateway/abandoned_calls": float(self.deliveries.abandoned_calls),
                 "gateway/ended_calls": float(self.deliveries.ended_calls),
                 "gateway/unread_calls": float(self.deliveries.unread_calls),
-                "gateway/joined_requests": float(self.deliveries.joined_requests)}
+                "gateway/joined_requests": float(self.deliveries.joined_requests),
+                "gateway/untrained_calls": float(self.untrained_calls)}
 
     def lookup(self, key: str) -> GatewayEpisode:
         episode = self._episodes.get(key)

@@ -1,4 +1,4 @@
-"""Builds real `openai` response objects from stitched generations.
+"""Chat-completion and completion answers: real `openai` response objects built from stitched generations.
 
 Owns: the mapping from token-level results to `ChatCompletion` / `Completion` (text, tool calls,
 log-probs, usage, optional token ids in vLLM's field names).
@@ -62,6 +62,12 @@ def set_vllm_field(model: BaseModel, name: str, value: list[int]) -> None:
     setattr(model, name, value)
 
 
+def set_stop_reason(choice: BaseModel, generation: StitchedGeneration) -> None:
+    """vLLM's `stop_reason` on a finished choice: the stop string that ended the output, when one did."""
+    if isinstance(generation.stop_reason, str):
+        choice.stop_reason = generation.stop_reason  # type: ignore[attr-defined]  # pydantic extra="allow"
+
+
 def visible_text(chat_tokens: ChatTokenizer, generation: StitchedGeneration,
                  decode: Callable[[Sequence[int]], str] | None = None) -> str:
     """Decoded output (without special tokens, unless `decode` keeps some), cut before a matched stop string (as
@@ -120,6 +126,7 @@ def chat_choice(
     if reasoning is not None:
         set_reasoning(message, reasoning)
     choice = Choice(index=index, message=message, finish_reason=finish, logprobs=logprobs)
+    set_stop_reason(choice, generation)
     if token_ids:
         set_vllm_field(choice, "token_ids", list(generation.output_ids))  # vLLM's field name (`return_token_ids`)
     return choice
