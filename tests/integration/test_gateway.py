@@ -263,3 +263,37 @@ async def test_the_gateway_binds_the_configured_host_and_names_it_in_each_base_u
         on_v6.close_episode(episode)
     finally:
         await on_v6.stop()
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+async def test_weight_push_mid_stream_in_the_responses_and_anthropic_dialects(gateway, engine, policy, dialect):
+    """The chat path's continuation under the two coding-agent dialects: a push interrupts a streamed answer, the
+    harness's SDK sees one continuous event stream, and the record holds every token once, under two versions."""
+    import anthropic
+
+    episode = gateway.open_episode()
+    asked = [{"role": "user", "content": "Tell a long story."}]
+
+    async def consume() -> str:
+        if dialect == "responses":
+            sdk = AsyncOpenAI(base_url=episode.base_url, api_key=episode.api_key, max_retries=0)
+            events = [e async for e in await sdk.responses.create(
+                model="policy", input=asked, max_output_tokens=150, stream=True, extra_body={"ignore_eos": True})]
+            assert events[-1].type == "response.incomplete"  # at its token limit, as OpenAI says it
+            return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        sdk = anthropic.AsyncAnthropic(base_url=episode.base_url.removesuffix("/v1"), api_key=episode.api_key,
+                                       max_retries=0)
+        async with sdk.messages.stream(model="policy", messages=asked, max_tokens=150,
+                                       extra_body={"ignore_eos": True}) as stream:
+            message = await stream.get_final_message()
+        assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 150
+        return message.content[0].text
+
+    reader = asyncio.create_task(consume())
+    async with frozen_mid_generation(engine, episode.episode_id, at_least=20, budget=150):
+        await policy.push(policy.perturbed(seed=23, scale=0.0))  # the same weights again: a push all the same
+    text = await reader
+    (call,) = episode.client.episode.calls
+    assert len(call.output_ids) == 150 and call.num_resumes == 1 and len(set(call.output_versions)) == 2
+    assert text == episode.client.service.chat_tokens.decode(call.output_ids)
+    gateway.close_episode(episode)

@@ -16,7 +16,8 @@ thinks), `context_management`, `output_config` (but its `format` becomes structu
 `inference_geo`, `cache_control` markers anywhere, and server-side tools (`web_search_*`, `web_fetch_*`,
 `code_execution_*`, `tool_search_*`: never called). Refused with a 400 naming the field: `container`,
 `mcp_servers`, non-text blocks (images, documents), Anthropic-defined client tools (`bash_*`, `text_editor_*`,
-`computer_*`, `memory_*`: give them as custom tools).
+`computer_*`, `memory_*`: give them as custom tools). vLLM's sampling extras (`ignore_eos`, `min_p`, `seed`) pass
+through.
 Does not own: generation, recording, validation of the chat request (the chat path), HTTP (the gateway).
 """
 
@@ -32,7 +33,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.chat import ChatCompletionChunk
 from pydantic import TypeAdapter
 
-from fullasync.client.dialects.turns import ChatAnswer, Fields, check_fields, json_object, pieces, require
+from fullasync.client.dialects.turns import VLLM_EXTRAS, ChatAnswer, Fields, check_fields, json_object, pieces, require
 from fullasync.client.messages import normalize_messages, normalize_tools
 from fullasync.errors import InvalidRequestError
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 API = "POST /v1/messages"
 USED = ("model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
-        "tools", "tool_choice", "output_config")
+        "tools", "tool_choice", "output_config", *VLLM_EXTRAS)
 IGNORED = ("metadata", "thinking", "context_management", "service_tier", "inference_geo", "cache_control")
 REFUSED = {"container": "containers of Anthropic's code execution are not served; the harness runs its own tools",
            "mcp_servers": "MCP servers are not connected here; the harness runs its own tools"}
@@ -175,7 +176,7 @@ def translate(client: RolloutClient, body: Mapping[str, object], counting: bool 
     chat: Fields = {"model": body.get("model"), "messages": _messages(client, body),
                             "stream": bool(body.get("stream"))}
     for name, chat_name in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                            ("top_k", "top_k"), ("stop_sequences", "stop")):
+                            ("top_k", "top_k"), ("stop_sequences", "stop"), *((extra, extra) for extra in VLLM_EXTRAS)):
         if body.get(name) is not None and not counting:
             chat[chat_name] = body[name]
     if body.get("tools"):

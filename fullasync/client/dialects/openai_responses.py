@@ -18,7 +18,7 @@ served with reasoning), `prompt_cache_key`, `metadata`, `user`, `safety_identifi
 `stream_options`, and server-side tools (`web_search`, `file_search`, `code_interpreter`, `image_generation`,
 `mcp`, `tool_search`: never called). Refused with a 400 naming the field: server-side state
 (`previous_response_id`, `conversation`, `store: true`: send the whole history, as Codex does), `background`,
-`prompt`, non-text input parts.
+`prompt`, non-text input parts. vLLM's sampling extras (`ignore_eos`, `min_p`, `seed`) pass through.
 Does not own: generation, recording, validation of the chat request (the chat path), HTTP (the gateway).
 """
 
@@ -44,7 +44,16 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from fullasync.client.dialects.turns import ChatAnswer, Fields, ToolCall, check_fields, json_object, pieces, require
+from fullasync.client.dialects.turns import (
+    VLLM_EXTRAS,
+    ChatAnswer,
+    Fields,
+    ToolCall,
+    check_fields,
+    json_object,
+    pieces,
+    require,
+)
 from fullasync.errors import InvalidRequestError
 
 if TYPE_CHECKING:
@@ -52,7 +61,7 @@ if TYPE_CHECKING:
 
 API = "POST /v1/responses"
 USED = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
-        "parallel_tool_calls", "stream", "text", "store")
+        "parallel_tool_calls", "stream", "text", "store", *VLLM_EXTRAS)
 IGNORED = ("include", "prompt_cache_key", "metadata", "user", "safety_identifier", "service_tier", "truncation",
            "reasoning", "max_tool_calls", "top_logprobs", "stream_options", "prompt_cache_retention")
 STATELESS = "this gateway keeps no responses: send the whole conversation in `input` (with `store: false`)"
@@ -220,7 +229,7 @@ def translate(client: RolloutClient, body: Mapping[str, object]) -> _Request:
     turns.flush()
     chat: Fields = {"model": body.get("model"), "messages": turns.messages, "stream": bool(body.get("stream"))}
     for name, chat_name in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                            ("parallel_tool_calls", "parallel_tool_calls")):
+                            ("parallel_tool_calls", "parallel_tool_calls"), *((extra, extra) for extra in VLLM_EXTRAS)):
         if body.get(name) is not None:
             chat[chat_name] = body[name]
     if chat_tools:

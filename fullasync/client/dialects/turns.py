@@ -28,6 +28,7 @@ Finish = Literal["stop", "length", "tool_calls"]
 Fields = dict[str, Any]
 T = TypeVar("T")
 HANDLE_PREFIX = "fullasync-turn-"
+VLLM_EXTRAS = ("ignore_eos", "min_p", "seed")  # vLLM's sampling extras, passed to the chat path as they are
 
 
 @dataclass(frozen=True)
