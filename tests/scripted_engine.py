@@ -39,3 +39,21 @@ class ScriptedEngine:
 
     async def abort(self, request_ids: list[str]) -> None:
         raise AssertionError(f"a scripted engine is never interrupted ({request_ids})")
+
+
+def script_texts(engine: ScriptedEngine, tokenizer, *texts: str) -> None:
+    """Script each text, tokenized in isolation and ended by EOS, as the engine's next outputs."""
+    for text in texts:
+        engine.script.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
+
+
+def assert_one_exact_sequence(client, calls: int) -> None:
+    """The episode recorded `calls` calls, each prompt extending the one before token for token (the sampled ids
+    reused, never re-tokenized), so that they train as one sequence whose loss-masked tokens are the outputs."""
+    recorded = client.trajectory(reward=1.0)
+    assert len(recorded.calls) == calls
+    for earlier, later in zip(recorded.calls, recorded.calls[1:]):
+        assert later.prompt_ids[: len(earlier.all_ids)] == earlier.all_ids
+    (sequence,) = recorded.to_sequences()
+    assert [t for t, m in zip(sequence.token_ids, sequence.loss_mask) if m] == [
+        t for call in recorded.calls for t in call.output_ids]

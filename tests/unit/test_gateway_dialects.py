@@ -13,7 +13,8 @@ import anthropic
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from scripted_engine import ScriptedEngine
+from scripted_engine import ScriptedEngine, assert_one_exact_sequence
+from scripted_engine import script_texts as script
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.gateway import Gateway
@@ -38,22 +39,6 @@ async def served(tokenizer):
     await gateway.start()
     yield gateway, engine, tokenizer
     await gateway.stop()
-
-
-def script(engine, tokenizer, *texts):
-    for text in texts:
-        engine.script.append(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])
-
-
-def assert_one_exact_sequence(client, tokenizer, calls):
-    recorded = client.trajectory(reward=1.0)
-    assert len(recorded.calls) == calls
-    for earlier, later in zip(recorded.calls, recorded.calls[1:]):
-        assert later.prompt_ids[: len(earlier.all_ids)] == earlier.all_ids  # the tokens sampled, reused
-    (sequence,) = recorded.to_sequences()
-    sampled = [t for t, m in zip(sequence.token_ids, sequence.loss_mask) if m]
-    assert sampled == [t for c in recorded.calls for t in c.output_ids]
-    assert tokenizer.decode(sampled, skip_special_tokens=True).count('"name": "add"') == 1
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -82,7 +67,7 @@ async def test_openai_sdk_responses_tool_episode_is_recorded_token_exactly(serve
     assert final.output_text == ANSWER and final.status == "completed"
     assert final.usage.input_tokens > 0 and final.usage.output_tokens > 0
     gateway.close_episode(episode)
-    assert_one_exact_sequence(episode.client, tokenizer, calls=2)
+    assert_one_exact_sequence(episode.client, calls=2)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -112,7 +97,7 @@ async def test_anthropic_sdk_tool_episode_is_recorded_token_exactly(served, stre
     assert final.stop_reason == "end_turn" and final.content[0].text == ANSWER
     assert final.usage.input_tokens == counted.input_tokens
     gateway.close_episode(episode)
-    assert_one_exact_sequence(episode.client, tokenizer, calls=2)
+    assert_one_exact_sequence(episode.client, calls=2)
 
 
 async def test_a_stop_sequence_is_reported_as_anthropic_does(served):
