@@ -143,28 +143,59 @@ class Trajectory:
     def num_output_tokens(self) -> int:
         return sum(len(c.output_ids) for c in self.calls)
 
-    def to_sequences(self) -> list[TrainingSequence]:
-        """Training sequences of this episode.
+    def lineages(self) -> tuple[tuple[int, ...], ...]:
+        """Indices into `calls` of each lineage's calls, lineages in the order of their first call.
 
-        Calls merge into one sequence while each call's prompt extends the previous call's
-        prompt + output exactly; the inserted tokens in between (template, tool results) get
-        loss-mask 0. A call that does not extend starts a new sequence.
+        A lineage is an open context: the prompt + output of its last call. A call joins the lineage whose
+        context its prompt extends exactly (starts with it token for token); where several do, the longest
+        context (the closest match), and among equal ones the earliest lineage. A call that extends none
+        starts a new lineage: a sub-agent, a compacted or rewritten context, or a fork (a second call
+        extending a context that an earlier call already extended, so that the context grew past it).
         """
-        sequences: list[TrainingSequence] = []
-        builder: _SequenceBuilder | None = None
-        for call in self.calls:
-            if builder is None or not builder.extends(call):
-                if builder is not None:
-                    sequences.append(builder.build())
-                builder = _SequenceBuilder(call.prompt_ids)
-            builder.add(call)
-        assert builder is not None
-        sequences.append(builder.build())
+        members: list[list[int]] = []
+        contexts: list[tuple[int, ...]] = []
+        for index, call in enumerate(self.calls):
+            joined = _longest_extended(contexts, call.prompt_ids)
+            if joined is None:
+                members.append([index])
+                contexts.append(call.all_ids)
+            else:
+                members[joined].append(index)
+                contexts[joined] = call.all_ids
+        return tuple(tuple(m) for m in members)
+
+    def to_sequences(self) -> list[TrainingSequence]:
+        """Training sequences of this episode: one per lineage (`lineages`), in the order of their first call.
+
+        A lineage's calls merge into one sequence: its first call's prompt is the context (loss-mask 0), each
+        call's output is trained (loss-mask 1, with its log-probs and versions), and the tokens a later call's
+        prompt inserts after the lineage's context (template, tool results) get loss-mask 0. Every sampled
+        token of the episode is in exactly one sequence; interleaved calls of a parent and its sub-agent
+        (A1, B1, A2, B2) make two sequences, not four.
+        """
+        sequences = []
+        for lineage in self.lineages():
+            builder = _SequenceBuilder(self.calls[lineage[0]].prompt_ids)
+            for index in lineage:
+                builder.add(self.calls[index])
+            sequences.append(builder.build())
         return sequences
 
 
+def _longest_extended(contexts: Sequence[tuple[int, ...]], prompt: tuple[int, ...]) -> int | None:
+    """Index of the longest of `contexts` that `prompt` starts with (the earliest among equals), or None."""
+    best: int | None = None
+    for index, context in enumerate(contexts):
+        n = len(context)
+        if n > len(prompt) or (best is not None and n <= len(contexts[best])):
+            continue
+        if prompt[n - 1] == context[-1] and prompt[:n] == context:  # the last token first: a cheap mismatch
+            best = index
+    return best
+
+
 class _SequenceBuilder:
-    """Accumulates calls whose prompts extend each other into one training sequence."""
+    """Accumulates the calls of one lineage (each prompt extending the context so far) into a training sequence."""
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
         self.prompt_length = len(prompt_ids)
@@ -172,10 +203,6 @@ class _SequenceBuilder:
         self.loss_mask = [0] * len(prompt_ids)
         self.logprobs = [0.0] * len(prompt_ids)
         self.versions = [PROMPT_VERSION] * len(prompt_ids)
-
-    def extends(self, call: ModelCall) -> bool:
-        n = len(self.token_ids)
-        return len(call.prompt_ids) >= n and tuple(call.prompt_ids[:n]) == tuple(self.token_ids)
 
     def add(self, call: ModelCall) -> None:
         inserted = call.prompt_ids[len(self.token_ids) :]

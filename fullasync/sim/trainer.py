@@ -7,8 +7,8 @@ object; the push time is modelled by the engines (`DecodeCost.push_s`).
     train_step time = step_overhead_s + per_token_device_s · trained tokens / num_devices
 
 where trained tokens are the tokens of every training sequence (forward and backward see the
-whole sequence): prompt + output of a call, and for a multi-turn episode whose calls extend each
-other (`Trajectory.to_sequences`), the final context once.
+whole sequence): prompt + output of a call, and for a multi-turn episode the final context of each of
+its lineages once (calls that extend each other's context, `Trajectory.lineages`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,9 @@ from fullasync.types import Trajectory, TrajectoryGroup
 
 
 def sequence_tokens(trajectory: Trajectory) -> int:
-    """Tokens of `trajectory.to_sequences()`, counted without building them."""
-    total = 0
-    context: tuple[int, ...] = ()
-    for call in trajectory.calls:
-        if not (len(call.prompt_ids) >= len(context) and call.prompt_ids[: len(context)] == context):
-            context = ()  # a new sequence
-        total += len(call.prompt_ids) - len(context) + len(call.output_ids)
-        context = call.all_ids
-    return total
+    """Tokens of `trajectory.to_sequences()`, counted without building them: a lineage's sequence is its last
+    call's prompt + output."""
+    return sum(len(trajectory.calls[lineage[-1]].all_ids) for lineage in trajectory.lineages())
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,24 @@ inserted between calls (mask 0).
 Advantages are computed per trajectory, not per sequence: a trajectory's response row is the
 concatenation of its sequences' responses, so a multi-sequence trajectory is one sample of its
 group and every one of its sequences carries the trajectory's reward and advantages.
+
+An episode with several lineages (`Trajectory.lineages`: sub-agents, compacted contexts, forks) trains as
+several sequences and weighs once in the loss whatever their number: each of its k sequences carries
+`sequence_weights` 1/k. What each `loss_agg_mode` then means for such an episode:
+
+    token-mean            every trained token weighs the same over the mini-batch: the episode weighs by its
+                          trained tokens over all its lineages, as one long episode of the same tokens would
+    token-sum             every trained token weighs 1, no normaliser (the same reading)
+    seq-mean-token-mean   a sequence's term is its token mean; the episode's is the mean of its lineages'
+                          terms (weights 1/k), and the loss the mean over episodes (Σ weights), not sequences
+    seq-mean-token-sum    the same with a sequence's token sum (and -norm: divided by verl's constant horizon)
+
+verl's `agg_loss` takes one normaliser for a whole mini-batch and no per-sequence weight, so the seq-mean
+modes are weighted on the gradient (`sequence_gradient_scales`, applied by the policy loss): sequence i's
+gradient is multiplied by w_i · N / E (N sequences, E = Σ w episodes in the mini-batch, over all ranks), and
+the update is exactly that of Σ_i w_i L_i / E. verl's loss metrics (loss, pg_loss, entropy, kl_loss) keep
+their plain reading, the mean of the per-sequence terms over the N sequences. With one lineage per episode
+every scale is 1 and nothing is applied.
 """
 
 from __future__ import annotations
@@ -21,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +65,7 @@ class TrainBatch:
     behaviour_logprobs: torch.Tensor  # (N, R) float32, the rollout's log-probs, 0 where response_mask is 0
     versions: torch.Tensor  # (N, R) long, weight version that sampled each token, PROMPT_VERSION elsewhere
     rewards: torch.Tensor  # (N,) float32, reward of the sequence's trajectory
+    sequence_weights: torch.Tensor  # (N,) float32, 1/k for each of the k sequences of a trajectory; 0 for fill
     group_index: torch.Tensor  # (N,) long, position of the sequence's group in the input; PADDING_ROW for fill
     trajectory_index: torch.Tensor  # (N,) long, trajectory number over the whole input; PADDING_ROW for fill
     row_index: torch.Tensor  # (N,) long, row in the batch build_batch returned; PADDING_ROW for fill
@@ -62,7 +82,7 @@ class TrainBatch:
         for name in ("attention_mask", "position_ids"):
             if tuple(getattr(self, name).shape) != full_shape:
                 raise ValueError(f"TrainBatch.{name} must have shape {full_shape}")
-        for name in ("rewards", "group_index", "trajectory_index", "row_index"):
+        for name in ("rewards", "sequence_weights", "group_index", "trajectory_index", "row_index"):
             if tuple(getattr(self, name).shape) != (n,):
                 raise ValueError(f"TrainBatch.{name} must have shape ({n},)")
 
@@ -77,6 +97,12 @@ class TrainBatch:
     @property
     def num_trained_tokens(self) -> int:
         return int(self.response_mask.sum())
+
+    @property
+    def num_episodes(self) -> float:
+        """Σ sequence_weights: the trajectories with a trained sequence here (fractional where only some of a
+        trajectory's sequences are, as in a mini-batch that splits its lineages)."""
+        return float(self.sequence_weights.double().sum())
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -102,6 +128,7 @@ class TrainBatch:
             "behaviour_logprobs": torch.zeros((n, width)),
             "versions": torch.full((n, width), PROMPT_VERSION, dtype=torch.long),
             "rewards": torch.zeros(n),
+            "sequence_weights": torch.zeros(n),
             "group_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
             "trajectory_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
             "row_index": torch.full((n,), PADDING_ROW, dtype=torch.long),
@@ -123,8 +150,8 @@ def build_batch(
     """Flatten `groups` into a `TrainBatch` with outcome advantages per group (verl estimator by name).
 
     Sequences without any sampled token are left out (they would train nothing); their
-    trajectories still count in their group's statistics. Raises ValueError when no sequence
-    is left.
+    trajectories still count in their group's statistics. A trajectory's k sequences left in weigh
+    1/k each (`sequence_weights`, see the module doc). Raises ValueError when no sequence is left.
     """
     if not groups:
         raise ValueError("build_batch needs at least one TrajectoryGroup")
@@ -145,9 +172,11 @@ def build_batch(
         raise ValueError("build_batch: no sampled tokens in these groups (every model call had an empty output)")
     padded = [(s, a) for s, a, _ in rows]
     batch = _pad_rows(padded, pad_token_id)
+    lineages = Counter(ti for _, _, ti in rows)
     batch = dataclasses.replace(
         batch,
         rewards=torch.tensor([rewards[ti] for _, _, ti in rows], dtype=torch.float32),
+        sequence_weights=torch.tensor([1.0 / lineages[ti] for _, _, ti in rows], dtype=torch.float32),
         group_index=torch.tensor([group_of[ti] for _, _, ti in rows], dtype=torch.long),
         trajectory_index=torch.tensor([ti for _, _, ti in rows], dtype=torch.long),
     )
@@ -155,14 +184,31 @@ def build_batch(
     return batch
 
 
-def loss_normaliser(batch: TrainBatch, loss_agg_mode: str) -> float:
-    """What verl's loss divides `batch`'s summed loss by (one update over it, every rank together): its trained
-    tokens for token-mean, its sequences for the seq-mean modes, nothing (1) for token-sum."""
+def loss_normaliser(batch: TrainBatch, loss_agg_mode: str, *, by_episode: bool = True) -> float:
+    """What the loss of one update over `batch` (every rank together) divides its summed terms by: its trained
+    tokens for token-mean, nothing (1) for token-sum; for the seq-mean modes its episodes (Σ sequence_weights,
+    the normaliser of the gradient), or with `by_episode=False` its sequences (verl's own, which its loss
+    metrics are means over; see the module doc)."""
     if loss_agg_mode == "token-mean":
         return float(batch.num_trained_tokens)
     if loss_agg_mode.startswith("seq-mean"):
-        return float(batch.num_sequences)
+        return batch.num_episodes if by_episode else float(batch.num_sequences)
     return 1.0
+
+
+def sequence_gradient_scales(block: TrainBatch, loss_agg_mode: str, sequences: int,
+                             episodes: float) -> torch.Tensor | None:
+    """(rows,) multipliers of each row's gradient in one update whose mini-batch holds `sequences` real
+    sequences and `episodes` episodes (Σ sequence_weights) over all ranks: w · sequences / episodes in the
+    seq-mean modes, so that verl's mean over sequences becomes the mean over episodes (module doc); None where
+    every multiplier is 1 (token modes, one lineage per episode)."""
+    if not loss_agg_mode.startswith("seq-mean") or episodes <= 0:
+        return None
+    scales = block.sequence_weights * (sequences / episodes)
+    real = block.row_index != PADDING_ROW
+    if bool((scales[real] == 1.0).all()):
+        return None
+    return scales
 
 
 def trajectory_advantages(
@@ -259,6 +305,7 @@ def _pad_rows(rows: Sequence[tuple[TrainingSequence, np.ndarray]], pad_token_id:
         behaviour_logprobs=torch.from_numpy(behaviour),
         versions=torch.from_numpy(versions),
         rewards=torch.zeros(n),
+        sequence_weights=torch.ones(n),
         group_index=torch.zeros(n, dtype=torch.long),
         trajectory_index=torch.zeros(n, dtype=torch.long),
         row_index=torch.arange(n),
@@ -271,12 +318,14 @@ class ShardedBatch:
 
     `shards[w]` is worker w's rows: `mini_batches` consecutive blocks of `rows_per_block` rows,
     block j holding worker w's part of mini-batch j (fill rows complete the block).
-    `sequences_per_mini_batch[j]` counts mini-batch j's real rows over all workers.
+    `sequences_per_mini_batch[j]` counts mini-batch j's real rows over all workers,
+    `episodes_per_mini_batch[j]` their episodes (Σ sequence_weights).
     """
 
     shards: list[TrainBatch]
     rows_per_block: int
     sequences_per_mini_batch: list[int]
+    episodes_per_mini_batch: list[float]
 
 
 def shard_batch(
@@ -300,7 +349,8 @@ def shard_batch(
     for blocks in parts:
         pieces = [batch.select(part).with_fill_rows(rows_per_block - len(part), pad_token_id) for part in blocks]
         shards.append(_concat(pieces))
-    return ShardedBatch(shards, rows_per_block, [len(rows) for rows in mini])
+    episodes = [float(batch.sequence_weights[torch.from_numpy(rows)].double().sum()) for rows in mini]
+    return ShardedBatch(shards, rows_per_block, [len(rows) for rows in mini], episodes)
 
 
 def _concat(batches: Sequence[TrainBatch]) -> TrainBatch:

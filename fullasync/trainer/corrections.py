@@ -52,6 +52,11 @@ behaviour-vs-current mismatch KL(π_b ‖ π_θ) by verl's k1 (b − θ) and k3 
 estimators, overall and per version gap; the fraction of tokens per gap; the mean and max weight;
 the fraction of tokens whose weight was truncated (clipped) or zeroed (masked).
 
+The loss also applies the per-sequence gradient scales of the seq-mean modes (`GRADIENT_SCALES`, set by
+`batch.sequence_gradient_scales` for episodes of several lineages): the model's outputs that verl's loss reads
+(log-probs, entropy) keep their values and carry their sequence's multiplier back to the model, so every term
+of that sequence (policy loss, entropy bonus, KL) is weighted, whatever the policy loss.
+
 verl is imported on first use: the driver merges `CorrectionStats` without importing
 `verl.workers` (which must come after the CPU platform patch in a training process).
 """
@@ -74,6 +79,8 @@ SEQUENCE_LEVEL = frozenset({Correction.SEQ_TIS, Correction.SEQ_MASK})
 # exp(-LOG_RATIO_BOUND) that verl's clamped log-ratio can produce, so nothing is zeroed from below.
 NO_LOWER_BOUND = 1e-30
 LOG_RATIO_BOUND = 20.0  # verl rollout_corr_helper.SAFETY_BOUND: log-ratios are clamped to ±20 before exp
+GRADIENT_SCALES = "sequence_gradient_scales"  # (rows,) key of a training batch: each sequence's gradient multiplier
+SCALED_OUTPUTS = ("log_probs", "entropy")  # the model outputs verl's ppo_loss reads
 
 
 @dataclass
@@ -278,7 +285,8 @@ class CorrectedPolicyLoss:
     `data` carries `rollout_log_probs` and `versions` (the rollout's), `old_log_probs` (the
     recomputed proximal log-probs, or the behaviour ones when nothing is recomputed), and the
     non-tensor `trainer_version`; without it the newest sampled version of the micro-batch is
-    taken (exact on-policy; an underestimate of every gap otherwise). While `recording` is set,
+    taken (exact on-policy; an underestimate of every gap otherwise), and where the batch carries
+    `GRADIENT_SCALES`, each sequence's gradient multiplier (module doc). While `recording` is set,
     statistics accumulate in `stats` until `drain()`. The loss is multiplied by `scale`.
     """
 
@@ -314,6 +322,8 @@ class CorrectedPolicyLoss:
         patched["old_log_probs"] = corrected.old_log_probs
         if corrected.weights is not None:
             patched["rollout_is_weights"] = corrected.weights
+        if GRADIENT_SCALES in data:
+            model_output = scaled_gradients(model_output, data[GRADIENT_SCALES])
         loss, metrics = self._ppo_loss(model_output=model_output, data=patched, dp_group=dp_group)
         return (loss * self.scale if self.scale != 1.0 else loss), metrics
 
@@ -321,3 +331,32 @@ class CorrectedPolicyLoss:
         """The statistics recorded since the last drain (and a fresh accumulator)."""
         stats, self.stats = self.stats, CorrectionStats()
         return stats
+
+
+def scaled_gradients(model_output: Mapping[str, torch.Tensor], scales: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`model_output` with its `SCALED_OUTPUTS` (nested, one row per sequence) unchanged in value and the
+    gradient through row i multiplied by `scales[i]`."""
+    scaled = dict(model_output)
+    for name in SCALED_OUTPUTS:
+        output = model_output.get(name)
+        if output is None:
+            continue
+        offsets = output.offsets()  # type: ignore[attr-defined]  # a jagged nested tensor's (not in torch's stubs)
+        per_token = scales.to(output.device, output.dtype).repeat_interleave(offsets.diff())
+        values = _ScaleGradient.apply(output.values(), per_token)
+        scaled[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+    return scaled
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """The identity forward; backward multiplies the incoming gradient by `scale` (aligned to `values`)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(scale)
+        return values.view_as(values)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None

@@ -153,7 +153,8 @@ def micro_batch_keys(config: TrainerConfig, batch: TrainBatch) -> dict[str, bool
 
 
 def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: Any) -> TensorDict:
-    """verl's no-padding TensorDict for `batch`; `extra` adds (N, R) per-token tensors, `meta` non-tensor keys."""
+    """verl's no-padding TensorDict for `batch`; `extra` adds per-row tensors ((N, R) per token or (N,) per
+    sequence), `meta` non-tensor keys."""
     tensors: dict[str, torch.Tensor | list] = {  # the type verl's get_tensordict takes
         "prompts": batch.prompts,
         "responses": batch.responses,

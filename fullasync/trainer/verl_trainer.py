@@ -151,7 +151,9 @@ class VerlTrainer:
             summed = config.loss_agg_mode == "token-sum"  # a sum: the parts' gradients simply add up
             second = await self._train_part(second_batch, _trainer_version(second_batch, trainer_version), StepPart(
                 first=False, earlier_scale=1.0 if summed else n1 / total, loss_scale=1.0 if summed else n2 / total))
-            results, parts, weights = [first, second], [batch, second_batch], [n1 / total, n2 / total]
+            # verl's loss metrics are means over its own normaliser (sequences, not episodes, in the seq-mean modes)
+            m1, m2 = (loss_normaliser(part, config.loss_agg_mode, by_episode=False) for part in (batch, second_batch))
+            results, parts, weights = [first, second], [batch, second_batch], [m1 / (m1 + m2), m2 / (m1 + m2)]
         self.step += 1
         metrics = _combine_parts(results, weights)
         metrics.update(_batch_metrics(parts), step=float(self.step), step_time_s=time.perf_counter() - started)
@@ -168,8 +170,8 @@ class VerlTrainer:
     async def _train_part(self, batch: TrainBatch, version: int, part: StepPart) -> list[RankStepResult]:
         workers = self._require_started()
         sharded = await self._shard(batch, self.config.mini_batches)
-        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, version, part)
-                    for s in self._per_rank(sharded)]
+        per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, sharded.episodes_per_mini_batch,
+                     version, part) for s in self._per_rank(sharded)]
         return self._sources(await workers.wait(workers.submit_each("train", per_rank), "train"))
 
     async def _shard(self, batch: TrainBatch, mini_batches: int) -> ShardedBatch:
@@ -308,9 +310,10 @@ MAX_METRICS = ("peak_memory_gb",)  # the highest of any rank (a group's first, u
 def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> dict[str, float]:
     """One step's metrics from its parts' rank results (one part unless the batch was taken in two).
 
-    verl's loss metrics are already reduced over ranks (rank 0's copy); a part's weight is its share of the
-    loss normaliser (token-sum has none: its parts weigh half each, so its loss reads as the parts' mean, not
-    their sum). Log-prob gaps and the correction's statistics are summed over every rank and part."""
+    verl's loss metrics are already reduced over ranks (rank 0's copy); a part's weight is its share of verl's
+    loss normaliser (tokens, or sequences in the seq-mean modes; token-sum has none: its parts weigh half each,
+    so its loss reads as the parts' mean, not their sum). Log-prob gaps and the correction's statistics are
+    summed over every rank and part."""
     per_part = [{k: v for k, v in results[0].metrics.items() if not k.startswith("logprob_gap_")} for results in parts]
     metrics: dict[str, float] = {}
     for name in {name for part in per_part for name in part}:
@@ -341,11 +344,13 @@ def _batch_metrics(parts: list[TrainBatch]) -> dict[str, float]:
     sampled_versions = torch.cat([part.versions[mask] for part, mask in zip(parts, masks, strict=True)])
     advantages = torch.cat([part.advantages[mask] for part, mask in zip(parts, masks, strict=True)])
     rewards = torch.cat([part.rewards for part in parts])
+    weights = torch.cat([part.sequence_weights for part in parts])  # each trajectory once, whatever its lineages
     return {
         "num_sequences": float(sum(part.num_sequences for part in parts)),
+        "num_episodes": float(sum(part.num_episodes for part in parts)),
         "num_trained_tokens": float(sum(part.num_trained_tokens for part in parts)),
         "max_sequence_tokens": float(max(int(part.attention_mask.sum(dim=1).max()) for part in parts)),
-        "reward_mean": float(rewards.mean()),
+        "reward_mean": float((rewards * weights).sum() / weights.sum()),
         "advantage_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
         "min_sampled_version": float(sampled_versions.min()) if sampled_versions.numel() else -1.0,
     }

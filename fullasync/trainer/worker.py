@@ -31,8 +31,8 @@ from fullasync.config import TrainerConfig
 from fullasync.infra.memory import PeakMemory
 from fullasync.infra.placement import where_am_i
 from fullasync.infra.platform import bind_to_cpus
-from fullasync.trainer.batch import TrainBatch
-from fullasync.trainer.corrections import CorrectionStats
+from fullasync.trainer.batch import TrainBatch, sequence_gradient_scales
+from fullasync.trainer.corrections import GRADIENT_SCALES, CorrectionStats
 from fullasync.trainer.lora import merged_lora_weights
 
 if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
@@ -73,9 +73,9 @@ class StepPart:
     """Where a `train` call stands in its step. A step whose batch is taken in two parts (the last groups bound
     when the trainer reaches them, `TrainingLoop._late_places`) makes one update over both: the first part zeroes
     the gradients and does not step; the second first rescales what the first accumulated and steps. With N the
-    step's loss normaliser (tokens for token-mean, sequences for the seq-mean modes) and N₁, N₂ the parts', the
-    first part's gradient (normalised by N₁) is scaled by N₁/N and the second's loss by N₂/N: the sum is the
-    gradient of the whole batch normalised by N, the same update as one call on both parts."""
+    step's loss normaliser (tokens for token-mean, episodes for the seq-mean modes: `batch.loss_normaliser`) and
+    N₁, N₂ the parts', the first part's gradient (normalised by N₁) is scaled by N₁/N and the second's loss by
+    N₂/N: the sum is the gradient of the whole batch normalised by N, the same update as one call on both parts."""
 
     first: bool = True  # zero the gradients before it
     last: bool = True  # clip, step the optimizer (and the LR scheduler) after it
@@ -190,15 +190,18 @@ class TrainerWorker:
         return self._infer(self._set_up()[0], shard)
 
     def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int],
-              trainer_version: int, part: StepPart = WHOLE_STEP) -> RankStepResult:
+              episodes_per_mini_batch: list[float], trainer_version: int,
+              part: StepPart = WHOLE_STEP) -> RankStepResult:
         """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates (with
         `part` not whole: its share of one update, which needs one epoch of one mini-batch).
 
         Block j of `shard` (rows_per_block rows) is this rank's part of mini-batch j;
         `sequences_per_mini_batch[j]` is mini-batch j's real size over all ranks (the
-        denominator of verl's sequence-mean loss modes). `trainer_version` is the weight version
-        the trainer holds (the version gaps of the correction count from it). The result holds
-        verl's metrics averaged over updates and the correction's statistics.
+        denominator of verl's sequence-mean loss modes) and `episodes_per_mini_batch[j]` its episodes
+        (what the gradient of those modes is a mean over, `batch.sequence_gradient_scales`).
+        `trainer_version` is the weight version the trainer holds (the version gaps of the
+        correction count from it). The result holds verl's metrics averaged over updates and the
+        correction's statistics.
         """
         config = self.spec.config
         policy, loss = self._set_up()
@@ -221,8 +224,8 @@ class TrainerWorker:
             rows = torch.arange(block * rows_per_block, (block + 1) * rows_per_block)
             loss.recording = update < config.mini_batches  # each sampled token counted once
             updates.append(self._update(policy, shard.select(rows), {k: v[rows] for k, v in extra.items()},
-                                        sequences_per_mini_batch[block], trainer_version,
-                                        last=update == num_updates - 1, part=part))
+                                        (sequences_per_mini_batch[block], episodes_per_mini_batch[block]),
+                                        trainer_version, last=update == num_updates - 1, part=part))
         loss.recording = False
         metrics = _mean_over_updates(updates)
         metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
@@ -355,15 +358,20 @@ class TrainerWorker:
         torch.distributed.broadcast(values, src=torch.distributed.get_global_rank(group, 0), group=group)
         return values
 
-    def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor], sequences: int,
-                trainer_version: int, last: bool, part: StepPart) -> dict[str, float]:
-        """verl's `TrainingWorker.train_batch` for one update (or its `part`): zero the gradients, forward and
-        backward over the micro-batches, clip and step, the LR scheduler after the step's last update."""
+    def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor],
+                size: tuple[int, float], trainer_version: int, last: bool, part: StepPart) -> dict[str, float]:
+        """verl's `TrainingWorker.train_batch` for one update (or its `part`) of a mini-batch of `size` (sequences,
+        episodes over all ranks): zero the gradients, forward and backward over the micro-batches, clip and
+        step, the LR scheduler after the step's last update."""
         from verl.utils import tensordict_utils as tu
 
         from fullasync.trainer.verl_setup import micro_batch_keys, to_tensordict
 
         config = self.spec.config
+        sequences, episodes = size
+        scales = sequence_gradient_scales(block, config.loss_agg_mode, sequences, episodes)
+        if scales is not None:
+            extra = {**extra, GRADIENT_SCALES: scales}
         data = to_tensordict(block, config.temperature, extra, calculate_entropy=True,
                              global_batch_size=sequences, trainer_version=trainer_version,
                              **{**_engine_keys(policy), **micro_batch_keys(config, block)})

@@ -36,16 +36,19 @@ async def run_episode(gateway, generator, row):
 
 def assert_token_exact(client, reward):
     """Every sampled token is trained exactly once, with its log-prob; a call whose prompt extends the previous
-    call's prompt + output joins its sequence (a harness that drops a reply from its history starts a new one).
-    Returns which calls extend the previous one."""
+    call's prompt + output joins its sequence (a harness that drops a reply from its history starts a new
+    lineage, unless it returns to an earlier one's context). Returns which calls extend the previous one."""
     calls = client.episode.calls
-    sequences = client.trajectory(reward).to_sequences()
+    trajectory = client.trajectory(reward)
+    sequences, lineages = trajectory.to_sequences(), trajectory.lineages()
     extends = [later.prompt_ids[: len(earlier.all_ids)] == earlier.all_ids for earlier, later in zip(calls, calls[1:])]
-    assert len(sequences) == 1 + extends.count(False)
-    assert [t for s in sequences for t, m in zip(s.token_ids, s.loss_mask) if m] == [
-        t for call in calls for t in call.output_ids]  # loss mask on sampled tokens only
-    assert [lp for s in sequences for lp, m in zip(s.logprobs, s.loss_mask) if m] == [
-        lp for call in calls for lp in call.output_logprobs]
+    assert len(sequences) == len(lineages) <= 1 + extends.count(False)
+    assert sorted(i for lineage in lineages for i in lineage) == list(range(len(calls)))
+    for sequence, lineage in zip(sequences, lineages, strict=True):
+        assert [t for t, m in zip(sequence.token_ids, sequence.loss_mask) if m] == [
+            t for i in lineage for t in calls[i].output_ids]  # loss mask on sampled tokens only
+        assert [lp for lp, m in zip(sequence.logprobs, sequence.loss_mask) if m] == [
+            lp for i in lineage for lp in calls[i].output_logprobs]
     return extends
 
 

@@ -165,7 +165,7 @@ def train_batch(behaviour, versions, mask, advantages) -> TrainBatch:
         attention_mask=torch.ones((n, 1 + width), dtype=torch.long),
         position_ids=torch.arange(1 + width).repeat(n, 1), response_mask=mask.long(),
         advantages=advantages * mask, behaviour_logprobs=behaviour * mask, versions=versions,
-        rewards=torch.zeros(n), group_index=torch.zeros(n, dtype=torch.long),
+        rewards=torch.zeros(n), sequence_weights=torch.ones(n), group_index=torch.zeros(n, dtype=torch.long),
         trajectory_index=torch.arange(n), row_index=torch.arange(n),
     )
 

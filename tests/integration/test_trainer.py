@@ -238,3 +238,35 @@ async def test_a_batch_taken_in_two_parts_makes_the_same_update_as_taken_whole(r
             torch.testing.assert_close(parts_weights[name], whole_weights[name], rtol=0, atol=config.lr / 100)
     finally:
         await trainer.shutdown()
+
+
+@pytest.mark.parametrize("micro_batches", [{"micro_batch_size": 1}, {"max_tokens_per_micro_batch": 16}])
+async def test_an_episode_of_three_lineages_makes_the_update_of_one_in_a_seq_mean_loss(ray_cluster, tiny_model_path,
+                                                                                      tmp_path, micro_batches):
+    """The same sequence three times in one episode (three lineages; one micro-batch each, or two 7-token
+    sequences a micro-batch by tokens) weighs as that sequence once: in seq-mean-token-mean both batches'
+    objectives are the mean over their two episodes, so the worker's update (policy loss, entropy bonus and KL)
+    must be the same."""
+    config = TrainerConfig(lr=1e-2, worker_num_cpus=0.25, worker_threads=1, loss_agg_mode="seq-mean-token-mean",
+                           entropy_coeff=0.01, kl_coef=0.05, call_timeout_s=120, **micro_batches)
+    trainer = VerlTrainer(tiny_model_path, config)
+    await trainer.start()
+    try:
+        lineage = model_call(None, PROMPTS[0], RESPONSES[0])
+        failed = Trajectory((model_call(None, PROMPTS[0], RESPONSES[1]),), reward=0.0)
+        batches = [trainer.build_batch([TrajectoryGroup("row", (Trajectory(calls, reward=1.0), failed))])
+                   for calls in ((lineage,) * 3, (lineage,))]
+        await trainer.save_state(str(tmp_path / "start"))
+        three = await trainer.train_step(batches[0], trainer_version=0)
+        three_weights = await (await trainer.export_weights())
+        await trainer.load_state(str(tmp_path / "start"))
+        one = await trainer.train_step(batches[1], trainer_version=0)
+        one_weights = await (await trainer.export_weights())
+        assert (three["num_sequences"], one["num_sequences"]) == (4, 2)
+        assert three["num_episodes"] == pytest.approx(one["num_episodes"]) == pytest.approx(2.0)
+        assert three["reward_mean"] == pytest.approx(one["reward_mean"]) == pytest.approx(0.5)
+        assert three["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)  # weighed per sequence, it is not
+        for name in one_weights:  # Adam's first step: elements with |g| near its eps differ by rounding only
+            torch.testing.assert_close(three_weights[name], one_weights[name], rtol=0, atol=config.lr / 100)
+    finally:
+        await trainer.shutdown()

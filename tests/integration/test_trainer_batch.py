@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from fullasync.config import LoraConfig, TrainerConfig
-from fullasync.trainer.batch import PADDING_ROW, build_batch, shard_batch
+from fullasync.trainer.batch import (
+    PADDING_ROW,
+    build_batch,
+    loss_normaliser,
+    sequence_gradient_scales,
+    shard_batch,
+)
 from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 ADV = 1 / math.sqrt(2)  # grpo advantage of a two-sample group with distinct rewards (std with Bessel)
@@ -77,6 +83,82 @@ def test_multi_sequence_trajectory_is_one_sample_of_its_group():
     assert torch.allclose(batch.advantages[0, :2], torch.tensor([ADV, ADV]), atol=1e-5)
     assert torch.allclose(batch.advantages[1, :1], torch.tensor([ADV]), atol=1e-5)
     assert torch.allclose(batch.advantages[2, :1], torch.tensor([-ADV]), atol=1e-5)
+
+
+def test_each_sequence_of_an_episode_weighs_one_over_its_lineages():
+    parent, sub_agent = call([1, 2], [3, 4]), call([50], [51])
+    three = trajectory(parent, sub_agent, call([1, 2, 3, 4, 9], [5]), call([1, 8], [6]), reward=1.0)  # 3 lineages
+    one = trajectory(call([1, 2], [7]), reward=0.0)
+    batch = build_batch([TrajectoryGroup("g", (three, one))])
+    assert batch.trajectory_index.tolist() == [0, 0, 0, 1]
+    assert torch.allclose(batch.sequence_weights, torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.0]))
+    assert batch.num_episodes == pytest.approx(2.0)
+    assert loss_normaliser(batch, "seq-mean-token-mean") == pytest.approx(2.0)  # episodes, not sequences
+    assert loss_normaliser(batch, "seq-mean-token-sum", by_episode=False) == 4.0
+    assert loss_normaliser(batch, "token-mean") == 6.0  # token modes stay token-weighted
+    sharded = shard_batch(batch, num_workers=1, mini_batches=2, micro_batch_size=1)
+    assert sharded.sequences_per_mini_batch == [2, 2]
+    assert sharded.episodes_per_mini_batch == pytest.approx([2 / 3, 4 / 3])  # the split episode, in parts
+    single = build_batch([TrajectoryGroup("g", (one, trajectory(call([1, 2], [5]), reward=1.0)))])
+    assert single.sequence_weights.tolist() == [1.0, 1.0]
+    assert sequence_gradient_scales(single, "seq-mean-token-mean", 2, single.num_episodes) is None  # nothing to do
+    assert sequence_gradient_scales(batch, "token-mean", 4, 2.0) is None
+
+
+def loss_and_row_gradients(config: TrainerConfig, batch, scaled: bool = True):
+    """The policy loss of `batch` as one mini-batch through the trainer's path (`sequence_gradient_scales` →
+    `to_tensordict` → `CorrectedPolicyLoss` → verl's `ppo_loss`, entropy bonus and KL included), and the gradient
+    it sends into each row's log-probs and entropy. Every row is given the same log-probs, off the behaviour."""
+    from fullasync.trainer.corrections import GRADIENT_SCALES
+    from fullasync.trainer.verl_setup import policy_loss_fn, to_tensordict
+
+    behaviour = batch.behaviour_logprobs
+    extra = {"old_log_probs": behaviour, "ref_log_prob": behaviour - 0.1}
+    scales = sequence_gradient_scales(batch, config.loss_agg_mode, batch.num_sequences, batch.num_episodes)
+    if scaled and scales is not None:
+        extra[GRADIENT_SCALES] = scales
+    data = to_tensordict(batch, config.temperature, extra, dp_size=1, batch_num_tokens=batch.num_trained_tokens,
+                         global_batch_size=batch.num_sequences, trainer_version=0)
+    offsets = data["input_ids"].offsets()
+    lengths = offsets.diff().tolist()
+    log_probs = torch.cat([-1.0 + 0.05 * torch.arange(n) for n in lengths]).requires_grad_()
+    entropy = torch.cat([0.5 + 0.1 * torch.arange(n) for n in lengths]).requires_grad_()
+    model_output = {"log_probs": torch.nested.nested_tensor_from_jagged(log_probs, offsets),
+                    "entropy": torch.nested.nested_tensor_from_jagged(entropy, offsets)}
+    loss, _ = policy_loss_fn(config)(model_output=model_output, data=data)
+    loss.backward()
+    rows = [(log_probs.grad[int(a): int(b)], entropy.grad[int(a): int(b)]) for a, b in zip(offsets, offsets[1:])]
+    return loss.detach(), rows
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                           "token-mean"])
+def test_an_episode_of_three_lineages_weighs_as_one_of_one_lineage_in_the_seq_mean_losses(loss_agg_mode):
+    """Three lineages of the same tokens (three samples of one prompt in one episode) against one: the same
+    advantage, the same tokens and log-probs, so each sequence's unweighted gradient is the same."""
+    lineage = call([1, 2, 3], [4, 5, 6], logprob=-1.0)
+    three = trajectory(lineage, lineage, lineage, reward=1.0)
+    one = trajectory(lineage, reward=1.0)
+    failed = trajectory(call([1, 2, 3], [7, 8], logprob=-1.0), reward=0.0)
+    batch = build_batch([TrajectoryGroup("g", (three, one, failed))])
+    assert batch.trajectory_index.tolist() == [0, 0, 0, 1, 2]
+    config = TrainerConfig(loss_agg_mode=loss_agg_mode, entropy_coeff=0.01, kl_coef=0.1)
+    config.validate()
+    loss, rows = loss_and_row_gradients(config, batch)
+    plain_loss, plain_rows = loss_and_row_gradients(config, batch, scaled=False)
+    assert torch.equal(loss, plain_loss)  # verl's loss reads as before: the mean over sequences
+    share = 1 / 3 if loss_agg_mode.startswith("seq-mean") else 1.0  # token-mean: each token weighs the same
+    for part in (0, 1):  # log-probs (policy loss, KL), entropy
+        single = rows[3][part]
+        assert single.abs().sum() > 0
+        for row in range(3):
+            torch.testing.assert_close(rows[row][part], share * single, rtol=1e-5, atol=1e-8)
+        episode = sum(rows[row][part] for row in range(3))
+        torch.testing.assert_close(episode, 3 * share * single, rtol=1e-5, atol=1e-8)
+        if loss_agg_mode.startswith("seq-mean"):  # exactly the gradient of Σ w L / episodes (5 sequences, 3 episodes)
+            for row, weight in enumerate(batch.sequence_weights.tolist()):
+                torch.testing.assert_close(rows[row][part], plain_rows[row][part] * weight * 5 / 3, rtol=1e-5,
+                                           atol=1e-8)
 
 
 def test_groups_with_the_same_row_id_stay_separate_groups():
