@@ -21,7 +21,7 @@ INSTALL_LOCK = $(PIP) install --quiet --no-deps -r $(LOCK)
 endif
 STAMP := $(VENV)/.fullasync-installed-$(DEVICE)
 
-.PHONY: setup setup-terminus setup-containers setup-browser run demo test test-unit test-all test-slow clean-venv
+.PHONY: setup setup-terminus setup-containers setup-browser setup-coding-agents run demo test test-unit test-all test-slow clean-venv
 
 setup: $(STAMP)
 
@@ -62,6 +62,28 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 # Needs root (apt); idempotent: about a minute the first time, about a second after (containers/setup.sh).
 setup-containers:
 	containers/setup.sh
+
+# The coding-agent CLIs the adapters run (fullasync_agents.claude_code, fullasync_agents.codex): Claude Code and the
+# Codex CLI from npm, the versions locked in requirements/coding-agents/ (package.json + package-lock.json), installed
+# with Debian's Node (NPM=/usr/bin/npm; Node >= 20) into .coding-agents/ (git-ignored): .coding-agents/node_modules/
+# .bin/claude and .../codex. Each ships its native binary as a platform package the lock names (linux x64 and
+# others); `npm ci` installs exactly the lock. About 760 MB; ~20 s the first time, nothing after (the stamp).
+NPM ?= /usr/bin/npm
+CODING_AGENTS := .coding-agents
+CODING_AGENTS_LOCK := requirements/coding-agents
+CODING_AGENTS_STAMP := $(CODING_AGENTS)/.fullasync-installed
+
+.PHONY: setup-coding-agents
+setup-coding-agents: $(CODING_AGENTS_STAMP)
+
+$(CODING_AGENTS_STAMP): $(CODING_AGENTS_LOCK)/package.json $(CODING_AGENTS_LOCK)/package-lock.json
+	@test -x "$(NPM)" || { echo "setup-coding-agents: no npm at $(NPM) (apt-get install npm, or pass NPM=...)"; exit 1; }
+	mkdir -p $(CODING_AGENTS)
+	cp $(CODING_AGENTS_LOCK)/package.json $(CODING_AGENTS_LOCK)/package-lock.json $(CODING_AGENTS)/
+	$(NPM) ci --prefix $(CODING_AGENTS) --no-audit --no-fund --loglevel=error --engine-strict=false
+	$(CODING_AGENTS)/node_modules/.bin/claude --version
+	$(CODING_AGENTS)/node_modules/.bin/codex --version
+	touch $(CODING_AGENTS_STAMP)
 
 # A headless browser for the test that renders `fullasync report`'s rollout pages: Debian's chromium-headless-shell
 # (apt, needs root, as setup-containers; ~30 s the first time). Nothing else of the project uses it.
@@ -119,10 +141,10 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus setup-containers setup-browser
+test: setup setup-terminus setup-containers setup-browser setup-coding-agents
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus setup-containers setup-browser
+test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.

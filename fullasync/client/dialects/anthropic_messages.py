@@ -6,6 +6,7 @@ Owns: `MessagesEndpoint.create(**fields)` (what `anthropic.AsyncAnthropic().mess
 chat tools, and the recorded chat answer back into a `Message` or its event stream (`message_start` …
 `message_stop`).
 
+A `system` message among `messages` (Claude Code sends its environment so) is a system message there.
 Blocks and their chat messages: `text` (user or assistant text), `tool_use` (an assistant turn's tool calls),
 `tool_result` (a tool message; its text), `thinking` (the assistant turn's reasoning: its `signature`, a handle this
 gateway issued, gives back the exact thinking text; else its `thinking` text), `redacted_thinking` (dropped: it holds
@@ -121,9 +122,12 @@ def _messages(client: RolloutClient, body: Mapping[str, object]) -> list[Fields]
         where = f"messages[{index}]"
         message = require(message, dict, where, "an object")
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise InvalidRequestError(f"{where}.role must be user or assistant, got {role!r}", param="messages")
-        if isinstance(content, str):
+        if role not in ("user", "assistant", "system"):
+            raise InvalidRequestError(f"{where}.role must be user or assistant (or system, as Claude Code sends its "
+                                      f"environment), got {role!r}", param="messages")
+        if role == "system":
+            messages.append({"role": "system", "content": _text(content, f"{where}.content")})
+        elif isinstance(content, str):
             messages.append({"role": role, "content": content})
         elif role == "assistant":
             blocks = require(content, list, f"{where}.content", "a string or a list")

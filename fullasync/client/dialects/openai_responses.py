@@ -15,8 +15,8 @@ one string parameter `input`.
 Ignored (accepted, warned once, no effect): `store: false`, `include` (but `reasoning.encrypted_content` is always
 served with reasoning), `prompt_cache_key`, `metadata`, `user`, `safety_identifier`, `service_tier`, `truncation`,
 `reasoning` (the chat template decides whether the policy thinks), `max_tool_calls`, `top_logprobs`,
-`stream_options`, and server-side tools (`web_search`, `file_search`, `code_interpreter`, `image_generation`,
-`mcp`, `tool_search`: never called). Refused with a 400 naming the field: server-side state
+`stream_options`, `client_metadata`, and server-side tools (`web_search`, `file_search`, `code_interpreter`,
+`image_generation`, `mcp`, `tool_search`: never called). Refused with a 400 naming the field: server-side state
 (`previous_response_id`, `conversation`, `store: true`: send the whole history, as Codex does), `background`,
 `prompt`, non-text input parts. vLLM's sampling extras (`ignore_eos`, `min_p`, `seed`) pass through.
 Does not own: generation, recording, validation of the chat request (the chat path), HTTP (the gateway).
@@ -63,7 +63,7 @@ API = "POST /v1/responses"
 USED = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
         "parallel_tool_calls", "stream", "text", "store", *VLLM_EXTRAS)
 IGNORED = ("include", "prompt_cache_key", "metadata", "user", "safety_identifier", "service_tier", "truncation",
-           "reasoning", "max_tool_calls", "top_logprobs", "stream_options", "prompt_cache_retention")
+           "reasoning", "max_tool_calls", "top_logprobs", "stream_options", "prompt_cache_retention", "client_metadata")
 STATELESS = "this gateway keeps no responses: send the whole conversation in `input` (with `store: false`)"
 REFUSED = {"previous_response_id": STATELESS, "conversation": STATELESS,
            "background": "background responses are not served; send the request without it",

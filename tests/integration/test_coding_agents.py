@@ -1,0 +1,78 @@
+"""Claude Code 2.1.328 and Codex CLI 0.169, unchanged (`make setup-coding-agents`), through the gateway's Anthropic
+Messages and Responses routes: each runs an episode of several model calls in which the CLI itself executes the tool
+call the policy wrote (a shell command that writes a file), and every answer it received is recorded token-exactly
+as one training sequence, nothing it did not receive. The engine is the edge fake that samples what the test
+scripted (the tool call in the template's format, then a final answer): the prompts the CLIs send (~4-7k tokens with
+the adapters' tool sets) cost nothing to prefill there; the gateway, the client and the CLIs are real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scripted_engine import ScriptedEngine, assert_one_exact_sequence, script_texts
+
+from fullasync.client import ClientConfig, RolloutService
+from fullasync.gateway import Gateway
+from fullasync.models import build_pretrained_model, load_tokenizer, with_chat_template
+from fullasync_agents.claude_code import ClaudeCodeConfig, run_claude_code
+from fullasync_agents.codex import CodexConfig, run_codex
+from fullasync_agents.coding_agents import CodingAgentEpisode, installed_binary
+
+ANSWER = "Done: out.txt holds hello."
+PROMPT = "Write the word hello into the file out.txt, then say that you are done."
+
+
+def call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(with_chat_template(build_pretrained_model("smollm2-135m-instruct"), "chatml-tools"))
+
+
+@pytest.fixture
+async def gateway(tokenizer):
+    engine = ScriptedEngine()
+    service = RolloutService([engine], tokenizer, ClientConfig(model_name="policy", max_model_len=32768))
+    gateway = Gateway(service, untrained_models=("policy-background",))
+    await gateway.start()
+    gateway.engine = engine
+    yield gateway
+    await gateway.stop()
+
+
+def installed(binary: str) -> None:
+    if not installed_binary(binary).exists():
+        pytest.fail(f"{binary} is not installed: run `make setup-coding-agents` (make test does)")
+
+
+@pytest.mark.parametrize("cli", ["claude_code", "codex"])
+async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_recorded(gateway, tokenizer, cli,
+                                                                                        tmp_path: Path):
+    engine = gateway.engine
+    if cli == "claude_code":
+        installed("node_modules/.bin/claude")
+        script_texts(engine, tokenizer, call("Bash", {"command": "printf hello > out.txt",
+                                                     "description": "write the file"}), ANSWER)
+    else:
+        installed("node_modules/.bin/codex")
+        script_texts(engine, tokenizer, call("exec_command", {"cmd": "printf hello > out.txt"}), ANSWER)
+    episode = gateway.open_episode()
+    where = CodingAgentEpisode(episode.base_url, episode.api_key, str(tmp_path), PROMPT)
+    if cli == "claude_code":
+        run = await run_claude_code(ClaudeCodeConfig(max_turns=4, max_output_tokens=256, time_limit_s=120,
+                                                     background_model="policy-background"), where)
+        assert run.status == "success", run.stderr
+    else:
+        run = await run_codex(CodexConfig(time_limit_s=120), where)
+        assert run.status == "turn.completed", run.stderr
+    assert run.returncode == 0 and not run.timed_out
+    assert (tmp_path / "out.txt").read_text() == "hello"  # the CLI ran the policy's command itself
+    assert ANSWER in json.dumps(run.transcript)
+    gateway.close_episode(episode)
+    assert engine.script == [] and gateway.answered[404] == 0 and not any(s >= 500 for s in gateway.answered)
+    assert gateway.answered[200] == 2 + gateway.untrained_calls  # every policy answer it received, recorded
+    assert_one_exact_sequence(episode.client, calls=2)
