@@ -5,7 +5,8 @@ the oldest version of its tokens, why its last call failed, and the calls held b
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -42,26 +43,25 @@ class Episode:
 
     def went_on(self, prompt_ids: Sequence[int]) -> None:
         """A request's prompt (answered or not: one past the context still shows what the harness had): the recent
-        calls it goes on from — their prompt and completion start it — were received."""
+        calls it goes on from (`goes_on_from`) were received."""
         prompt = tuple(prompt_ids)
         for call in self.calls[-RECENT_CALLS:]:
-            if id(call) not in self.went_on_from and prompt[:len(call.all_ids)] == call.all_ids:
+            if id(call) not in self.went_on_from and goes_on_from(prompt, call, self.calls):
                 self.went_on_from[id(call)] = call
                 self.doubtful.pop(id(call), None)
 
     def settled_calls(self) -> list[ModelCall]:
         """The calls to train: all, but a doubtful one that a later call asks again (the same prompt) and that no
-        later call or request extends (its prompt and completion the start of a later prompt, `went_on`) — its
-        harness asked again instead of going on from it, so it did not use it (and may never have received it)."""
+        later call or request goes on from (`goes_on_from`, `went_on`) — its harness asked again instead of going on
+        from it, so it did not use it (and may never have received it)."""
         if not self.doubtful:
             return list(self.calls)
         kept = []
         for index, call in enumerate(self.calls):
             if id(call) in self.doubtful:
-                later = self.calls[index + 1:]
-                went_on = call.prompt_ids + call.output_ids
-                if any(c.prompt_ids == call.prompt_ids for c in later) and not any(
-                        c.prompt_ids[:len(went_on)] == went_on for c in later):
+                later = range(index + 1, len(self.calls))
+                if any(self.calls[j].prompt_ids == call.prompt_ids for j in later) and not any(
+                        goes_on_from(self.calls[j].prompt_ids, call, itertools.islice(self.calls, j)) for j in later):
                     continue
             kept.append(call)
         return kept
@@ -77,6 +77,33 @@ class Episode:
         if versions:
             oldest = min(versions)
             self.oldest_version = oldest if self.oldest_version is None else min(oldest, self.oldest_version)
+
+
+def goes_on_from(prompt_ids: tuple[int, ...], call: ModelCall, known: Iterable[ModelCall]) -> bool:
+    """Whether a prompt goes on from `call`'s answer: it continues the call's prompt, and what follows there is that
+    answer, token for token (the client extended the turn it returned), or as the harness sent it back rewritten (cut
+    at its stop word, stripped, re-serialised; the client then renders it afresh): it starts with more of this
+    answer's tokens than with those of any other known answer to the same prompt (`known`: the calls recorded so
+    far). A prompt equal to the call's asks it again; one that starts otherwise (an edited answer, a tie) shows
+    nothing."""
+    start = len(call.prompt_ids)
+    if len(prompt_ids) <= start or prompt_ids[:start] != call.prompt_ids:
+        return False
+    following = prompt_ids[start:]
+    shared = _shared_prefix(following, call.output_ids)
+    if shared == len(call.output_ids):
+        return True
+    return shared > 0 and all(_shared_prefix(following, other.output_ids) < shared for other in known
+                              if other is not call and len(other.prompt_ids) == start
+                              and other.prompt_ids == call.prompt_ids)
+
+
+def _shared_prefix(ids: Sequence[int], other: Sequence[int]) -> int:
+    """How many leading ids the two share."""
+    for index, (a, b) in enumerate(zip(ids, other, strict=False)):
+        if a != b:
+            return index
+    return min(len(ids), len(other))
 
 
 class HeldCalls:

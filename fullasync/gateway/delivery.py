@@ -5,14 +5,16 @@ in a task of its own and shared with the retries of its request (the same body b
 gone, or the same `Idempotency-Key` header); `Deliveries`, each episode's productions.
 
 The rules (DESIGN.md, "What is recorded"):
-- The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body, or a
-  stream's last chunk, was written to a connection still open. Only then it joins the episode's trajectory (and
-  the turns a later request may extend). Should that connection then end in a reset before its next request, its
-  client never read the answer (`fullasync.gateway.http.Connection`): the record leaves the episode again, counted
-  as an unread call, and an identical request is its retry, to join it. Should it close cleanly at once instead
-  (within `DOUBT_WINDOW_S`), the answer may have been read or thrown away unread (HTTP cannot tell): the call is
-  doubtful, and is not trained when the harness then asks the same prompt again without going on from it
-  (`Episode.settled_calls`).
+- The call's record is held (`RolloutClient.hold`) until a harness received the response: the JSON body, or the
+  stream's chunk that makes the answer whole (its finish; `Answer.whole_at`), was written to a connection still
+  open. Only then it joins the episode's trajectory (and the turns a later request may extend). Should that
+  connection then end in a reset before its next request, right after a JSON body, its client never read the
+  answer (`fullasync.gateway.http.Connection`): the record leaves the episode again, counted as an unread call, and
+  an identical request is its retry, to join it. Should it close cleanly at once instead (within `DOUBT_WINDOW_S`),
+  or a stream's connection end in a reset (its client may have read the answer and closed with what follows it
+  unread: the usage chunk, `[DONE]`, the end of the chunked body — the sync openai SDK stops at `[DONE]`), the
+  answer may have been read or thrown away unread (HTTP cannot tell): the call is doubtful, and is not trained when
+  the harness then asks the same prompt again without going on from it (`Episode.settled_calls`).
 - The openai SDK's retries say so (`x-stainless-retry-count` >= 1): its try before got no answer it returned. When
   that try's answer was written and its connection then closed before another request on it (the SDK's timer
   fired as the answer came in: read off the socket, thrown away), the retry is handed that same answer — one
@@ -60,6 +62,9 @@ class Answer:
     chunks: list[bytes] = field(default_factory=list)
     finished: bool = False
     delivered: bool = False
+    # how many of the chunks hold the whole answer: up to the first one produced after its calls were recorded (a
+    # JSON body; a stream's chunk with the finish, all it says before coming after it); None while unknown
+    whole_at: int | None = None
 
 
 class Production:
@@ -78,6 +83,7 @@ class Production:
         self.held: HeldCalls | None = None
         self._written_to: Connection | None = None  # the connection its answer was written to last
         self._written_at = 0.0  # when (the event loop's clock)
+        self._trailing = False  # more followed the answer on that connection (a stream's last events)
         self._client = client
         self._changed = asyncio.Event()
         self._on_idle = on_idle
@@ -109,6 +115,8 @@ class Production:
         if status is not None:
             self.answer.status = status
         self.answer.chunks.append(chunk)
+        if self.answer.whole_at is None and self.held is not None and self.held.calls:
+            self.answer.whole_at = len(self.answer.chunks)
         self._notify()
 
     def _notify(self) -> None:
@@ -119,17 +127,20 @@ class Production:
         """Until the answer changes (awaited directly: the event is read before anything else runs)."""
         await self._changed.wait()
 
-    def delivered(self, connection: Connection | None) -> None:
+    def delivered(self, connection: Connection | None, trailing: bool = False) -> None:
         """The whole answer was written to `connection` (None: a connection nobody tracks, taken as open): when it
         is still open, its record joins the episode, and leaves again should the connection end in a reset before
-        its next request (the answer was not read)."""
+        its next request (the answer was not read) — unless `trailing`: more follows the answer on the connection
+        (a stream's last events, the end of its chunked body), which a client that read the answer may leave unread
+        as it closes, so that a reset then leaves the answer in doubt, as a clean close does."""
         if connection is not None and not connection.open:
             return  # the server drops what is written to a closed connection
         self.answer.delivered = True
-        if self.answer.finished and self.held is not None:
+        if (self.answer.finished or self.answer.whole_at is not None) and self.held is not None:
             self.held.commit()
             self.held.doubt(False)  # its connection decides again
         self.unread = self.closed_unsettled = False
+        self._trailing = trailing
         self._written_to, self._written_at = connection, asyncio.get_running_loop().time()
         if connection is not None:
             connection.watch(partial(self._connection_ended, connection))
@@ -138,15 +149,17 @@ class Production:
             self._on_idle(self)
 
     def _connection_ended(self, connection: Connection, reset: bool) -> None:
-        """The connection it was written to ended before another request: unread when reset, doubtful when closed
-        (`Episode.settled_calls`). Only the connection it was written to last decides (a retry's, if one took it)."""
+        """The connection it was written to ended before another request: unread when reset right after the answer,
+        doubtful when closed, or reset with more after the answer (`Episode.settled_calls`). Only the connection it
+        was written to last decides (a retry's, if one took it)."""
         if connection is not self._written_to:
             return
         self.closed_unsettled = True
+        unread = reset and not self._trailing
         soon = asyncio.get_running_loop().time() - self._written_at <= DOUBT_WINDOW_S
-        if self.held is not None and self.answer.delivered and not reset and soon:
+        if self.held is not None and self.answer.delivered and not unread and soon:
             self.held.doubt(True)
-        if reset and self.answer.delivered:
+        if unread and self.answer.delivered:
             self.answer.delivered, self.unread = False, True
             if self.held is not None:
                 self.held.retract()
@@ -190,19 +203,26 @@ class Production:
             self.unsubscribe()
 
     async def stream(self, connection: Connection | None) -> AsyncIterator[bytes]:
-        """Every chunk, from the first, as produced; delivered once the consumer took the last one (it asks for
-        the next chunk only after writing the previous one to `connection`)."""
+        """Every chunk, from the first, as produced; delivered once the consumer took the chunk that makes the
+        answer whole (`Answer.whole_at`; it asks for the next chunk only after writing the previous one to
+        `connection`), not only after the last: a harness may hang up once it has the finish, before the usage
+        chunk and `[DONE]`. One that never becomes whole (failed in the stream) is delivered at its end."""
         self.subscribe()
         sent = 0
+        handed = False
         try:
             while True:
                 while sent < len(self.answer.chunks):
                     yield self.answer.chunks[sent]
                     sent += 1
+                    if sent == self.answer.whole_at:
+                        handed = True
+                        self.delivered(connection, trailing=True)
                 if self.answer.finished:
                     break
                 await self.changed()
-            self.delivered(connection)
+            if not handed:
+                self.delivered(connection, trailing=True)
         finally:
             self.unsubscribe()
 

@@ -11,7 +11,9 @@ and how it ended. An answer written to a connection that then ends in a reset be
 by its client: TCP resets a connection closed with bytes unread in it, or that bytes reach after it closed — the
 openai SDK giving up on a request at its timeout just as the answer arrives. A client that read the answer and then
 closed ends it cleanly. (Measured with httpx and a 50 ms timeout racing the answer: 300 requests, each of the 64
-written but not returned ended in a reset, each of the 125 returned ended cleanly.)
+written but not returned ended in a reset, each of the 125 returned ended cleanly.) That holds for what was written
+last: a client that reads a stream up to the answer's end and closes with the bytes after it unread (the sync openai
+SDK stops at `[DONE]`, before the end of the chunked body) resets the connection too.
 """
 
 from __future__ import annotations

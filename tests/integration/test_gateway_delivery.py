@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
 import openai
 import psutil
 import pytest
+from agents_common import literal
 from openai import AsyncOpenAI
 
 from fullasync.contracts.engine import PauseMode
@@ -202,7 +204,10 @@ async def test_a_request_running_when_its_episode_ends_is_stopped_and_answered_t
 async def test_an_answer_left_unread_in_a_reset_connection_leaves_the_record_one_read_stays(gateway, stream):
     """The openai SDK timing out just as its answer arrives closes the connection with the answer unread: TCP resets
     it, and the call, recorded when its answer was written, leaves the episode (counted as unread). A client that
-    read the answer and closed keeps it recorded. Made to happen: the client stops reading before it asks."""
+    read the answer and closed keeps it recorded. Made to happen: the client stops reading before it asks. A stream
+    reset so is only in doubt: a client that read its answer resets it too when it closes with the stream's last
+    events unread (the sync openai SDK stops at `[DONE]`); it is left out when its harness asks again instead of
+    going on from it (`test_a_stream_hung_up_on_right_after_its_finish_...`)."""
     episode = gateway.open_episode()
     unread = gateway.deliveries.unread_calls
     url = httpx.URL(episode.base_url)
@@ -234,8 +239,13 @@ async def test_an_answer_left_unread_in_a_reset_connection_leaves_the_record_one
     await ask(read=True)
     assert len(episode.client.episode.calls) == 1 and gateway.deliveries.unread_calls == unread
     await ask(read=False)
-    assert len(episode.client.episode.calls) == 1 and gateway.deliveries.unread_calls == unread + 1
-    assert gateway.stats()["gateway/unread_calls"] == unread + 1
+    if stream:
+        doubted = episode.client.episode.calls[-1]
+        assert len(episode.client.episode.calls) == 2 and gateway.deliveries.unread_calls == unread
+        assert id(doubted) in episode.client.episode.doubtful
+    else:
+        assert len(episode.client.episode.calls) == 1 and gateway.deliveries.unread_calls == unread + 1
+        assert gateway.stats()["gateway/unread_calls"] == unread + 1
     gateway.close_episode(episode)
 
 
@@ -295,4 +305,71 @@ async def test_a_stream_hung_up_on_then_asked_again_is_not_trained_and_one_gone_
     assert hung_up.prompt_ids == asked_again.prompt_ids
     assert went_on.prompt_ids[:len(asked_again.all_ids)] == asked_again.all_ids  # token-exact continuation
     assert list(episode.client.trajectory(1.0).calls) == [asked_again, went_on]
+    gateway.close_episode(episode)
+
+
+async def test_a_stream_hung_up_on_right_after_its_finish_is_recorded_when_the_next_request_carries_it(gateway):
+    """smolagents' streaming agent (the sync openai SDK) reads up to `[DONE]` and closes the connection, the end of the
+    chunked body unread; a harness may hang up right after the chunk with `finish_reason`, before the usage chunk and
+    `[DONE]`. Either close may come as a reset. The harness read the answer and acted on it: its next request carries
+    that turn (trimmed at its stop word, as smolagents sends it back), so the call is recorded and trained. One
+    whose harness asks the same prompt again instead, and never goes on from it, is still left out."""
+    episode = gateway.open_episode()
+    url = httpx.URL(f"{episode.base_url}/chat/completions")
+    stop = ["Observation:", "Calling tools:"]
+    forced = "I will look it up. Observation: none"  # the policy's text, cut by the engine at the stop word
+    task = [{"role": "user", "content": "Find the answer."}]
+
+    def unread(sock: socket.socket) -> bytes:
+        try:
+            return sock.recv(1 << 16, socket.MSG_PEEK)
+        except BlockingIOError:
+            return b""
+
+    async def hang_up_after_finish(messages: list) -> str:
+        """Read the stream byte by byte up to the end of the event with `finish_reason`, and close with the rest
+        (the usage chunk, `[DONE]`, the end of the chunked body) arrived but unread: TCP resets the connection."""
+        body = json.dumps({"model": "policy", "messages": messages, "max_tokens": 40, "stream": True, "stop": stop,
+                           "stream_options": {"include_usage": True},
+                           "structured_outputs": {"regex": literal(forced)}}).encode()
+        loop = asyncio.get_running_loop()
+        with socket.create_connection((url.host, url.port)) as sock:
+            sock.setblocking(False)
+            await loop.sock_sendall(sock, (
+                f"POST {url.path} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            read = b""
+            async with asyncio.timeout(IDLE_DEADLINE_S):
+                while b'"finish_reason":"' not in read or not read.endswith(b"\n\n"):
+                    read += await loop.sock_recv(sock, 1)
+                while not unread(sock).endswith(b"0\r\n\r\n"):
+                    await asyncio.sleep(0.01)  # until the rest is in, unread
+        await closed_on_the_gateway(url.port)
+        events = [json.loads(line[len("data: "):]) for line in read.decode().splitlines() if line.startswith("data: {")]
+        return "".join(event["choices"][0]["delta"].get("content") or "" for event in events)
+
+    async def ask(messages: list) -> str:
+        async with httpx.AsyncClient(timeout=120) as http:
+            response = await http.post(url, json={"model": "policy", "messages": messages, "max_tokens": 4,
+                                                  "stop": stop})
+        await closed_on_the_gateway(url.port)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["message"]["content"]
+
+    read = await hang_up_after_finish(task)
+    assert read == "I will look it up. "  # cut before the stop word by the engine
+    (hung_up,) = episode.client.episode.calls  # recorded once its finish was written, not only after [DONE]
+    trimmed = {"role": "assistant", "content": read.strip()}  # smolagents strips what it sends back
+    await ask([*task, trimmed, {"role": "user", "content": "Observation:\nnone"}])
+    assert list(episode.client.trajectory(1.0).calls)[0] is hung_up  # the turn the harness acted on is trained
+
+    again = [{"role": "user", "content": "Find another answer."}]
+    await hang_up_after_finish(again)  # hung up on, then the same prompt again: the harness did not use it
+    ignored = episode.client.episode.calls[-1]
+    answer = await ask(again)
+    went_on_from = episode.client.episode.calls[-1]
+    await ask([*again, {"role": "assistant", "content": answer}, {"role": "user", "content": "More."}])
+    trained = list(episode.client.trajectory(1.0).calls)
+    assert ignored.prompt_ids == went_on_from.prompt_ids and ignored not in trained and went_on_from in trained
+    assert hung_up in trained
     gateway.close_episode(episode)

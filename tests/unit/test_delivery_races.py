@@ -146,3 +146,49 @@ def test_a_clean_close_right_after_the_answer_leaves_it_in_doubt_one_long_after_
     late = run_virtual(lambda: main(DOUBT_WINDOW_S + 5))
     assert soon.calls == [made] and id(made) in soon.doubtful
     assert late.calls == [made] and not late.doubtful
+
+
+def test_a_stream_is_delivered_with_its_finish_and_a_reset_after_it_leaves_it_in_doubt_not_unread():
+    """A harness may hang up once it has the chunk with the finish (smolagents' SDK at `[DONE]`, before the end of
+    the chunked body): what follows stays unread, and TCP resets the connection. The answer was read, so the call is
+    recorded when its finish was written, and the reset leaves it doubtful (`Episode.settled_calls`), not unread;
+    a JSON answer has nothing after it, and a reset there still means it was not read."""
+    from fullasync.gateway.http import Connection
+    from fullasync.types import FinishReason, ModelCall
+
+    made = ModelCall(prompt_ids=(1,), output_ids=(2,), output_logprobs=(-1.0,), output_versions=(0,),
+                     finish_reason=FinishReason.STOP)
+
+    async def main():
+        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(), ClientConfig(model_name="policy"))
+        client = service.client("e")
+        deliveries = Deliveries()
+        rest = asyncio.Event()
+
+        async def produce(production) -> None:
+            production.add(b"data: {role}\n\n")
+            production.add(b"data: {content}\n\n")
+            production.held.calls.append(made)  # the client's chat stream records the call before its finish
+            production.add(b"data: {finish}\n\n")
+            await rest.wait()
+            production.add(b"data: {usage}\n\n")
+            production.add(b"data: [DONE]\n\n")
+
+        production = deliveries.production("episode", client, "key", produce)
+        await production.started()
+        connection = Connection()
+        chunks = production.stream(connection)
+        read = [await anext(chunks) for _ in range(3)]
+        assert client.episode.calls == []  # the finish is being written
+        waiting = asyncio.ensure_future(anext(chunks))  # written: the consumer asks for the next chunk
+        await asyncio.sleep(0)
+        recorded_at_finish = list(client.episode.calls)
+        connection.lost(ConnectionResetError())  # the harness hung up, the usage chunk and [DONE] unread
+        rest.set()
+        assert await waiting == b"data: {usage}\n\n"  # written to a closed connection: dropped by the server
+        await chunks.aclose()
+        return read, recorded_at_finish, client.episode, deliveries
+
+    read, recorded_at_finish, episode, deliveries = run_virtual(main)
+    assert read[-1] == b"data: {finish}\n\n" and recorded_at_finish == [made]
+    assert episode.calls == [made] and id(made) in episode.doubtful and deliveries.unread_calls == 0

@@ -67,3 +67,44 @@ def test_a_request_that_goes_on_from_a_call_proves_it_received_even_if_that_requ
         held.doubt(True)  # (or the close seen only now)
         fresh = recorded(episode, call((1, 2), (5,)))
         assert episode.settled_calls() == [first, fresh]
+
+
+def test_a_request_that_carries_a_doubtful_answer_rewritten_goes_on_from_it():
+    """smolagents cuts its reply at its stop word and strips it before sending it back, and sends a tool call back as
+    text of its own: the client renders that turn afresh, so the next prompt continues the call's prompt with the
+    answer's first tokens but not all of them (the stop word's, the EOS). That request went on from the answer: it
+    is trained, though its harness also asked the same prompt again (a sub-agent, a retry that raced it)."""
+    prompt, answer = (1, 2), (7, 8, 9, 31, 32)  # 31, 32: the stop word, cut from what the harness sends back
+    for by_request in (True, False):
+        episode = Episode("e")
+        used = recorded(episode, call(prompt, answer), doubtful=True)  # a stream hung up on after its finish
+        asked_again = recorded(episode, call(prompt, (5, 6)))
+        carried = (*prompt, 7, 8, 9, 40, 3)  # its text up to the stop word, then the template's turn end
+        if by_request:
+            episode.went_on(carried)  # answered or not
+            assert episode.settled_calls() == [used, asked_again]
+        else:
+            went_on = recorded(episode, call(carried, (4,)))
+            assert episode.settled_calls() == [used, asked_again, went_on]
+
+
+def test_a_rewritten_turn_goes_on_from_the_answer_it_shares_most_with_and_a_tie_shows_nothing():
+    """The harness hung up on the first answer, asked again, and went on from the second, rewritten: the first is
+    still left out, though both answers start alike. Where the rewritten turn is as close to either, nothing shows
+    which answer the harness used: the doubtful one is left out, as before."""
+    prompt = (1, 2)
+    episode = Episode("e")
+    ignored = recorded(episode, call(prompt, (7, 8, 9, 3)), doubtful=True)
+    asked_again = recorded(episode, call(prompt, (7, 8, 6, 6, 3)))
+    went_on = recorded(episode, call((*prompt, 7, 8, 6, 40, 3), (4,)))  # the second's text, cut
+    assert episode.settled_calls() == [asked_again, went_on]
+    tie = Episode("f")
+    ignored = recorded(tie, call(prompt, (7, 8, 9, 3)), doubtful=True)
+    asked_again = recorded(tie, call(prompt, (7, 8, 6, 3)))
+    edited = recorded(tie, call((*prompt, 7, 8, 40, 3), (4,)))  # the harness rewrote the turn past the shared start
+    assert tie.settled_calls() == [asked_again, edited] and ignored not in tie.settled_calls()
+    fresh = Episode("g")
+    doubted = recorded(fresh, call(prompt, (7,)), doubtful=True)
+    recorded(fresh, call(prompt, (5,)))  # the same prompt again: an empty continuation is not going on
+    fresh.went_on(prompt)
+    assert doubted not in fresh.settled_calls()
