@@ -3,8 +3,11 @@
 Each request is answered with the next scripted output ids (ended by STOP, or cut by `max_tokens` as LENGTH); a
 script entry `(ids, stop_string)` ends as vLLM ends an output at a stop string of the request (STOP, the string as
 its `stop_reason`, the ids through the string's tokens);
-streams deliver them a few ids at a time, so a delta may end inside a marker or a multi-byte character. Everything
-between the test and this engine (client, gateway, parsers, templates) stays real."""
+streams deliver them a few ids at a time, so a delta may end inside a marker or a multi-byte character.
+`push_after(call, tokens)` makes a weight push happen there: that call's generation is interrupted (ABORT) after
+`tokens` ids, the version goes up, and the client's resubmission gets the rest of the same scripted output under the
+new version, as vLLM's engine continues an aborted request resubmitted with its tokens. Everything between the test
+and this engine (client, gateway, parsers, templates) stays real."""
 
 from __future__ import annotations
 
@@ -21,15 +24,30 @@ class ScriptedEngine:
 
     def __init__(self) -> None:
         self.script: list[list[int] | tuple[list[int], str]] = []
+        self.weight_version = 0
+        self.pushes: dict[int, int] = {}  # the call (0-based, counted by fresh requests) -> tokens before its push
+        self.calls = 0
+
+    def push_after(self, call: int, tokens: int) -> None:
+        self.pushes[call] = tokens
+
+    async def wait_resumed(self, timeout_s: float) -> bool:
+        return True
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         entry = self.script.pop(0)
         ids, stop = (entry, None) if isinstance(entry, list) else entry
+        if (cut := self.pushes.pop(self.calls, None)) is not None and cut < len(ids):
+            self.script.insert(0, (ids[cut:], stop) if stop else ids[cut:])  # the rest, for the resubmission
+            self.weight_version += 1
+            return GenerateResult(request.request_id, tuple(ids[:cut]), (-0.5,) * cut,
+                                  (self.weight_version - 1,) * cut, FinishReason.ABORT, engine=self.name)
+        self.calls += 1
         assert stop is None or stop in request.sampling.stop, f"the script stops at {stop!r}, not asked to"
         ids = ids[: request.max_tokens]
         finish = FinishReason.STOP if len(ids) < request.max_tokens or stop else FinishReason.LENGTH
-        return GenerateResult(request.request_id, tuple(ids), (-0.5,) * len(ids), (0,) * len(ids), finish,
-                              stop_reason=stop, engine=self.name)
+        return GenerateResult(request.request_id, tuple(ids), (-0.5,) * len(ids), (self.weight_version,) * len(ids),
+                              finish, stop_reason=stop, engine=self.name)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta | GenerateResult]:
         result = await self.generate(request)

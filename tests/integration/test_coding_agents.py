@@ -1,7 +1,8 @@
 """Claude Code 2.1.328 and Codex CLI 0.169, unchanged (`make setup-coding-agents`), through the gateway's Anthropic
 Messages and Responses routes: each runs an episode of several model calls in which the CLI itself executes the tool
 call the policy wrote (a shell command that writes a file), and every answer it received is recorded token-exactly
-as one training sequence, nothing it did not receive. The engine is the edge fake that samples what the test
+as one training sequence, nothing it did not receive; a weight push in the middle of a call goes unnoticed by the
+CLI and shows in the record's versions. The engine is the edge fake that samples what the test
 scripted (the tool call in the template's format, then a final answer): the prompts the CLIs send (~4-7k tokens with
 the adapters' tool sets) cost nothing to prefill there; the gateway, the client and the CLIs are real."""
 
@@ -49,10 +50,14 @@ def installed(binary: str) -> None:
         pytest.fail(f"{binary} is not installed: run `make setup-coding-agents` (make test does)")
 
 
+@pytest.mark.parametrize("push", [False, True], ids=["", "push-mid-call"])
 @pytest.mark.parametrize("cli", ["claude_code", "codex"])
-async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_recorded(gateway, tokenizer, cli,
+async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_recorded(gateway, tokenizer, cli, push,
                                                                                         tmp_path: Path):
+    """With `push`, a weight push interrupts the tool call mid-stream: the CLI reads one continuous answer."""
     engine = gateway.engine
+    if push:
+        engine.push_after(call=0, tokens=5)
     if cli == "claude_code":
         installed("node_modules/.bin/claude")
         script_texts(engine, tokenizer, call("Bash", {"command": "printf hello > out.txt",
@@ -76,3 +81,5 @@ async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_
     assert engine.script == [] and gateway.answered[404] == 0 and not any(s >= 500 for s in gateway.answered)
     assert gateway.answered[200] == 2 + gateway.untrained_calls  # every policy answer it received, recorded
     assert_one_exact_sequence(episode.client, calls=2)
+    first = episode.client.episode.calls[0]
+    assert first.num_resumes == int(push) and set(first.output_versions) == ({0, 1} if push else {0})
