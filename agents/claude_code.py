@@ -71,6 +71,7 @@ class ClaudeCodeConfig:
     append_system_prompt: str = ""  # --append-system-prompt: added to the end of the system prompt
     bare: bool = False  # --bare: a two-line system prompt, only Bash, Edit and Read (no Write): not the real harness
     extra_args: list[str] = field(default_factory=list)  # more command-line flags, after the adapter's
+    launcher: list[str] = field(default_factory=list)  # a command the CLI runs under (a sandbox, a network namespace)
     extra_env: dict[str, str] = field(default_factory=dict)  # more environment variables (win over the adapter's)
     path: str = ""  # PATH of the CLI and of the commands it runs ("" = this process's PATH)
     home_parent: str = ""  # where the private HOME is made ("" = the system temp dir)
@@ -135,6 +136,7 @@ async def run_claude_code(config: ClaudeCodeConfig, episode: CodingAgentEpisode)
     """Claude Code once on `episode.prompt` in `episode.workdir`, its model calls to the episode's gateway."""
     argv = claude_code_command(config)
     require_binary(Path(argv[0]), "Claude Code")
+    argv = [*config.launcher, *argv]
     home = new_home("fullasync-claude-code-", config.home_parent)
     env = claude_code_environment(config, episode, home)
     returncode, timed_out, stdout, stderr = await run_cli(argv, env, episode.workdir, episode.prompt,

@@ -57,6 +57,7 @@ class CodexConfig:
     time_limit_s: float = 300.0  # the CLI and everything it started are killed after this long
     extra_config: dict[str, Any] = field(default_factory=dict)  # more config.toml keys (tables as dicts) over ours
     extra_args: list[str] = field(default_factory=list)  # more `codex exec` flags, after the adapter's
+    launcher: list[str] = field(default_factory=list)  # a command the CLI runs under (a sandbox, a network namespace)
     extra_env: dict[str, str] = field(default_factory=dict)  # more environment variables (win over the adapter's)
     path: str = ""  # PATH of the CLI (its launcher needs `node`) and of the commands it runs ("" = this PATH)
     home_parent: str = ""  # where the private HOME/CODEX_HOME is made ("" = the system temp dir)
@@ -154,6 +155,7 @@ async def run_codex(config: CodexConfig, episode: CodingAgentEpisode) -> CodingA
     """Codex once on `episode.prompt` in `episode.workdir`, its model calls to the episode's gateway."""
     argv = codex_command(config, episode)
     require_binary(Path(argv[0]), "Codex")
+    argv = [*config.launcher, *argv]
     home = new_home("fullasync-codex-", config.home_parent)
     codex_home = home / "codex"
     codex_home.mkdir()

@@ -8,10 +8,14 @@ the adapters' tool sets) cost nothing to prefill there; the gateway, the client 
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import sys
 from pathlib import Path
 
 import pytest
+from loopback_only import loopback_only
 from scripted_engine import ScriptedEngine, assert_one_exact_sequence, script_texts
 
 from fullasync.client import ClientConfig, RolloutService
@@ -54,7 +58,8 @@ def installed(binary: str) -> None:
 @pytest.mark.parametrize("cli", ["claude_code", "codex"])
 async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_recorded(gateway, tokenizer, cli, push,
                                                                                         tmp_path: Path):
-    """With `push`, a weight push interrupts the tool call mid-stream: the CLI reads one continuous answer."""
+    """With `push`, a weight push interrupts the tool call mid-stream: the CLI reads one continuous answer. Every run
+    is in a network namespace holding only loopback (`loopback_only`): the CLI reaches the gateway and nothing else."""
     engine = gateway.engine
     if push:
         engine.push_after(call=0, tokens=5)
@@ -67,13 +72,15 @@ async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_
         script_texts(engine, tokenizer, call("exec_command", {"cmd": "printf hello > out.txt"}), ANSWER)
     episode = gateway.open_episode()
     where = CodingAgentEpisode(episode.base_url, episode.api_key, str(tmp_path), PROMPT)
-    if cli == "claude_code":
-        run = await run_claude_code(ClaudeCodeConfig(max_turns=4, max_output_tokens=256, time_limit_s=120,
-                                                     background_model="policy-background"), where)
-        assert run.status == "success", run.stderr
-    else:
-        run = await run_codex(CodexConfig(time_limit_s=120), where)
-        assert run.status == "turn.completed", run.stderr
+    async with loopback_only(gateway.port) as launcher:
+        if cli == "claude_code":
+            run = await run_claude_code(ClaudeCodeConfig(max_turns=4, max_output_tokens=256, time_limit_s=120,
+                                                         background_model="policy-background", launcher=launcher),
+                                        where)
+            assert run.status == "success", run.stderr
+        else:
+            run = await run_codex(CodexConfig(time_limit_s=120, launcher=launcher), where)
+            assert run.status == "turn.completed", run.stderr
     assert run.returncode == 0 and not run.timed_out
     assert (tmp_path / "out.txt").read_text() == "hello"  # the CLI ran the policy's command itself
     assert ANSWER in json.dumps(run.transcript)
@@ -83,3 +90,23 @@ async def test_a_coding_agent_cli_runs_its_tool_and_every_answer_it_received_is_
     assert_one_exact_sequence(episode.client, calls=2)
     first = episode.client.episode.calls[0]
     assert first.num_resumes == int(push) and set(first.output_versions) == ({0, 1} if push else {0})
+
+
+PROBE = """
+import socket, sys
+try:
+    socket.create_connection(("192.0.2.1", 80), timeout=5)
+    print("outside reached")
+except OSError as error:
+    print("outside refused", error.errno)
+socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5).close()
+print("gateway reached")
+"""
+
+
+async def test_the_loopback_only_namespace_reaches_the_gateway_and_nothing_else(gateway):
+    async with loopback_only(gateway.port) as launcher:
+        probe = await asyncio.create_subprocess_exec(*launcher, sys.executable, "-c", PROBE, str(gateway.port),
+                                                     stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(probe.communicate(), timeout=60)
+    assert out.decode().split("\n")[:2] == [f"outside refused {errno.ENETUNREACH}", "gateway reached"]
