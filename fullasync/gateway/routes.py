@@ -162,7 +162,8 @@ def build_app(gateway: Gateway) -> Starlette:
             return received
         episode, raw, body = received
         client = episode.client
-        if body.get("model") in gateway.untrained_models:  # answered by the policy in an episode of its own: dropped
+        model = body.get("model")
+        if isinstance(model, str) and model in gateway.untrained_models:  # answered in an episode of its own: dropped
             body, client = {**body, "model": gateway.service.config.model_name}, gateway.service.client()
             gateway.untrained_calls += 1
         endpoint = dialect.endpoint(client)

@@ -303,3 +303,58 @@ async def test_response_format_json_schema_constrains_the_output(gateway):
         assert isinstance(json.loads(choice.message.content)["answer"], int)
     else:  # cut by max_tokens: still a prefix of a schema-shaped object
         assert choice.message.content.lstrip().startswith('{"answer"') or choice.message.content.startswith("{")
+
+
+# -- the Responses and Anthropic Messages dialects ---------------------------------------------------------------------
+
+RESPONSES = {"model": "policy", "input": [{"role": "user", "content": "hi"}], "max_output_tokens": 3,
+             "tools": [{"type": "function", "name": "add", "parameters": {"type": "object"}}]}
+MESSAGES = {"model": "policy", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 3, "system": [{"type": "text", "text": "s"}],
+            "tools": [{"name": "add", "input_schema": {"type": "object"}}]}
+DIALECT_FIELDS = ["input", "instructions", "max_output_tokens", "store", "include", "previous_response_id", "text",
+                  "reasoning", "system", "stop_sequences", "thinking", "metadata", "tool_choice", "tools", "stream",
+                  "top_k", "output_config", "container", "model", "max_tokens", "messages", "bogus"]
+ITEM_VALUES = VALUE_POOL + [[{"type": "function_call", "call_id": "c", "name": "add", "arguments": "{"}],
+                            [{"type": "tool_result", "tool_use_id": 1}], [{"type": "reasoning", "summary": 5}],
+                            [{"type": "thinking", "thinking": None}], {"type": "tool", "name": "nope"}]
+
+
+def mutate_dialect(rng: random.Random, base: dict) -> dict:
+    fields = json.loads(json.dumps(base))
+    for _ in range(rng.randint(1, 3)):
+        action = rng.random()
+        if action < 0.15 and fields:
+            fields.pop(rng.choice(sorted(fields)))
+        elif action < 0.45:
+            listed = fields.get("input") or fields.get("messages")
+            if isinstance(listed, list) and listed and isinstance(listed[0], dict):
+                listed[0][rng.choice(["role", "content", "type", "call_id"])] = rng.choice(ITEM_VALUES)
+        else:
+            fields[rng.choice(DIALECT_FIELDS)] = rng.choice(ITEM_VALUES)
+    return fields
+
+
+@pytest.mark.parametrize("route", ["responses", "messages"])
+async def test_random_mutations_of_the_new_dialects_answer_200_or_their_own_400(gateway, route):
+    rng = random.Random(99)
+    statuses = {200: 0, 400: 0}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for _ in range(120):
+            fields = mutate_dialect(rng, RESPONSES if route == "responses" else MESSAGES)
+            episode = gateway.open_episode()
+            response = await post(http, f"{episode.base_url}/{route}", fields)
+            assert response.status_code in statuses, (fields, response.status_code, response.text)
+            statuses[response.status_code] += 1
+            if response.status_code == 400:
+                error = response.json()
+                assert (error["error"]["type"] == "invalid_request_error" and error["error"]["message"]
+                        and (error.get("type") == "error") == (route == "messages")), error
+                assert episode.client.episode.calls == [], fields
+            elif not response.headers["content-type"].startswith("text/event-stream"):
+                assert response.json()["type" if route == "messages" else "object"] in ("message", "response")
+            else:
+                assert "event: error" not in response.text, (fields, response.text)
+            gateway.close_episode(episode)
+    await assert_engine_serves(gateway)
+    assert statuses[400] > 40 and statuses[200] > 10, statuses  # both kinds of outcome were exercised

@@ -138,6 +138,9 @@ HOSTILE = [
     ("messages", b'{"model": "policy", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], '
                  b'"unknown_field": true}', 400),
     ("messages/count_tokens", b'{"model": "policy", "messages": 1}', 400),
+    ("messages", b'{"model": {"include_usage": true}, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}',
+     400),
+    ("responses", b'{"model": ["policy"], "input": "hi"}', 400),
 ]
 
 
