@@ -188,3 +188,29 @@ async def test_a_background_model_is_answered_and_counted_but_not_recorded(token
         assert sum(service.router._bound.values()) == 0  # the background call's episode was released
     finally:
         await gateway.stop()
+
+
+def test_a_prior_turns_handle_restores_the_exact_reasoning_the_policy_wrote(tokenizer):
+    """Codex sends a reasoning item back with only its `encrypted_content`, Claude Code a thinking block with its
+    `signature`: the handle the gateway issued gives back the reasoning text as generated; a foreign one is read as
+    the text it carries."""
+    from fullasync.client.dialects import anthropic_messages, openai_responses
+
+    client = RolloutService([ScriptedEngine()], tokenizer, ClientConfig(model_name="policy")).client()
+    handle = client.handles.issue("  the exact\nthinking ")
+    responses = openai_responses.translate(client, {"model": "policy", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": handle},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "theirs"}],
+         "encrypted_content": "not ours"}]})
+    assert responses.chat["messages"][1] == {"role": "assistant", "content": None, "reasoning_content":
+                                             "  the exact\nthinking ", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]}
+    assert responses.chat["messages"][-1]["reasoning_content"] == "theirs"
+    chat, _ = anthropic_messages.translate(client, {"model": "policy", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": handle},
+                                          {"type": "text", "text": "a"}]}]})
+    assert chat["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "  the exact\nthinking "}
