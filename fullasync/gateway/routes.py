@@ -28,7 +28,6 @@ from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
 from fullasync.gateway.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Dialect
 from fullasync.gateway.http import Connection, connection_of
-from fullasync.gateway.wire import error_of
 
 if TYPE_CHECKING:
     from fullasync.gateway.server import Gateway, GatewayEpisode
@@ -106,7 +105,7 @@ async def _http_error(request: Request, error: Exception) -> Response:
 
 async def _server_error(request: Request, error: Exception) -> Response:
     log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
-    body, status = error_of(error)
+    body, status = CHAT.error_of(error)
     return JSONResponse(body, status_code=status)
 
 

@@ -28,14 +28,6 @@ def status_of(error: BaseException) -> int:
     return 500
 
 
-def error_of(error: BaseException) -> tuple[dict[str, Any], int]:
-    """The OpenAI-style body and status of any error raised while serving a request."""
-    if isinstance(error, InvalidRequestError):
-        return error_body(str(error), 400, error.param, error.code), 400
-    status = status_of(error)
-    return error_body(f"{type(error).__name__}: {error}", status), status
-
-
 def sse(payload: object) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload)
     return f"data: {data}\n\n".encode()

@@ -10,31 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-
-INSIDE = """
-import asyncio, os, sys
-async def pipe(reader, writer):
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    finally:
-        writer.close()
-async def accepted(reader, writer):
-    inner_reader, inner_writer = await asyncio.open_unix_connection(sys.argv[1])
-    await asyncio.gather(pipe(reader, inner_writer), pipe(inner_reader, writer), return_exceptions=True)
-async def main():
-    parent = os.getppid()  # the shell that becomes the process under test: the relay ends with it
-    server = await asyncio.start_server(accepted, "127.0.0.1", int(sys.argv[2]))
-    open(sys.argv[3], "w").close()
-    while os.getppid() == parent:
-        await asyncio.sleep(0.1)
-asyncio.run(main())
-"""
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,10 +37,29 @@ async def loopback_only(port: int) -> AsyncIterator[list[str]]:
                                  return_exceptions=True)
 
         server = await asyncio.start_unix_server(accepted, str(socket_path))
-        script = (f'ip link set lo up && {sys.executable} -c "$0" {socket_path} {port} {ready} >/dev/null 2>&1 & '
+        script = (f'ip link set lo up && {sys.executable} {__file__} {socket_path} {port} {ready} >/dev/null 2>&1 & '
                   f'while [ ! -e {ready} ]; do sleep 0.05; done; exec "$@"')
         try:
-            yield ["unshare", "--net", "--", "sh", "-c", script, INSIDE]
+            yield ["unshare", "--net", "--", "sh", "-c", script, "loopback_only"]
         finally:
             server.close()
             await server.wait_closed()
+
+
+async def _relay_inside(socket_path: str, port: int, ready: str) -> None:
+    """In the namespace: 127.0.0.1:`port` to the Unix socket, until the process under test (the relay's parent, the
+    shell that became it) ends."""
+    parent = os.getppid()
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        inner_reader, inner_writer = await asyncio.open_unix_connection(socket_path)
+        await asyncio.gather(_pipe(reader, inner_writer), _pipe(inner_reader, writer), return_exceptions=True)
+
+    await asyncio.start_server(accepted, "127.0.0.1", port)
+    Path(ready).touch()
+    while os.getppid() == parent:
+        await asyncio.sleep(0.1)
+
+
+if __name__ == "__main__":
+    asyncio.run(_relay_inside(sys.argv[1], int(sys.argv[2]), sys.argv[3]))

