@@ -54,6 +54,7 @@ class ModelCall:
     resubmitted_tokens: int = 0  # output tokens sent again as prompt when resuming after aborts
     engine: str = ""
     output_weight_versions: tuple[int, ...] = ()
+    starved_resumes: int = 0  # of its resumes, those after an interruption that came before it produced a token
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -76,8 +77,9 @@ class ModelCall:
             raise ValueError("ModelCall.output_logprobs must be finite-or--inf log-probabilities <= 0")
         if self.finish_reason is FinishReason.ABORT:
             raise ValueError("ModelCall cannot finish with 'abort': aborted calls are resumed before recording")
-        if self.num_resumes < 0 or self.resubmitted_tokens < 0:
-            raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0")
+        if self.num_resumes < 0 or self.resubmitted_tokens < 0 or not 0 <= self.starved_resumes <= self.num_resumes:
+            raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0, starved_resumes between 0 "
+                             "and num_resumes")
         if self.output_weight_versions and (len(self.output_weight_versions) != n or any(
                 w < v for w, v in zip(self.output_weight_versions, self.output_versions, strict=True))):
             raise ValueError("ModelCall.output_weight_versions must be aligned with output_ids and never older than "
@@ -272,7 +274,7 @@ def call_to_dict(call: ModelCall) -> dict[str, Any]:
         "output_logprobs": list(call.output_logprobs), "output_versions": list(call.output_versions),
         "finish_reason": call.finish_reason.value, "num_resumes": call.num_resumes,
         "resubmitted_tokens": call.resubmitted_tokens, "engine": call.engine,
-        "output_weight_versions": list(call.output_weight_versions),
+        "output_weight_versions": list(call.output_weight_versions), "starved_resumes": call.starved_resumes,
     }
 
 
@@ -283,6 +285,7 @@ def call_from_dict(data: Mapping[str, Any]) -> ModelCall:
         output_versions=tuple(data["output_versions"]), finish_reason=FinishReason(data["finish_reason"]),
         num_resumes=data.get("num_resumes", 0), resubmitted_tokens=data.get("resubmitted_tokens", 0),
         engine=data.get("engine", ""), output_weight_versions=tuple(data.get("output_weight_versions", ())),
+        starved_resumes=data.get("starved_resumes", 0),
     )
 
 

@@ -5,7 +5,8 @@ resume, then sends prompt + tokens generated so far with the remaining budget, a
 log-probs and per-token versions. The caller's `max_tokens` bounds the total, whatever the number
 of interruptions. A segment lost to an engine that died is resubmitted the same way on a live
 engine (when one is left — or is restarted within `restart_wait_s` — and, for a stream, when none
-of the lost segment's tokens were sent yet).
+of the lost segment's tokens were sent yet). Each resubmission says how many interruptions in a row came before
+it produced a token (`GenerateRequest.starved`): the engine does not let pushes starve it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class StitchedGeneration:
     stop_reason: int | str | None = None
     num_resumes: int = 0
     resubmitted_tokens: int = 0
+    starved: int = 0  # interruptions in a row that came before a token (the engine's starvation rule reads it)
+    starved_resumes: int = 0  # of all its interruptions, those that came before a token
     engine: str = ""
 
 
@@ -83,6 +86,7 @@ class ResumableCall:
             max_tokens=self.max_tokens - len(done.output_ids),
             sampling=self.sampling,
             priority=self.priority(),
+            starved=done.starved,
         )
 
     def note_versions(self, result: GenerateResult) -> None:
@@ -104,6 +108,8 @@ async def _absorb(call: ResumableCall, done: StitchedGeneration, result: Generat
     if len(done.output_ids) >= call.max_tokens:
         done.finish_reason = FinishReason.LENGTH
         return True
+    done.starved = 0 if result.output_ids else done.starved + 1
+    done.starved_resumes += not result.output_ids
     engine = call.router.pick(call.episode_id)
     if not await engine.wait_resumed(call.resume_timeout_s):
         raise EngineResumeTimeoutError(

@@ -310,7 +310,7 @@ class RolloutClient:
                 output_versions=versions,
                 finish_reason=generation.finish_reason,
                 num_resumes=generation.num_resumes,
-                resubmitted_tokens=generation.resubmitted_tokens,
+                resubmitted_tokens=generation.resubmitted_tokens, starved_resumes=generation.starved_resumes,
                 engine=generation.engine,
                 output_weight_versions=weight_versions if weight_versions != versions else (),
             )

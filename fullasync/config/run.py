@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,13 @@ class EngineSection:
     stall_timeout_s: float = setting(120.0, "an engine with in-flight requests and no new token this long "
                                      "(not paused) is declared dead")
     probe_interval_s: float = setting(5.0, "how often the engine watchdog probes each engine")
+    starved_interruptions: int = setting(
+        0, "weight pushes in a row that may interrupt a generation before it produced a token; then the next abort or "
+        "recompute push waits for its token (engine.starved_wait_s at most). 0: no push interrupts a request before "
+        "its first token since its admission or the last push (pushes denser than the engine can prefill the "
+        "interrupted contexts again cannot starve generations)")
+    starved_wait_s: float = setting(60.0, "longest a push waits for starved generations to produce a token (then it "
+                                    "interrupts them anyway, with a warning); 0 turns the rule off")
     restart_on_failure: bool = setting(True, "restart a dead engine with the current weights (else the run stops)")
     start_timeout_s: float = setting(300.0, "bound on starting (or restarting) an engine")
     kv_cache_mb: int = setting(0, "KV cache per engine in MiB; 0 = the platform default (CPU: 64 MiB; GPU: 85% of "
@@ -343,6 +351,12 @@ class RunConfig:
         if not 0 < engine.probe_interval_s < engine.stall_timeout_s:
             raise ValueError(f"engine.probe_interval_s={engine.probe_interval_s} must be > 0 and below "
                              f"engine.stall_timeout_s={engine.stall_timeout_s}")
+        if isinstance(engine.starved_interruptions, bool) or not isinstance(engine.starved_interruptions, int) \
+                or engine.starved_interruptions < 0:
+            raise ValueError(f"engine.starved_interruptions={engine.starved_interruptions!r} must be an integer >= 0")
+        if not 0 <= engine.starved_wait_s < math.inf:
+            raise ValueError(f"engine.starved_wait_s={engine.starved_wait_s} must be >= 0 seconds (0 turns the "
+                             "starvation rule off)")
         if engine.start_timeout_s <= 0:
             raise ValueError(f"engine.start_timeout_s={engine.start_timeout_s} must be > 0")
         check_ray_resources("engine.ray_resources", engine.ray_resources)

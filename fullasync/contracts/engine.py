@@ -89,10 +89,15 @@ class GenerateRequest:
     # lower is served first when an engine has more requests than slots (vLLM's priority scheduling): the row's
     # oldest token version, so the rows nearest the staleness bound get slots before younger ones
     priority: int = 0
+    # pushes in a row that interrupted this generation's requests before they produced a token: an engine does not
+    # let a push interrupt a request starved `starved_interruptions` times until it has a token (`VLLMEngineConfig`)
+    starved: int = 0
 
     def __post_init__(self) -> None:
         if type(self.max_tokens) is not int or self.max_tokens <= 0:
             raise ValueError(f"GenerateRequest.max_tokens must be an integer > 0, got {self.max_tokens!r}")
+        if type(self.starved) is not int or self.starved < 0:
+            raise ValueError(f"GenerateRequest.starved must be an integer >= 0, got {self.starved!r}")
         if not self.prompt_ids:
             raise ValueError("GenerateRequest.prompt_ids is empty")
         if min(self.prompt_ids) < 0:
@@ -143,12 +148,16 @@ class TokenDelta:
 
 @dataclass(frozen=True)
 class InstallTiming:
-    """Seconds one engine spent in each step of `Engine.install`, and finer phases of the update."""
+    """Seconds one engine spent in each step of `Engine.install`, and finer phases of the update; how many requests
+    the push interrupted before they produced a token since their admission or the push before (`starved`), and how
+    long its pause waited for requests starved before to produce one (`starved_wait_s`, part of `pause_s`)."""
 
     pause_s: float
     update_s: float
     resume_s: float
     phases: dict[str, float] = field(default_factory=dict)  # engine-specific breakdown of update_s
+    starved: int = 0
+    starved_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

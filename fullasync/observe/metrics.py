@@ -77,6 +77,7 @@ def token_staleness(groups: Sequence[TrajectoryGroup], trainer_version: int) -> 
 
 def generation_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     calls = [c for g in groups for t in g.trajectories for c in t.calls]
+    resumed = [c for c in calls if c.num_resumes]
     return {
         "rollout/samples": float(sum(len(g.trajectories) for g in groups)),
         "rollout/output_tokens": float(sum(len(c.output_ids) for c in calls)),
@@ -85,6 +86,11 @@ def generation_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         "rollout/calls_across_pushes": float(sum(1 for c in calls if c.output_versions
                                                  and c.output_versions[0] != c.output_versions[-1])),
         "rollout/resubmitted_tokens": float(sum(c.resubmitted_tokens for c in calls)),
+        # interrupted calls' tokens per piece between interruptions, and interruptions before a piece had a token
+        # (pushes denser than the engine prefills again: `engine.starved_interruptions`)
+        "rollout/tokens_between_interruptions": (
+            sum(len(c.output_ids) for c in resumed) / sum(c.num_resumes + 1 for c in resumed) if resumed else 0.0),
+        "rollout/starved_resumes": float(sum(c.starved_resumes for c in calls)),
     }
 
 

@@ -411,6 +411,8 @@ class TrainingLoop(Generic[BatchT]):
             "weight_sync/total_s": push.total_s,
             "weight_sync/pause_s": push.pause_s,
             "weight_sync/update_s": push.update_s,
+            "weight_sync/starved_requests": float(push.starved),  # interrupted before a token (engine.starved_*)
+            "weight_sync/starved_wait_s": push.starved_wait_s,
             "engines/restarts": float(self.weight_sync.restarts),
             "trainer/restarts": float(result.trainer_restarts),
             **{f"rows/{k}": float(v) for k, v in report.outcome_counts.items()},

@@ -56,6 +56,8 @@ class WeightPushTiming:
     resume_s: float
     wall_s: float = 0.0  # the whole push as the caller waited for it (round trip included)
     phases: dict[str, float] = field(default_factory=dict)  # finer phases of update_s (slowest engine's)
+    starved: int = 0  # requests it interrupted before a token since the push before (every engine's)
+    starved_wait_s: float = 0.0  # how long an engine's pause waited for starved requests (the longest; in pause_s)
 
     @property
     def total_s(self) -> float:
@@ -143,7 +145,8 @@ class WeightSync:
                       default=InstallTiming(0.0, 0.0, 0.0))
         return WeightPushTiming(new_version, max((t.pause_s for t in timings), default=0.0),
                                 max((t.update_s for t in timings), default=0.0),
-                                max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases))
+                                max((t.resume_s for t in timings), default=0.0), wall, dict(slowest.phases),
+                                sum(t.starved for t in timings), max((t.starved_wait_s for t in timings), default=0.0))
 
     def _abort_turns(self) -> Callable[[Engine], Awaitable[None]] | None:
         """For an ABORT push with in-flight counts: waits for each engine's turn, one pacer unit per request it

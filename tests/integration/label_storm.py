@@ -14,7 +14,8 @@ The check (`check_calls`): what a token's labels claim, computed again.
   same sequence computed position by position under those weights (a KV cache carried across weight swaps).
 A token passes when its recorded log-prob is within `TOLERANCE` of the reference.
 
-Run as a script for many storms: `python tests/integration/label_storm.py --runs 20 --mode abort`.
+Run as a script for many storms: `python tests/integration/label_storm.py --runs 20 --mode abort`; `--max-pushes 0`
+pushes until every call has ended, `--busy-cores 1` keeps a core busy during each storm.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,7 +44,9 @@ class StormSettings:
     min_tokens: int = 300
     max_tokens: int = 900
     push_gap_s: tuple[float, float] = (0.02, 0.25)  # the pause between the end of one push and the next
-    max_pushes: int = 40  # an ABORT push makes every call prefill its context again: bounded, the calls end
+    # None: push until every call has ended, however many pushes that takes (the engine's starvation rule is what
+    # lets the calls end when pushes outpace prefilling the interrupted contexts again)
+    max_pushes: int | None = 40
     mode: PauseMode = PauseMode.ABORT
     noise: float = 0.02  # each push's weights: the storm's first ones plus this much seeded noise
     seed: int = 0
@@ -93,7 +97,8 @@ class CheckReport:
 async def run_storm(engine, policy, tokenizer, settings: StormSettings) -> StormResult:
     """The storm on `engine` (whose weights `policy` mirrors); every version's weights come back with the calls.
     Every push meets calls in flight: when the calls end before the storm's pushes do (a fast machine), another
-    wave of calls starts, so `max_pushes` is what a storm pushes on any machine."""
+    wave of calls starts, so `max_pushes` is what a storm pushes on any machine; without `max_pushes` the storm
+    pushes until its one wave of calls has ended."""
     rng = random.Random(settings.seed)
     service = RolloutService([engine], tokenizer, ClientConfig(max_model_len=2048))
     start = dict(policy.current)  # each push's weights are these plus fresh noise: storms do not drift apart
@@ -113,8 +118,10 @@ async def run_storm(engine, policy, tokenizer, settings: StormSettings) -> Storm
     started = time.perf_counter()
     launch(settings.calls)
     pushes = 0
-    while pushes < settings.max_pushes:
+    while settings.max_pushes is None or pushes < settings.max_pushes:
         if all(task.done() for task in tasks):
+            if settings.max_pushes is None:
+                break
             launch(max(1, settings.calls // 4))
         await asyncio.wait([task for task in tasks if not task.done()], timeout=rng.uniform(*settings.push_gap_s))
         if all(task.done() for task in tasks):
@@ -178,11 +185,14 @@ def reference_logprobs(model, call: ModelCall, temperature: float,
     ids = list(call.prompt_ids) + list(call.output_ids)
     start = len(call.prompt_ids)
     reference = [0.0] * len(call.output_ids)
-    for version in set(call.output_versions):
-        logprobs = _forward(model, weights[version], ids, temperature)
-        for i, (label, weight) in enumerate(zip(call.output_versions, weight_versions, strict=True)):
-            if label == weight == version:
-                reference[i] = float(logprobs[start - 1 + i, ids[start + i]])
+    pure: dict[int, list[int]] = {}  # version -> the outputs it alone computed
+    for i, (label, weight) in enumerate(zip(call.output_versions, weight_versions, strict=True)):
+        if label == weight:
+            pure.setdefault(label, []).append(i)
+    for version, outputs in pure.items():  # the sequence up to its last such output is enough
+        logprobs = _forward(model, weights[version], ids[:start + outputs[-1]], temperature)
+        for i in outputs:
+            reference[i] = float(logprobs[start - 1 + i, ids[start + i]])
     mixed = [i for i, (label, weight) in enumerate(zip(call.output_versions, weight_versions, strict=True))
              if weight != label]
     if mixed:  # frozen across KEEP pushes: position p computed by the weights that sampled the token it predicts
@@ -220,12 +230,15 @@ def _forward_cached(model, state, ids: list[int], temperature: float, past) -> t
 
 
 def summary(result: StormResult, report: CheckReport) -> str:
-    return (f"{len(result.calls)} calls, {report.tokens} tokens, {result.pushes} pushes, {result.resumes} resumes, "
+    starved = sum(call.starved_resumes for call in result.calls)
+    return (f"{len(result.calls)} calls, {report.tokens} tokens, {result.pushes} pushes, {result.resumes} resumes "
+            f"({starved} after an interruption before a token), "
             f"{len(report.mismatches)} calls with a mislabelled token, max |diff| {report.max_diff:.2e}, "
             f"{result.wall_s:.1f} s ({report.tokens / result.wall_s:.0f} tokens/s)")
 
 
-async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_caching: bool) -> None:
+async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_caching: bool, starved_wait_s: float,
+                give_up_s: float, busy_cores: int) -> None:
     from policy_weights import PolicyWeights
 
     from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
@@ -237,14 +250,24 @@ async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_cach
     path = str(build_tiny_model())
     tokenizer = load_tokenizer(path)
     (engine,) = await launch_vllm_engines(VLLMEngineConfig(model_path=path, max_model_len=2048,
-                                                           enable_prefix_caching=prefix_caching))
+                                                           enable_prefix_caching=prefix_caching,
+                                                           starved_wait_s=starved_wait_s))
     policy = PolicyWeights(path, WeightSync([engine], version=await engine.version()))
     failed = []
     diffs = []
     try:
         for run in range(runs):
             storm = StormSettings(**{**settings.__dict__, "seed": settings.seed + run, "mode": mode})
-            result = await run_storm(engine, policy, tokenizer, storm)
+            busy = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(busy_cores)]
+            try:
+                result = await asyncio.wait_for(run_storm(engine, policy, tokenizer, storm), give_up_s)
+            except TimeoutError:
+                print(f"run {run} (seed {storm.seed}, {mode.value}): not finished after {give_up_s:.0f} s", flush=True)
+                failed.append(run)
+                break  # its calls are still in flight on the engine
+            finally:
+                for process in busy:
+                    process.kill()
             report = check_calls(policy.model, result.calls, result.temperatures, result.weights)
             diffs.append(report.max_diff)
             print(f"run {run} (seed {storm.seed}, {mode.value}): {summary(result, report)}", flush=True)
@@ -254,12 +277,14 @@ async def _main(runs: int, mode: PauseMode, settings: StormSettings, prefix_cach
                 failed.append(run)
     finally:
         await engine.shutdown()
-    print(f"{runs - len(failed)} of {runs} runs clean; max |diff| over runs {max(diffs):.2e} "
-          f"(median {statistics.median(diffs):.2e}); failed runs {failed}")
+    print(f"{runs - len(failed)} of {runs} runs clean; max |diff| over runs {max(diffs, default=0.0):.2e} "
+          f"(median {statistics.median(diffs or [0.0]):.2e}); failed runs {failed}")
 
 
 if __name__ == "__main__":
     import argparse
+
+    from fullasync.engines.vllm import VLLMEngineConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -268,10 +293,15 @@ if __name__ == "__main__":
     parser.add_argument("--min-tokens", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=900)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-pushes", type=int, default=40)
+    parser.add_argument("--max-pushes", type=int, default=40, help="0: push until every call has ended")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--starved-wait-s", type=float, default=VLLMEngineConfig.starved_wait_s,
+                        help="the engine's starvation rule (0: off)")
+    parser.add_argument("--give-up-s", type=float, default=600.0, help="a storm not finished by then fails the runs")
+    parser.add_argument("--busy-cores", type=int, default=0, help="cores kept busy by other processes during each "
+                        "storm (not during its check)")
     args = parser.parse_args()
     asyncio.run(_main(args.runs, PauseMode(args.mode), StormSettings(
         calls=args.calls, min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
-        max_pushes=args.max_pushes),
-        not args.no_prefix_caching))
+        max_pushes=args.max_pushes or None),
+        not args.no_prefix_caching, args.starved_wait_s, args.give_up_s, args.busy_cores))

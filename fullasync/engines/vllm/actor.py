@@ -17,6 +17,15 @@ proximal policy must count, since neither policy v nor v+1 alone sampled them. A
 scheduler prefills each again — prompt + tokens so far — under the new weights, so its later tokens have v+1 in
 both (each in-flight request's KV version moves to v+1 at that push).
 
+Starvation: an "abort" or "recompute" push throws away the KV of what it interrupts, which must be prefilled again
+before it samples another token. Pushes that come faster than that would interrupt the same generations again and
+again before they produce anything (every call in flight, none advancing). So a request that pushes interrupted
+`starved_interruptions` times in a row before it produced a token (default 0: any request; `GenerateRequest.starved`,
+counted by the client across resubmissions; counted here across "recompute" pushes) is not interrupted again until
+it has one: the pause waits for the tokens of those in flight when it was asked (`starved_wait_s` at most, then it
+interrupts them anyway, with a warning). The tokens' labels are untouched (the push comes later; nothing is sampled
+under weights other than those in force), and a warning says when pushes interrupt requests before their first token.
+
 Does not own: the in-process handle (`handle.py`), the watchdog (`watchdog.py`), start-up of several (`launch.py`).
 """
 
@@ -26,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import time
@@ -77,6 +87,9 @@ if TYPE_CHECKING:
 
     from fullasync.engines.vllm.kv_stats import KVStatLogger
 
+log = logging.getLogger("fullasync")
+STARVED_WARNING_S = 10.0  # the warning that pushes interrupt requests before their first token: at most this often
+
 
 class VLLMEngineActor(WeightInstall):
     """Hosts one `AsyncLLM`; every method runs on the actor's event loop."""
@@ -97,6 +110,10 @@ class VLLMEngineActor(WeightInstall):
         self._in_flight: dict[int, InFlight] = {}
         self._calls = itertools.count()
         self._pause_mode = PauseMode.ABORT
+        self._advanced = asyncio.Event()  # an in-flight request got tokens or ended (the starvation rule's wait)
+        self._last_pause = (0, 0.0)
+        self._starved_since_warning = [0, 0]  # requests interrupted before a token, requests interrupted
+        self._warned_at = -math.inf
         self._progress_at = time.monotonic()  # last token, resume, or start of in-flight work
         self._last_request_id: str | None = None
         # published requests' tokens not yet sent by `deltas()`: key -> (ids, log-probs, top log-probs)
@@ -204,11 +221,11 @@ class VLLMEngineActor(WeightInstall):
         want_top = request.sampling.num_top_logprobs > 0
         if not self._in_flight:
             self._progress_at = time.monotonic()
-        call, running = next(self._calls), InFlight(request.request_id)
+        call, running = next(self._calls), InFlight(request.request_id, starved=request.starved)
         self._in_flight[call] = running
         self._last_request_id = request.request_id
         try:
-            kv_version, outputs = await self._admitted(request)
+            kv_version, outputs = await self._admitted(request, running)
             async with contextlib.aclosing(outputs):  # left early: the request is aborted in vLLM
                 async for out in outputs:
                     completion = out.outputs[0]
@@ -217,6 +234,8 @@ class VLLMEngineActor(WeightInstall):
                     output_ids += new_ids
                     running.tokens = len(output_ids)
                     self._progress_at = time.monotonic()
+                    if new_ids:
+                        self._advanced.set()
                     entries = cast("list[dict[int, Logprob]]", completion.logprobs or ())  # requested: one per token
                     for token_id, entry in zip(new_ids, entries, strict=False):  # as many (checked by the result)
                         logprobs.append(entry[token_id].logprob)
@@ -233,6 +252,8 @@ class VLLMEngineActor(WeightInstall):
                         self._outbox_ready.set()
         finally:
             del self._in_flight[call]
+            running.ended = True
+            self._advanced.set()
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
         weight_versions = versions_from_spans(spans, len(output_ids), self._version)
@@ -249,7 +270,8 @@ class VLLMEngineActor(WeightInstall):
             output_weight_versions=weight_versions if weight_versions != versions else (),
         )
 
-    async def _admitted(self, request: GenerateRequest) -> tuple[int, AsyncGenerator[RequestOutput, None]]:
+    async def _admitted(self, request: GenerateRequest,
+                        running: InFlight) -> tuple[int, AsyncGenerator[RequestOutput, None]]:
         """Hand `request` to vLLM under the weights that will compute it: (their version, its outputs).
 
         vLLM holds a request added while it is paused until it resumes, so a request added during a push runs
@@ -272,6 +294,7 @@ class VLLMEngineActor(WeightInstall):
                 {"prompt_token_ids": list(request.prompt_ids), "cache_salt": f"fullasync-v{version}"},
                 sampling_params(request), priority=request.priority,
             )
+            running.in_engine = True
         except (VLLMClientError, ValueError, TypeError) as error:
             param = error.parameter if isinstance(error, VLLMValidationError) else None
             raise InvalidRequestError(f"engine {self.name} rejected request {request.request_id}: {error}",
@@ -313,13 +336,67 @@ class VLLMEngineActor(WeightInstall):
         await self._started().abort(request_ids)
 
     async def pause(self, mode: PauseMode) -> None:
+        mode = PauseMode(mode)
+        starving = mode in (PauseMode.ABORT, PauseMode.RECOMPUTE)  # what they interrupt is prefilled again
+        # (paused already, nothing would produce the tokens the rule waits for)
+        waited = await self._wait_for_starved() if starving and self._resumed.is_set() else 0.0
         self._resumed.clear()  # requests not yet admitted wait for the resume (`_admitted`)
         await self._none_admitting.wait()  # those admitted reach the core before the pause does
-        self._pause_mode = mode = PauseMode(mode)
+        met = [running for running in self._in_flight.values() if running.in_engine]
+        self._pause_mode = mode
         if mode is PauseMode.RECOMPUTE:  # preempts what runs: its KV is computed again after the update
             await self._started().pause_generation(mode="keep", clear_cache=True)
         else:
             await self._started().pause_generation(mode=mode.value, clear_cache=False)
+        self._last_pause = (self._count_starved(met) if starving else 0, waited)
+
+    def _starved(self, at_least: int) -> list[InFlight]:
+        """Requests without a token since their admission or the last push, starved `at_least` times in a row (those
+        on their way into vLLM too: no pause is under way, so they are being admitted)."""
+        return [r for r in self._in_flight.values() if r.starved >= at_least and r.waiting_for_token]
+
+    async def _wait_for_starved(self) -> float:
+        """Before a pause that drops KV: until each request that may not be interrupted yet has a token or has ended
+        (`starved_wait_s` at most); the seconds waited. Those are the requests starved `starved_interruptions` times
+        when the push was asked, and those starved before that come meanwhile (resubmissions the last push
+        interrupted); a new request that comes meanwhile does not hold it (a stream of them would hold it forever)."""
+        limit = self.config.starved_wait_s
+        if limit <= 0:
+            return 0.0
+        start = time.monotonic()
+        threshold = self.config.starved_interruptions
+        asked = {id(running) for running in self._starved(threshold)}
+        while starved := [r for r in self._starved(threshold) if r.starved or id(r) in asked]:
+            self._advanced.clear()
+            if not await wait_until_set(self._advanced, start + limit - time.monotonic()):
+                log.warning("engine %s: %d requests starved by pushes still had no token after the push waited "
+                            "%.0f s for them (engine.starved_wait_s); this push interrupts them too", self.name,
+                            len(starved), limit)
+                break
+        return time.monotonic() - start
+
+    def _count_starved(self, met: list[InFlight]) -> int:
+        """After a pause that drops KV: count the requests it interrupted without a token since their admission or
+        the push before (their `starved` goes up; the others' goes back to 0); warn now and then."""
+        starved = 0
+        for running in met:
+            if running.waiting_for_token:
+                running.starved += 1
+                starved += 1
+            else:
+                running.starved = 0
+            running.tokens_at_push = running.tokens
+        counts = self._starved_since_warning
+        counts[0] += starved
+        counts[1] += len(met)
+        if counts[0] and time.monotonic() - self._warned_at >= STARVED_WARNING_S:
+            log.warning("engine %s: weight pushes interrupted %d of %d requests before they produced a token (since "
+                        "the last such warning): pushes come faster than the engine prefills interrupted contexts "
+                        "again; a request starved %d time(s) in a row holds the next push until it has a token "
+                        "(engine.starved_interruptions, engine.starved_wait_s)", self.name, counts[0], counts[1],
+                        self.config.starved_interruptions)
+            self._warned_at, counts[:] = time.monotonic(), [0, 0]
+        return starved
 
     async def resume(self) -> None:
         await self._started().resume_generation()

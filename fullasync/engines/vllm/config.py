@@ -63,6 +63,8 @@ class VLLMEngineConfig:
     generate_timeout_s: float = 1800.0  # bound on one generate call
     probe_interval_s: float = EngineSection.probe_interval_s
     stall_timeout_s: float = EngineSection.stall_timeout_s
+    starved_interruptions: int = EngineSection.starved_interruptions  # the starvation rule (`actor.py`)
+    starved_wait_s: float = EngineSection.starved_wait_s
     ray_resources: Mapping[str, float] = field(default_factory=dict)  # custom Ray resources per engine: pins its node
     cpus: str = EngineSection.cpus  # Linux CPU list the engine's processes are bound to; "" = every core
     weight_bucket_bytes: int = 64 * 2**20  # weights pass to the engine core in buckets of whole layers this big

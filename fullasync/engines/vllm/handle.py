@@ -133,7 +133,12 @@ class RayEngine(WatchedActor):
         return await self._call("check_weights", weights)
 
     async def pause(self, mode: PauseMode) -> None:
-        await self._call("pause", PauseMode(mode))
+        await self._call("pause", PauseMode(mode), timeout_s=self._pause_timeout_s)
+
+    @property
+    def _pause_timeout_s(self) -> float:
+        """A pause may first wait for starved requests' tokens (`starved_wait_s`), then it is a control call."""
+        return self.config.call_timeout_s + self.config.starved_wait_s
 
     async def resume(self) -> None:
         await self._call("resume")
@@ -146,7 +151,7 @@ class RayEngine(WatchedActor):
 
     async def install(self, weights: WeightsPayload, version: int, mode: PauseMode) -> InstallTiming:
         """A Ray object reference travels as a reference: the actor reads the tensors from the object store."""
-        return await self._call("install", weights, version, PauseMode(mode))
+        return await self._call("install", weights, version, PauseMode(mode), timeout_s=self._pause_timeout_s)
 
     async def version(self) -> int:
         return await self._call("version")

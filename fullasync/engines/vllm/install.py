@@ -32,8 +32,17 @@ class InFlight:
     """One call's request while vLLM runs it."""
 
     request_id: str
+    starved: int = 0  # pushes in a row that interrupted it (and the requests it continues) before it had a token
     tokens: int = 0  # received so far
+    tokens_at_push: int = 0  # received when the last push interrupted it (a "recompute" push: it goes on after)
+    in_engine: bool = False  # handed to vLLM (not held for the end of a push)
+    ended: bool = False
     recomputed: list[int] = dataclasses.field(default_factory=list)  # versions of "recompute" pushes while it ran
+
+    @property
+    def waiting_for_token(self) -> bool:
+        """No token since its admission or the last push that interrupted it."""
+        return self.tokens == self.tokens_at_push
 
 
 class WeightInstall:
@@ -47,6 +56,7 @@ class WeightInstall:
     _in_flight: dict[int, InFlight]
     _tied_embeddings: bool
     _weights: WeightSender
+    _last_pause: tuple[int, float]  # of the last pause: requests it interrupted starved, seconds it waited for some
 
     def _started(self) -> AsyncLLM:
         raise NotImplementedError
@@ -69,7 +79,8 @@ class WeightInstall:
         phases = await self.update_weights(named_tensors, version)
         updated = clock()
         await self.resume()
-        return InstallTiming(paused - start, updated - paused, clock() - updated, phases)
+        starved, waited = self._last_pause
+        return InstallTiming(paused - start, updated - paused, clock() - updated, phases, starved, waited)
 
     async def update_weights(self, named_tensors: NamedTensors | StreamPlan, version: int) -> dict[str, float]:
         """Reload weights in place and label what follows with `version`; the engine must be paused.
