@@ -110,3 +110,65 @@ async def test_the_loopback_only_namespace_reaches_the_gateway_and_nothing_else(
                                                      stdout=asyncio.subprocess.PIPE)
         out, _ = await asyncio.wait_for(probe.communicate(), timeout=60)
     assert out.decode().split("\n")[:2] == [f"outside refused {errno.ENETUNREACH}", "gateway reached"]
+
+
+
+class ParentAndSubAgent(ScriptedEngine):
+    """Answers the calls that extend the first call's prompt (the parent's) from the parent's script and the others
+    (the sub-agent's) from the sub-agent's: the CLI runs its sub-agent in the background, so the two interleave in
+    no fixed order."""
+
+    def __init__(self, parent: list[list[int]], sub_agent: list[list[int]]) -> None:
+        super().__init__()
+        self.scripts = {True: parent, False: sub_agent}
+        self.first: tuple[int, ...] = ()
+
+    async def generate(self, request):
+        prompt = tuple(request.prompt_ids)
+        self.first = self.first or prompt
+        self.script.insert(0, self.scripts[prompt[: len(self.first)] == self.first].pop(0))
+        return await super().generate(request)
+
+
+def encoded(tokenizer, *texts: str) -> list[list[int]]:
+    engine = ScriptedEngine()
+    script_texts(engine, tokenizer, *texts)
+    return engine.script
+
+
+async def test_a_claude_code_sub_agent_trains_as_a_lineage_of_its_own(tokenizer, tmp_path: Path):
+    """The policy starts a sub-agent with Claude Code's Agent tool (Claude Code runs it in the background and tells
+    the parent when it is done); the sub-agent, a context of its own, runs the shell command and reports; the parent
+    answers. Five calls, two lineages — the parent's three, the sub-agent's two — so two training sequences, every
+    sampled token in exactly one of them."""
+    installed("node_modules/.bin/claude")
+    engine = ParentAndSubAgent(
+        encoded(tokenizer, call("Agent", {"description": "write the file", "subagent_type": "general-purpose",
+                                          "prompt": "Write the word hello into the file out.txt."}),
+                "The sub-agent is writing the file.", ANSWER),
+        encoded(tokenizer, call("Bash", {"command": "printf hello > out.txt", "description": "write the file"}),
+                "out.txt now holds hello."))
+    service = RolloutService([engine], tokenizer, ClientConfig(model_name="policy", max_model_len=32768))
+    gateway = Gateway(service, untrained_models=("policy-background",))
+    await gateway.start()
+    try:
+        episode = gateway.open_episode()
+        where = CodingAgentEpisode(episode.base_url, episode.api_key, str(tmp_path), PROMPT)
+        async with loopback_only(gateway.port) as launcher:
+            run = await run_claude_code(ClaudeCodeConfig(tools=["Bash", "Agent"], max_turns=6, max_output_tokens=256,
+                                                         time_limit_s=180, background_model="policy-background",
+                                                         launcher=launcher), where)
+        gateway.close_episode(episode)
+    finally:
+        await gateway.stop()
+    assert run.status == "success" and run.returncode == 0, run.stderr
+    assert (tmp_path / "out.txt").read_text() == "hello"  # the sub-agent ran the policy's command
+    assert ANSWER in json.dumps(run.transcript)
+    assert engine.scripts == {True: [], False: []} and gateway.answered[200] == 5 + gateway.untrained_calls
+    recorded = episode.client.trajectory(reward=1.0)
+    lineages = recorded.lineages()
+    assert [len(lineage) for lineage in lineages] == [3, 2] and lineages[0][0] == 0  # the parent first
+    sequences = recorded.to_sequences()
+    assert len(sequences) == 2
+    trained = [[t for t, m in zip(s.token_ids, s.loss_mask, strict=True) if m] for s in sequences]
+    assert trained == [[t for i in lineage for t in recorded.calls[i].output_ids] for lineage in lineages]
