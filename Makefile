@@ -122,13 +122,14 @@ demo: setup
 # The documentation site (mkdocs.yml; MkDocs with Material, from requirements/docs-lock.txt in .venv-docs, apart
 # from the training stack) built strict into site/: a broken link, or a page the navigation omits, fails it.
 # docs/config.md is generated from the config's field declarations first (a unit test fails when it is out of date).
+# No --quiet: mkdocs 1.6 then drops the warnings strict mode counts, and a broken link or anchor passes.
 DOCS_VENV := .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.fullasync-installed
 
 .PHONY: docs
 docs: setup $(DOCS_STAMP)
 	$(PY) -m fullasync.config.doc > docs/config.md
-	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict
 
 $(DOCS_STAMP): requirements/docs-lock.txt
 	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)

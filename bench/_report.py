@@ -1,5 +1,5 @@
-"""What every benchmark does at its end: say how it was run, print its section and write it into
-docs/benchmarks.md between its markers (unless `--no-write`)."""
+"""What every benchmark does at its end: say how it was run, print its section and write it into its study's page
+under docs/benchmarks/ between its markers (unless `--no-write`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-BENCHMARKS = DOCS / "benchmarks.md"
+STUDIES = DOCS / "benchmarks"  # one page per study, listed by the index docs/benchmarks.md and by mkdocs.yml
 
 
 def command_line() -> str:
@@ -27,7 +27,7 @@ def run_note(started: float) -> str:
 
 def write_section(markdown: Path, section: str, begin: str, end: str) -> None:
     """Replace the block between `begin` and `end` in `markdown` with `section` (appended when absent)."""
-    text = markdown.read_text() if markdown.exists() else "# Benchmarks\n"
+    text = markdown.read_text() if markdown.exists() else f"# {markdown.stem}\n"
     block = f"{begin}\n{section}\n{end}"
     if begin in text:
         text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
@@ -36,8 +36,19 @@ def write_section(markdown: Path, section: str, begin: str, end: str) -> None:
     markdown.write_text(text)
 
 
-def report(section: str, begin: str, end: str, write: bool, page: Path = BENCHMARKS) -> None:
-    """Print `section`; with `write`, put it into `page` between the markers `begin` and `end`."""
+def study_page(begin: str) -> Path:
+    """The page under docs/benchmarks/ that holds the marker `begin`; where none does, a new page named after it
+    (`<!-- name:begin -->` -> name.md), which the index's table and mkdocs.yml's nav must then list (the unit test
+    tests/unit/test_bench_scripts.py and the strict docs build fail until they do)."""
+    for page in sorted(STUDIES.glob("*.md")):
+        if begin in page.read_text():
+            return page
+    return STUDIES / f"{begin.removeprefix('<!-- ').split(':')[0]}.md"
+
+
+def report(section: str, begin: str, end: str, write: bool, page: Path | None = None) -> None:
+    """Print `section`; with `write`, put it between the markers `begin` and `end` of `page` (by default the study
+    page holding them)."""
     print(section)
     if write:
-        write_section(page, section, begin, end)
+        write_section(page or study_page(begin), section, begin, end)

@@ -24,7 +24,7 @@ partial rollout at k = 2 (every push interrupts all C generations: the client re
 to be the bottleneck. The simulated engines' CPU is subtracted; what
 remains is the driver's, plus the simulator's `generate` bookkeeping (an upper bound).
 
-Writes a table and a plot into docs/benchmarks.md / docs/control_plane.png (the exact command is
+Writes a table and a plot into docs/benchmarks/control-plane.md / control_plane.png there (the exact command is
 recorded there); `--profile C,E` prints where one point's CPU goes instead.
 
     .venv/bin/python bench/control_plane.py [--points 64x16,1024x16,...] [--resume client,engine] [--workers 1]
@@ -42,7 +42,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from _report import DOCS, command_line, report  # bench/ is on sys.path when run as a script
+from _report import STUDIES, command_line, report  # bench/ is on sys.path when run as a script
 
 from fullasync.contracts.engine import PauseMode
 from fullasync.sim.engine import DecodeCost
@@ -216,7 +216,7 @@ def main() -> None:
     section = ("## Control plane at scale (simulated engines, real driver code)\n\n"
                + render(results, command, elapsed, load))
     if not args.no_write:
-        plot(results, DOCS / "control_plane.png")
+        plot(results, STUDIES / "control_plane.png")
     report(section, BEGIN, END, write=not args.no_write)
 
 

@@ -18,7 +18,7 @@ of the rounds' ratios. The driver runs as a run's does (`settled_heap`). Setting
 - lengths *fixed*: every response `--max-tokens` long, so episodes move in lockstep and every request's
   CPU (SDK, HTTP, client) falls between two engine batches; *varied*: lognormal around it (σ 1, as the
   long-tail workload), the same sequence on both paths, so that CPU overlaps decoding as in a rollout.
-Asserts nothing; writes its section of docs/benchmarks.md unless --no-write.
+Asserts nothing; writes its section of docs/benchmarks/gateway-overhead.md unless --no-write.
 
     .venv/bin/python bench/gateway_overhead.py [--max-tokens 32] [--rounds 3] [--seconds 8] [--warmup 3]
                                          [--episodes 1,64,256] [--settings shared-fixed,shared-varied,split-varied]

@@ -25,7 +25,7 @@ memory is reported as "out of memory", and that path's longer lengths with it.
     .venv/bin/python bench/long_context.py [--models tiny smollm2-135m-instruct] [--lengths 2048 8192 16384 32768]
         [--tiny-lengths ... 65536] [--no-write]
 
-Writes a table into docs/benchmarks.md and a plot into docs/long_context.png.
+Writes a table into docs/benchmarks/long-context.md and a plot into docs/benchmarks/long_context.png.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _report import DOCS, report, run_note
+from _report import STUDIES, report, run_note
 
 from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
@@ -208,7 +208,7 @@ async def main(args: argparse.Namespace) -> None:
             tables[model][path.name] = await measure(model_path, path, runs, hf_config.vocab_size,
                                                      args.logits_cap_gb)
     if not args.no_write:
-        plot(tables, DOCS / "long_context.png")
+        plot(tables, STUDIES / "long_context.png")
     report(render(tables, vocabularies, run_note(started)), BEGIN, END, not args.no_write)
 
 

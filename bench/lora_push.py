@@ -2,8 +2,8 @@
 
 What each choice costs per training step:
 - merged (the default): the trainer merges W + alpha/r · B·A for every adapted layer (`merge_lora`), then pushes the
-  full weights as any full fine-tuning run does (its cost: bench/weight_push.py, `docs/benchmarks.md`); the engines
-  serve plain weights at plain speed;
+  full weights as any full fine-tuning run does (its cost: bench/weight_push.py, `docs/benchmarks/weight-push.md`);
+  the engines serve plain weights at plain speed;
 - adapter: only A and B travel (vLLM loads them as a LoRA adapter, a new adapter id per version), but every token
   the engines generate then goes through vLLM's LoRA kernels (`enable_lora`, punica's CPU ops here).
 
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--push-ms", type=float, default=1338.0,
-                        help="a full push of SmolLM2 fp32 (docs/benchmarks.md, bench/weight_push.py)")
+                        help="a full push of SmolLM2 fp32 (docs/benchmarks/weight-push.md, bench/weight_push.py)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine in this process
     parser.add_argument("--adapter", help=argparse.SUPPRESS)
     args = parser.parse_args()

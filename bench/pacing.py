@@ -10,7 +10,7 @@ by what the trainer finds ready at each batch request, `fullasync/rollout/stalen
 samples/s over the steady-state window and the ratio adaptive ÷ bound, the trained tokens' staleness
 (mean, and the share at each gap: the histogram), rows dropped as too stale, trainer idle fraction and
 the lead the adaptive run ended with. One run per cell (the clock is virtual, so a rerun gives the
-same numbers); the table goes into docs/benchmarks.md with the command.
+same numbers); the table goes into docs/benchmarks/pacing.md with the command.
 
     .venv/bin/python bench/pacing.py [--workers 2]     # ~2 min
 """

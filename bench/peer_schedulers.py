@@ -21,7 +21,7 @@ For each workload (`long-tail`; `agentic`: multi-turn with tool latency) and bou
 policy on G generation devices and reports samples/s over the steady-state window, the ratio ours /
 peer, the measured staleness of trained tokens (the peers' bounds are aggregate, not per token, so
 their realised maximum can exceed k), rows dropped, and generation-device idle time. One run per
-cell; the table goes into docs/benchmarks.md with the command and the machine's load average.
+cell; the table goes into docs/benchmarks/peer-schedulers.md with the command and the machine's load average.
 
     .venv/bin/python bench/peer_schedulers.py [--bounds 1,2] [--workloads long-tail,agentic] [--workers 2]
 """

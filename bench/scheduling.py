@@ -21,7 +21,7 @@ It assumes full decode batches at all times, no token generated in vain, and tra
 entirely behind generation except for the push — each assumption only removes time.
 
 Writes a table, the breakdown of where the best fully_async run's time went, and a plot into
-docs/benchmarks.md / docs/scheduling.png (the exact command is recorded there).
+docs/benchmarks/scheduling.md / scheduling.png there (the exact command is recorded there).
 
     .venv/bin/python bench/scheduling.py [--preset long-tail] [--splits 11,12,13,14] [--workers 2]
 """
@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from _report import DOCS, command_line, report
+from _report import STUDIES, command_line, report
 
 from fullasync.sim.harness import SimResult, SimSpec, simulate
 from fullasync.sim.workload import PRESETS, Workload, analytic_bound, bound_terms, split_bound, sync_bound_without_tail
@@ -258,7 +258,7 @@ def main() -> None:
                     "for the 'before' rows.\n\n" + render_ablation(workload, ablation_results))
     if not args.no_write:
         image = "scheduling.png" if workload.name == "long-tail" else f"scheduling-{workload.name}.png"
-        plot(workload, results, DOCS / image)
+        plot(workload, results, STUDIES / image)
     report(section, BEGIN.replace("scheduling", f"scheduling-{workload.name}"),
            END.replace("scheduling", f"scheduling-{workload.name}"), write=not args.no_write)
 

@@ -4,7 +4,7 @@ writes them) against every field with its null (the gateway's wire before), in o
 Driver side: serialising one chunk (`model_dump_json`). Harness side: the `openai` SDK reading a streamed
 answer of `--events` content chunks through its own SSE decoder and chunk types, from an in-memory HTTP transport
 (no sockets: the SDK's parsing alone); per event = (answer of N events − answer of 1 event) / (N − 1). Best of
-`--repeats` alternating runs. Asserts nothing; prints the table (docs/benchmarks.md quotes it by hand).
+`--repeats` alternating runs. Asserts nothing; prints the table (docs/benchmarks/gateway-overhead.md quotes it by hand).
 
     .venv/bin/python bench/stream_chunks.py [--events 21] [--requests 400] [--repeats 5]
 """

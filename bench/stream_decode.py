@@ -5,7 +5,7 @@ A response of L tokens (real text: prose, code, multi-byte characters) arrives i
 as `rollout.stream_interval` sends them; each delta goes through `TextDeltas.push` (decode, hold back a partial
 character and the beginning of a stop string), on the tiny model's tokenizer and SmolLM2's. Printed per length:
 µs per token each way (best of `--repeats`) and before ÷ after. Asserts nothing; writes its section of
-docs/benchmarks.md unless --no-write.
+docs/benchmarks/stream-decode.md unless --no-write.
 
     .venv/bin/python bench/stream_decode.py [--lengths 32,64,256,1024,4096,16384] [--interval 8] [--repeats 3]
 """

@@ -26,12 +26,13 @@ the held-out rows (`--val-samples` episodes per row), so validation costs no run
 its training loop's wall time at that step (`perf/elapsed_s`).
 
 Each (mode, seed) run is a child process of its own (fresh Ray, its layout); modes interleave within a seed, so drift
-hits all alike. Records: bench/results/time_to_score/<mode>/seed<S>.json (a run with a record is not run again);
-runs write to outputs/time_to_score/. The table and plot (docs/benchmarks.md, docs/time_to_score.png) come from the
-records (deepresearch: bench/results/time_to_score/deepresearch/, docs/time_to_score_deepresearch.png). A benchmark,
-not a test: nothing is asserted. Idle machine: each long-tail run is 6-8 min (training 3-6, scoring ~2;
-this VM's speed varies between days), the five-mode study 116 min on 2026-11-30; a deepresearch run ~7.5 min
-(training ~5.5 with the example's start-up, scoring ~2), the four-mode study ~90 min.
+hits all alike. Records: bench/results/time_to_score/<mode>/seed<S>.json (a run with a record is not run again); runs
+write to outputs/time_to_score/. The table and plot (docs/benchmarks/time-to-score.md, time_to_score.png there) come
+from the records (deepresearch: bench/results/time_to_score/deepresearch/,
+docs/benchmarks/time-to-score-deepresearch.md). A benchmark, not a test: nothing is asserted. Idle machine: each
+long-tail run is 6-8 min (training 3-6, scoring ~2; this VM's speed varies between days), the five-mode study 116 min on
+2026-11-30; a deepresearch run ~7.5 min (training ~5.5 with the example's start-up, scoring ~2), the four-mode study ~90
+min.
 
     .venv/bin/python bench/time_to_score.py --seeds 0,1,2
     .venv/bin/python bench/time_to_score.py --task deepresearch --modes sync,sync@split,fully_async+partial
@@ -92,18 +93,18 @@ class Task:
 
     name: str
     records: Path
-    marker: str  # docs/benchmarks.md's <!-- marker:begin/end -->
+    marker: str  # <!-- marker:begin/end --> on its page under docs/benchmarks/
     plot: Path
     heading: str
     defaults: dict[str, Any]
 
 
 TASKS = {
-    "long-tail": Task("long-tail", RECORDS, "time-to-score", ROOT / "docs" / "time_to_score.png",
+    "long-tail": Task("long-tail", RECORDS, "time-to-score", ROOT / "docs" / "benchmarks" / "time_to_score.png",
                       "Time to the same score (real stack, CPU)",
                       dict(steps=40, every=4, lr=1e-4, batch=8, val_samples=128, val_questions=0)),
     "deepresearch": Task("deepresearch", RECORDS / "deepresearch", "time-to-score-deepresearch",
-                         ROOT / "docs" / "time_to_score_deepresearch.png",
+                         ROOT / "docs" / "benchmarks" / "time_to_score_deepresearch.png",
                          "Time to the same score on the deepresearch example (real stack, CPU)",
                          dict(steps=30, every=3, lr=5e-4, batch=8, val_samples=2, val_questions=100)),
 }

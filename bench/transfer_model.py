@@ -185,7 +185,8 @@ def render(bw: Bandwidths) -> str:
 
 
 def write(no_write: bool = False) -> None:
-    """Measure, print, and (unless `no_write`) rewrite the section of docs/benchmarks.md (Ray must be up)."""
+    """Measure, print, and (unless `no_write`) rewrite its section of docs/benchmarks/transfer-model.md (Ray must be
+    up)."""
     from _report import report
 
     report(render(measure()), BEGIN, END, write=not no_write)

@@ -33,7 +33,7 @@ from fullasync.types import FinishReason
 
 # ids of responses and tool calls, 32 hex digits like a uuid4's: a random prefix per process, then a counter,
 # so unique without an urandom system call per response (a measurable share of the driver's CPU at scale:
-# docs/benchmarks.md, "Figures behind the code")
+# docs/benchmarks/figures.md)
 _unique_hex = map(f"{uuid.uuid4().hex[:16]}{{:016x}}".format, itertools.count())
 
 

@@ -114,8 +114,7 @@ class ServedApp:
 
         # IPPROTO_TCP named explicitly: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on connections of
         # a socket whose protocol says TCP, and a response written as headers then body would otherwise wait for
-        # the client's delayed ACK on a kept-alive connection (the cost: docs/benchmarks.md, "Figures behind the
-        # code")
+        # the client's delayed ACK on a kept-alive connection (the cost: docs/benchmarks/figures.md)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
                              socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

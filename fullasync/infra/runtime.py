@@ -40,8 +40,8 @@ def init_ray(num_cpus: int | None = None, num_gpus: int | None = None, log_to_dr
     os.environ.setdefault("VLLM_HOST_IP", LOOPBACK)
     os.environ.setdefault("MASTER_ADDR", LOOPBACK)
     # Ray starts its workers at niceness 15, to keep a shared machine's other work responsive; here the workers
-    # (engines, trainer ranks) are the work, and at 15 any other load starves them (docs/benchmarks.md, "Figures
-    # behind the code"). Workers inherit this from the raylet we start.
+    # (engines, trainer ranks) are the work, and at 15 any other load starves them (docs/benchmarks/figures.md).
+    # Workers inherit this from the raylet we start.
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(
         address="local",

@@ -43,7 +43,7 @@ from fullasync.types import Trajectory, TrajectoryGroup
 # loop iteration and hold every engine reply and gateway request behind them; the dispatcher starts at most this
 # many episodes per this interval (`Pacer`), so the loop serves what is waiting in between. Episodes wait for
 # engine slots anyway. The rate is chosen so that admission takes under half a core and the loop keeps up with the
-# replies beside it (bench/control_plane.py; the figures: docs/benchmarks.md, "Figures behind the code").
+# replies beside it (bench/control_plane.py; the figures: docs/benchmarks/figures.md).
 ADMISSION_BURST_EPISODES = 32
 ADMISSION_REST_S = 0.015
 
@@ -195,7 +195,8 @@ class Rollouter:
         engine slots go to rows already admitted. Its admission slot stays taken until the version moves: a row
         started in its place now would sample at `version` and have a step less to finish in than one started
         after the push, and the rows so started were the next to be stopped (in the simulator, releasing at once
-        threw away 11–17 % of the decoded tokens where holding throws away 7–16 %, `docs/benchmarks.md`)."""
+        threw away 11–17 % of the decoded tokens where holding throws away 7–16 %,
+        `docs/benchmarks/peer-schedulers.md`)."""
         if self.settings.stop_stale_rows:
             self._stop_stale_rows(oldest_allowed(version + 1, self.staleness.max_staleness), hold_slots=True)
 

@@ -51,7 +51,7 @@ VALIDATION_DRAIN_TIMEOUT_S = 600.0  # running rows must finish within this befor
 # Python's defaults: (700, 10, 10). A young collection traverses every container allocated since the last one
 # and still alive; with thousands of episodes in flight most of them are (token lists of running calls). At
 # 1,000,000 the episodes' objects die (by reference counting: an episode holds no cycle) before a collection sees
-# them (bench/control_plane.py; the figures: docs/benchmarks.md, "Figures behind the code").
+# them (bench/control_plane.py; the figures: docs/benchmarks/figures.md).
 GC_THRESHOLDS = (1_000_000, 20, 100)
 
 
@@ -62,8 +62,8 @@ def settled_heap() -> Iterator[None]:
     On entry: collects, freezes every object alive after start-up (modules, tokenizers, engine handles) out of
     the collector's reach, and makes collections rarer (`GC_THRESHOLDS`). With the defaults, collections scale
     with the live episodes' objects and took half the driver's CPU at 8,192 concurrent episodes
-    (bench/control_plane.py, docs/benchmarks.md); almost all of a run's garbage is freed by reference counting
-    anyway, and what is cyclic waits a little longer. On exit: the frozen objects return to the collector
+    (bench/control_plane.py, docs/benchmarks/control-plane.md); almost all of a run's garbage is freed by reference
+    counting anyway, and what is cyclic waits a little longer. On exit: the frozen objects return to the collector
     and the previous thresholds are restored, so a process that runs again (or does anything else) leaks nothing.
     Inside another block (an evaluation started by a program that runs one already) it changes nothing.
     """

@@ -40,8 +40,8 @@ INSTALL_ATTEMPTS = 2  # a failed install is tried once more before its engine is
 RESTART_ATTEMPTS = 3  # restarts of a dead engine that fail in a row (it died again while starting) before the run does
 # An ABORT push returns every interrupted generation to the driver, which takes it in and, once its engine resumes,
 # sends it again: thousands at one instant stall the loop at the pause and again at the resume (bench/control_plane.py;
-# the figures: docs/benchmarks.md, "Figures behind the code"). Engines start their install at most this many
-# interrupted requests per window (an engine with more takes the windows it needs), so both bursts are spread.
+# the figures: docs/benchmarks/figures.md). Engines start their install at most this many interrupted requests
+# per window (an engine with more takes the windows it needs), so both bursts are spread.
 ABORT_BURST_REQUESTS = 64
 ABORT_REST_S = 0.010
 

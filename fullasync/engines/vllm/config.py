@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 # Streamed requests' new tokens go to the driver at most this often, all of an engine's streams in one Ray object
 # (at once after a quiet spell): a Ray object per vLLM step, or per stream, costs the driver CPU per streamed token
-# that one per engine does not (the figures: docs/benchmarks.md, "Figures behind the code").
+# that one per engine does not (the figures: docs/benchmarks/figures.md).
 STREAM_DELTA_S = 0.02
 
 # AsyncEngineArgs the engine sets from its own fields (model_path is vLLM's `model`) or needs as they are (priority
