@@ -60,13 +60,14 @@ from omegaconf import DictConfig, OmegaConf
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from fullasync.api import AsyncAgentTrainer, _start_trainer, engine_config
+from fullasync.api import AsyncAgentTrainer
 from fullasync.config import RunConfig
 from fullasync.config.compose import build_config, schema_node
 from fullasync.contracts.engine import InstallTiming, PauseMode
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
 from fullasync.infra.runtime import init_ray
 from fullasync.infra.shm import SHM, remove_orphaned_semaphores, unmapped
+from fullasync.launch.parts import engine_config, start_trainer
 from fullasync.observe.logs import configure_logging
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.tasks.arithmetic import messages, reward
@@ -261,7 +262,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     trainer = VerlTrainer(AsyncAgentTrainer(config).model_path(), config.resolved_trainer())
     model_path = trainer.model_path
     engines, _ = await asyncio.gather(launch_vllm_engines(engine_config(config, model_path),
-                                                          config.engine.num_engines), _start_trainer(trainer))
+                                                          config.engine.num_engines), start_trainer(trainer))
     for engine in engines:
         breaking_pushes(engine, tally)
     segments, results = 0, []

@@ -27,9 +27,10 @@ from pathlib import Path
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutSettings
-from fullasync.run import RunSettings, assemble
 from fullasync.run import checkpoint as ckpt
+from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import CheckpointPolicy
+from fullasync.run.runner import RunSettings
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer

@@ -25,11 +25,12 @@ import time
 
 from _report import command_line, report  # bench/ is on sys.path when run as a script
 
-from fullasync.api import AsyncAgentTrainer, engine_config
+from fullasync.api import AsyncAgentTrainer
 from fullasync.config import RunConfig
 from fullasync.contracts.engine import PauseMode
 from fullasync.engines.vllm import launch_vllm_engines
 from fullasync.infra.runtime import init_ray
+from fullasync.launch.parts import engine_config
 from fullasync.tasks.warmup import build_warm_policy
 from fullasync.trainer.verl_trainer import VerlTrainer
 from fullasync.weights.sync import WeightSync
@@ -77,7 +78,7 @@ async def push_timing(engine, trainer, repeats: int = 5) -> dict[str, float]:
 
 async def queue_hop_s(groups: int = 64) -> float:
     """Seconds per trajectory group through the Ray queue actor (put, then get in one batch)."""
-    from fullasync.run import RayGroupQueue
+    from fullasync.run.queue import RayGroupQueue
     from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
     call = ModelCall(tuple(range(40)), tuple(range(4)), (-0.5,) * 4, (0,) * 4, FinishReason.STOP)

@@ -43,7 +43,7 @@ from _report import report, run_note
 from _timing import MESSAGES, completion_tokens, mean_se, sustained, tiny_engine_service, turn_length
 
 from fullasync.gateway import Gateway
-from fullasync.run.assemble import settled_heap
+from fullasync.infra.heap import settled_heap
 
 BENCH = Path(__file__).resolve().parent
 BEGIN, END = "<!-- gateway-overhead:begin -->", "<!-- gateway-overhead:end -->"

@@ -95,9 +95,10 @@ async def rollout_fn(client: Any, row: dict[str, Any]) -> float:
 async def train(config: Any, train_rows: list[dict], val_rows: list[dict]) -> Any:
     """The run, on an engine started here with a KV cache sized for this model (the CPU default holds
     ~1,400 tokens of SmolLM2: 46 KB per token), otherwise exactly what `AsyncAgentTrainer.train()` does."""
-    from fullasync.api import AsyncAgentTrainer, engine_config
+    from fullasync.api import AsyncAgentTrainer
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.parts import engine_config
 
     run = AsyncAgentTrainer(config, rollout_fn=rollout_fn, train_dataset=train_rows, val_dataset=val_rows)
     init_ray(log_to_driver=False)

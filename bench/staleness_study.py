@@ -137,9 +137,10 @@ async def run_seed(specs: list[dict]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fullasync.api import AsyncAgentTrainer, engine_config
+    from fullasync.api import AsyncAgentTrainer
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.parts import engine_config
     from fullasync.weights.sync import WeightSync
 
     first = run_config(specs[0])

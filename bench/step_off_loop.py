@@ -20,8 +20,8 @@ import random
 import time
 from collections.abc import Callable
 
+from fullasync.infra.heap import settled_heap
 from fullasync.infra.offload import off_loop
-from fullasync.run.assemble import settled_heap
 from fullasync.trainer.batch import build_batch, shard_batch
 from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 

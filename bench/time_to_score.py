@@ -191,9 +191,9 @@ async def score_saved(run_dir: Path, config: Any, score: Score) -> dict[int, tup
     import torch
     from transformers import AutoModelForCausalLM
 
-    from fullasync.api import engine_config
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.parts import engine_config
     from fullasync.weights.sync import WeightSync
 
     init_ray()
@@ -239,8 +239,8 @@ async def deepresearch_scores(run_dir: Path, args: argparse.Namespace) -> dict[i
     from examples.deepresearch.tools import ResearchTools
     from examples.deepresearch.train import data_files, open_retriever
     from examples.deepresearch.train import policy_path as example_policy
-    from fullasync.api import client_config
     from fullasync.client import RolloutService
+    from fullasync.launch.parts import client_config
     from fullasync.models import load_tokenizer
 
     config = deepresearch_config([f"output_dir={run_dir / 'scores'}"])

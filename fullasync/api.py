@@ -1,8 +1,8 @@
 """`AsyncAgentTrainer`: the Python entry point of a training run.
 
 Owns: resolving the run's inputs (model, rollout_fn, datasets), starting and stopping the engines and
-the trainer (in `try/finally`), and the metrics sink. The run itself is wired and supervised in
-`fullasync.run` (`assemble`), its steps live in `fullasync/run/loop.py`.
+the trainer (in `try/finally`, with the builders of `fullasync.launch`), and the metrics sink. The run itself is
+wired and supervised in `fullasync.run` (`assemble`, `Run`), its steps live in `fullasync/run/loop.py`.
 
     trainer = AsyncAgentTrainer(RunConfig(mode="fully_async"), rollout_fn=my_rollout,
                                 train_dataset=rows, val_dataset=held_out)
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -21,19 +20,21 @@ import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from fullasync.client import ClientConfig, RolloutService
-from fullasync.config import BUILTIN_MODEL, RunConfig, config_fields, shared_settings
+from fullasync.client import RolloutService
+from fullasync.config import RunConfig, config_fields
 from fullasync.data import load_rows, resolve_dotted
-from fullasync.engines.vllm import RayEngine, VLLMEngineConfig, launch_vllm_engines
-from fullasync.engines.vllm.args import check_engine_args, split_engine_args
-from fullasync.infra.placement import cluster_gpus, gpu_blocks, layout_table, plan_gpus
+from fullasync.engines.vllm import RayEngine, launch_vllm_engines
+from fullasync.engines.vllm.args import check_engine_args
+from fullasync.infra.heap import settled_heap
+from fullasync.infra.placement import cluster_gpus, gpu_blocks, plan_gpus
 from fullasync.infra.platform import is_cpu_platform, process_on_cpus
 from fullasync.infra.runtime import describe_cluster, init_ray
 from fullasync.infra.shm import remove_orphaned_semaphores
+from fullasync.launch.model import resolve_model_path
+from fullasync.launch.parts import check_chat_setup, client_config, engine_config, log_layout, start_trainer
 from fullasync.models import load_tokenizer
-from fullasync.models.hub import InvalidModelError, looks_like_hub_id, resolve_hub_model
 from fullasync.observe.logs import configure_logging, progress, progress_display
 from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
@@ -41,9 +42,11 @@ from fullasync.observe.tracking import TrackingSettings, check_loggers, open_log
 from fullasync.presets import builtin_values_warning, weights_bytes
 from fullasync.rollout.generator import as_generator
 from fullasync.rollout.rollouter import RolloutFn
-from fullasync.run import LoopResult, Run, RunSettings, assemble, checkpoint
-from fullasync.run.assemble import settled_heap
+from fullasync.run import checkpoint
+from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
+from fullasync.run.result import LoopResult
+from fullasync.run.runner import Run, RunSettings
 from fullasync.types import JsonValue
 from fullasync.weights.transport import weight_transport
 
@@ -53,77 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fullasync")
 
-
-# Fields of the `engine` section that are the run's, not an engine's (every other one is a VLLMEngineConfig field;
-# `vllm` is split between VLLMEngineConfig's fields and its extra_engine_kwargs, `kv_cache_mb` goes to the latter).
-RUN_ENGINE_FIELDS = ("num_engines", "restart_on_failure", "kv_cache_mb", "vllm")
-RESTART_GRACE_S = 60.0  # a call whose engines all died waits for a restart this much beyond engine.start_timeout_s
-
-
-def engine_config(config: RunConfig, model_path: str) -> VLLMEngineConfig:
-    """The engines a run of `config` starts (for callers that start them themselves and pass them in): the
-    `engine` section's fields that VLLMEngineConfig declares, the model's served name and the run's seed, and
-    vLLM's own arguments of `engine.vllm` (checked against the installed vLLM; those VLLMEngineConfig declares,
-    such as max_num_seqs, as its fields)."""
-    section = config.engine
-    settings = shared_settings(section, VLLMEngineConfig)
-    settings["dtype"] = config.engine_dtype
-    own, extra = split_engine_args(section.vllm, {f.name for f in dataclasses.fields(VLLMEngineConfig)})
-    kv_cache = {"kv_cache_memory_bytes": section.kv_cache_mb * 2**20} if section.kv_cache_mb else {}
-    return VLLMEngineConfig(model_path=model_path, served_model_name=config.model.served_name, seed=config.seed,
-                            extra_engine_kwargs={**kv_cache, **extra}, **settings, **own)
-
-
-def client_config(config: RunConfig) -> ClientConfig:
-    """The client of a run of `config`: it serves the engines' context length and `top_logprobs` limit (the same
-    fields), the model's name and tool-call format, and waits for interrupted and restarting engines."""
-    engine = config.engine
-    return ClientConfig(
-        model_name=config.model.served_name, tool_parser=config.model.tool_parser,
-        reasoning_parser=config.model.reasoning_parser,
-        max_model_len=engine.max_model_len, max_top_logprobs=engine.max_logprobs,
-        resume_timeout_s=config.rollout.resume_timeout_s, stream_interval=config.rollout.stream_interval,
-        kv_routing=config.rollout.kv_routing,
-        restart_wait_s=engine.start_timeout_s + RESTART_GRACE_S if engine.restart_on_failure else 0.0,
-    )
-
-
-def resolve_model_path(config: RunConfig) -> str:
-    """The directory engines and trainer load: `model.path` resolved (a named model is converted and cached
-    on first use) with `model.chat_template` applied; raises here if template and tool parser do not fit."""
-    from fullasync.client.reasoning import ReasoningSplitter
-    from fullasync.client.tool_parsers import make_tool_parser
-    from fullasync.models import PRETRAINED_MODELS, build_pretrained_model, check_chat_setup, with_chat_template
-
-    model = config.model
-    model.validate()
-    if model.path == BUILTIN_MODEL:
-        from fullasync.tasks.warmup import build_warm_policy
-
-        base = build_warm_policy()
-    elif model.path in PRETRAINED_MODELS:
-        base = build_pretrained_model(model.path)
-    elif Path(model.path).is_dir():
-        base = Path(model.path)
-    elif looks_like_hub_id(model.path):
-        base = resolve_hub_model(model.path, model.revision)
-    else:
-        raise InvalidModelError(f"model.path={model.path!r} is not a local model directory, a hub ID (org/name), "
-                                f"{BUILTIN_MODEL} or a named model ({', '.join(sorted(PRETRAINED_MODELS))})")
-    path = with_chat_template(base, model.chat_template)
-    tokenizer = load_tokenizer(path)
-    try:
-        tool_parser = make_tool_parser(model.tool_parser, tokenizer)
-        reasoning = ReasoningSplitter(model.reasoning_parser, tokenizer) if model.reasoning_parser else None
-    except ValueError as error:
-        raise InvalidModelError(f"model.tool_parser={model.tool_parser!r} / model.reasoning_parser="
-                                f"{model.reasoning_parser!r}: {error}") from None
-    try:
-        check_chat_setup(tokenizer, tool_parser, f"model.chat_template={model.chat_template}" if model.chat_template
-                         else f"the chat template of {model.path}", reasoning)
-    except ValueError as error:  # the template and parsers do not fit: the user's setting to fix, not a crash
-        raise InvalidModelError(str(error)) from None
-    return str(path)
+T = TypeVar("T")
 
 
 def _row_id(row: Any, index: int) -> str:
@@ -180,8 +113,11 @@ class AsyncAgentTrainer:
         return None, None, None
 
     def model_path(self) -> str:
-        """The directory engines and trainer load (`resolve_model_path`)."""
-        return resolve_model_path(self.config)
+        """The directory engines and trainer load (`resolve_model_path`), its chat template checked against the
+        client's parsers (`check_chat_setup`)."""
+        path = resolve_model_path(self.config)
+        check_chat_setup(self.config, path)
+        return path
 
     def train(self) -> LoopResult:
         """Run the training in a new event loop; on a terminal with live progress bars (`progress_display`)."""
@@ -246,9 +182,9 @@ class AsyncAgentTrainer:
         if trainer is None:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         started = await asyncio.gather(
-            launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if own_engines
+            launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if engines is None
             else _ready(engines),
-            _start_trainer(trainer) if own_trainer else _ready(None),
+            start_trainer(trainer) if own_trainer else _ready(None),
             return_exceptions=True,
         )
         engines = started[0] if not isinstance(started[0], BaseException) else []
@@ -256,7 +192,7 @@ class AsyncAgentTrainer:
             for outcome in started:
                 if isinstance(outcome, BaseException):
                     raise outcome
-            await _log_layout(cast("list[RayEngine]", engines) if own_engines else [], trainer if own_trainer else None)
+            await log_layout(cast("list[RayEngine]", engines) if own_engines else [], trainer if own_trainer else None)
             with process_on_cpus("rollout.cpus", cfg.rollout.cpus):  # after Ray's and the workers' processes started
                 if cfg.rollout.cpus:
                     log.info("this process (rollouter, client, rollout_fn, loop) on cores %s (rollout.cpus)",
@@ -268,14 +204,15 @@ class AsyncAgentTrainer:
                 remove_orphaned_semaphores(since=started_at)
 
     @staticmethod
-    async def _shutdown(trainers: list, engines: list) -> None:
+    async def _shutdown(trainers: list, engines: Sequence[Engine]) -> None:
         """Stop what this run started; a component that fails to stop is logged, the others still stop."""
         stopping = [*(t.shutdown() for t in trainers), *(e.shutdown() for e in engines)]
         for outcome in await asyncio.gather(*stopping, return_exceptions=True):
             if isinstance(outcome, Exception):
                 log.warning("shutdown: %r", outcome)
 
-    async def _run(self, engines: list, trainer: Any, model_path: str, resume: Checkpoint | None) -> LoopResult:
+    async def _run(self, engines: Sequence[Engine], trainer: Any, model_path: str,
+                   resume: Checkpoint | None) -> LoopResult:
         cfg = self.config
         output_dir = Path(cfg.output_dir)
         tokenizer = load_tokenizer(model_path)
@@ -304,35 +241,8 @@ class AsyncAgentTrainer:
             sink.close()
 
 
-async def _ready(value: Any) -> Any:
+async def _ready(value: T) -> T:
     return value
-
-
-async def _log_layout(engines: Sequence[RayEngine], trainer: VerlTrainer | None) -> None:
-    """What runs where (node, GPU ids), as Ray placed the engines and trainer ranks this run started."""
-    rows = [(engine.name, *await engine.placement()) for engine in engines]
-    if trainer is not None:
-        rows += [(f"trainer rank {rank}", node, gpus) for rank, (node, gpus) in enumerate(await trainer.placement())]
-    if rows:
-        log.info("layout:\n%s", layout_table(rows))
-
-
-async def _start_trainer(trainer: VerlTrainer) -> None:
-    began = time.perf_counter()
-    await trainer.start()
-    workers = trainer.config.num_workers
-    took = time.perf_counter() - began
-    runs = await trainer.describe()
-    budget = trainer.config.max_tokens_per_micro_batch
-    log.info("trainer ready: %d worker%s (%.1f s): %s master weights, %s compute, %s attention, %s micro-batches "
-             "%s, log-probs %s, sequence parallel %s, gradient checkpointing %s, trained parameters %s, rank 0 on "
-             "cores %s with %s threads", workers,
-             "s" * (workers != 1), took, runs["master_dtype"], runs["compute_dtype"], runs["attention"],
-             "packed" if runs["padding_free"] == "true" else "padded",
-             f"of up to {budget} tokens" if budget else f"of {trainer.config.micro_batch_size} sequences",
-             "in chunks" if runs["chunked_logprobs"] == "true" else "from full logits", runs["sequence_parallel"],
-             "on" if runs["gradient_checkpointing"] == "true" else "off", runs["trained_parameters"], runs["cpus"],
-             runs["threads"], extra=progress("trainer", 1, 1))
 
 
 @contextlib.contextmanager

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fullasync.contracts.engine import GenerateRequest, GenerateResult, TokenDelta
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, Mortal, TokenDelta
 from fullasync.types import FinishReason
 
 
-class ScriptedEngine:
+class ScriptedEngine(Mortal):
     name = "scripted"
-    death = None
     workers = 1
+    kv_tokens = None  # unknown: the router counts bound episodes
 
     def __init__(self) -> None:
         self.script: list[list[int] | tuple[list[int], str]] = []
@@ -33,6 +33,9 @@ class ScriptedEngine:
 
     async def wait_resumed(self, timeout_s: float) -> bool:
         return True
+
+    async def kv_stats(self) -> None:
+        return None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         entry = self.script.pop(0)

@@ -79,10 +79,11 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     from examples.deepresearch.episodes import EpisodeStats
     from examples.deepresearch.evaluate import evaluate_on_service
     from examples.deepresearch.tools import ResearchTools
-    from fullasync.api import AsyncAgentTrainer, client_config, engine_config
+    from fullasync.api import AsyncAgentTrainer
     from fullasync.client import RolloutService
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.parts import client_config, engine_config
     from fullasync.models import load_tokenizer
 
     started = time.monotonic()

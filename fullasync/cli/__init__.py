@@ -3,5 +3,5 @@
 Each command is a thin layer over `fullasync.api` and the components; nothing below imports this package.
 Does not own: any component's logic. May import: every package (`contracts`, `config`, `infra`, `observe`,
 `weights`, `engines`, `trainer`, `client`, `gateway`, `rollout`, `run`, `models`, `tasks`, `data`, `presets`, `api`,
-`types`, `errors`).
+`launch`, `types`, `errors`).
 """

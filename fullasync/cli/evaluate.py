@@ -17,17 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullasync.api import AsyncAgentTrainer, client_config, engine_config, resolve_model_path
+from fullasync.api import AsyncAgentTrainer
 from fullasync.client import RolloutService
 from fullasync.config import RunConfig
 from fullasync.contracts.engine import Engine
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import launch_vllm_engines
 from fullasync.gateway import Gateway
+from fullasync.infra.heap import settled_heap
 from fullasync.infra.runtime import init_ray
+from fullasync.launch.model import resolve_model_path
+from fullasync.launch.parts import check_chat_setup, client_config, engine_config
 from fullasync.models import load_tokenizer
 from fullasync.rollout.generator import CustomGenerator, RolloutFn, as_generator, run_harness
-from fullasync.run.assemble import episodes_on, settled_heap
+from fullasync.run.assemble import episodes_on
 from fullasync.run.validation import ValidationResult, evaluate
 
 
@@ -85,6 +88,7 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
     harness, listed = eval_inputs(config, rollout_fn, rows)
     generator = as_generator(harness)  # refuses a non-async function before engines start
     model_path = resolve_model_path(config)
+    check_chat_setup(config, model_path)
     own_engines = engines is None
     if engines is None:
         init_ray(log_to_driver=config.worker_logs)

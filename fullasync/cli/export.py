@@ -77,8 +77,8 @@ def config_from_fingerprint(fingerprint: Mapping[str, JsonValue], overrides: Seq
 
 async def export_checkpoint(checkpoint_dir: Path, target: Path, overrides: Sequence[str] = ()) -> Path:
     """Write the policy of the checkpoint at `checkpoint_dir` to `target` (which must not hold files yet)."""
-    from fullasync.api import resolve_model_path
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.model import resolve_model_path
     from fullasync.trainer.verl_trainer import VerlTrainer
 
     saved = checkpoint.load(checkpoint_dir)

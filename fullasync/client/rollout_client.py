@@ -61,9 +61,9 @@ log = logging.getLogger("fullasync")
 class ClientConfig:
     """Settings shared by every episode's client.
 
-    A run makes it from its sections (`fullasync.api.client_config`); the settings a run has take their defaults
-    from there (help: `fullasync.config.run`, docs/config.md), so a client made on its own fits engines made on their
-    own (`VLLMEngineConfig`) in context length and `top_logprobs`."""
+    A run makes it from its sections (`fullasync.launch.parts.client_config`); the settings a run has take their
+    defaults from there (help: `fullasync.config.run`, docs/config.md), so a client made on its own fits engines made
+    on their own (`VLLMEngineConfig`) in context length and `top_logprobs`."""
 
     model_name: str = ModelSection.served_name  # the name callers pass as `model`
     max_model_len: int = EngineSection.max_model_len  # the engines' context length (prompt + output)

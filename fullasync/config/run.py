@@ -4,7 +4,7 @@ Owns: every knob of a training run, each declared once with its default, its one
 resumed run may change it (`fullasync.config.fields.setting`); the meaning of `mode`; and the cross-field
 checks run at start-up (`RunConfig.validate`), each error naming the field and the fix. The components' own
 configs (engines, client, rollouter) take their defaults from here and are made from these sections
-(`fullasync.api.engine_config`, `client_config`, `RunSettings.from_config`).
+(`fullasync.launch.parts.engine_config`, `client_config`, `RunSettings.from_config`).
 Does not own: the trainer's own knobs (`fullasync.config.trainer.TrainerConfig`, nested here), or how the
 help is printed (`fullasync.config.doc`: `fullasync train --help`, docs/config.md).
 """
@@ -80,7 +80,8 @@ class EngineSection:
                                 "in the engines and the client")
     stall_timeout_s: float = setting(120.0, "an engine with in-flight requests and no new token this long "
                                      "(not paused) is declared dead")
-    probe_interval_s: float = setting(5.0, "how often the engine watchdog probes each engine")
+    probe_interval_s: float = setting(5.0, "how often the engine watchdog probes each engine (and the pause before "
+                                      "a failed restart is tried again)")
     starved_interruptions: int = setting(
         0, "weight pushes in a row that may interrupt a generation before it produced a token; then the next abort or "
         "recompute push waits for its token (engine.starved_wait_s at most). 0: no push interrupts a request before "

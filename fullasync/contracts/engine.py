@@ -162,8 +162,8 @@ class InstallTiming:
 
 @dataclass(frozen=True)
 class KVStats:
-    """An engine's own KV counters over its life (an engine that has them answers `kv_stats()`; the router and the
-    run's metrics skip one that does not): prompt tokens looked up in its prefix cache and those found there (the
+    """An engine's own KV counters over its life (`Engine.kv_stats()`; the router and the run's metrics skip an
+    engine that answers None): prompt tokens looked up in its prefix cache and those found there (the
     rest were prefilled), the share of its KV blocks in use when asked, and its KV capacity in tokens."""
 
     prefix_queries: int
@@ -175,6 +175,43 @@ class KVStats:
     def recomputed(self) -> int:
         """Prompt tokens prefilled because the cache did not hold them."""
         return self.prefix_queries - self.prefix_hits
+
+
+class Mortal:
+    """`Engine.death` as state and as an event, for implementations to inherit: setting `death` (the error that
+    declared the engine dead, or None when a restart revives it) wakes `wait_dead` at once — a death is heard when it
+    is declared, not at somebody's next poll."""
+
+    _death: EngineDiedError | None = None
+    _events: tuple[asyncio.Event, asyncio.Event] | None = None  # (died, serving), made on first use
+
+    @property
+    def death(self) -> EngineDiedError | None:
+        return self._death
+
+    @death.setter
+    def death(self, error: EngineDiedError | None) -> None:
+        self._death = error
+        died, serving = self._state_events()
+        (serving if error is None else died).set()
+        (died if error is None else serving).clear()
+
+    def _state_events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._events is None:
+            self._events = (asyncio.Event(), asyncio.Event())
+            self._events[1 if self._death is None else 0].set()
+        return self._events
+
+    async def wait_dead(self) -> EngineDiedError:
+        """The error that declares this engine dead, as soon as it is declared (at once when it is dead now)."""
+        while self._death is None:
+            await self._state_events()[0].wait()
+        return self._death
+
+    async def wait_serving(self) -> None:
+        """Return as soon as the engine is not dead (at once when it serves now; after a restart otherwise)."""
+        while self._death is not None:
+            await self._state_events()[1].wait()
 
 
 @runtime_checkable
@@ -194,6 +231,15 @@ class Engine(Protocol):
 
     @property
     def workers(self) -> int: ...  # processes holding its weights (tensor-parallel ranks): a streamed push reaches each
+
+    @property
+    def kv_tokens(self) -> int | None: ...  # its KV cache's capacity in tokens (None: unknown; the router's room)
+
+    async def kv_stats(self) -> KVStats | None: ...  # its own KV counters (None: it keeps none)
+
+    async def wait_dead(self) -> EngineDiedError: ...  # returns when it is declared dead (`Mortal`), with the error
+
+    async def wait_serving(self) -> None: ...  # returns when it is not dead (a restart revived it)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 

@@ -38,6 +38,7 @@ class QueueBatch:
     groups: list[TrajectoryGroup]
     dropped_row_ids: list[str] = field(default_factory=list)
     ready: int = 0  # fresh-enough groups waiting when the get began (admission's pacing reads it)
+    closed: bool = False  # the queue was closed: no group comes after these (the rows ran out)
 
 
 @dataclass
@@ -59,7 +60,13 @@ class GroupQueue(Protocol):
 
     async def put(self, group: TrajectoryGroup) -> None: ...
 
-    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch: ...
+    async def get(self, count: int, trainer_version: int, max_staleness: int,
+                  timeout_s: float | None = None) -> QueueBatch: ...
+    # waits for `count` groups, or returns fewer on a drop, a `close`, a `wake`, or at `timeout_s` (None: no bound)
+
+    async def close(self) -> None: ...  # no group comes after those queued (the rollouter's rows ran out)
+
+    async def wake(self) -> None: ...  # the waiting get (or the next) returns now with what there is (a stop)
 
     async def give_back(self, groups: list[TrajectoryGroup]) -> None: ...  # handed over, not taken: back at once
 

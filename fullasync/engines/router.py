@@ -10,7 +10,7 @@ prompt and answer, which is what the cache holds while the episode's tool runs �
 episode's (the mean context over an ended episode's calls, averaged over the episodes that ended: an episode
 admitted at its short first prompt grows). A new episode binds to the engine with the most room (engines whose
 capacity is unknown: the fewest bound episodes, then the least in flight). With known capacities (an engine's
-optional `kv_tokens`), `admit` holds a new episode's first call until some engine has room for it — admission by KV
+`kv_tokens`), `admit` holds a new episode's first call until some engine has room for it — admission by KV
 budget: past what the caches hold, more episodes at once only evict each other's contexts (each call prefills its
 whole context again) — unless that engine holds no episode at all (one larger than a cache still runs, alone) or
 some engine has nothing in flight: holding the call would leave that engine idle while its episodes' tools run (the
@@ -30,30 +30,29 @@ from collections.abc import AsyncIterator, Sequence
 
 from fullasync.contracts.engine import Engine, GenerateRequest, GenerateResult, KVStats, TokenDelta
 from fullasync.errors import again
+from fullasync.infra.offload import first_of
 
 TYPICAL_WEIGHT = 0.05  # an ended episode's (a done call's) weight in the typical context (answer)
 
 
 def kv_capacity(engine: Engine) -> int | None:
-    """The engine's KV-cache capacity in tokens, where it reports one (an optional `kv_tokens` attribute: the
-    simulator's engines have it; an engine without it is routed by its bound episodes' count)."""
-    capacity = getattr(engine, "kv_tokens", None)
-    return capacity if isinstance(capacity, int) else None
+    """The engine's KV-cache capacity in tokens, where it knows one (`Engine.kv_tokens`; an engine that does not is
+    routed by its bound episodes' count)."""
+    return engine.kv_tokens
 
 
 ENGINE_STATS_TIMEOUT_S = 5.0  # an engine that does not answer its counters in time is left out of a step's metrics
 
 
 async def engine_kv_metrics(engines: Sequence[Engine]) -> dict[str, float]:
-    """The engines' own KV counters for the step metrics (engines with `kv_stats()`, live and answering): per
+    """The engines' own KV counters for the step metrics (engines that keep them, live and answering): per
     engine its prefix-cache hit rate (hit over queried prompt tokens, over its life) and KV usage; summed, the
     prompt tokens prefilled because no cache held them."""
     async def ask(engine: Engine) -> KVStats | None:
-        method = getattr(engine, "kv_stats", None)
-        if method is None or engine.death is not None:
+        if engine.death is not None:
             return None
         try:
-            return await asyncio.wait_for(method(), ENGINE_STATS_TIMEOUT_S)
+            return await asyncio.wait_for(engine.kv_stats(), ENGINE_STATS_TIMEOUT_S)
         except Exception:  # a dead or busy engine: its watchdog reports it, the metrics leave it out
             return None
 
@@ -252,15 +251,12 @@ class EngineRouter:
     def dead_engines(self) -> list[Engine]:
         return [e for e in self.engines if e.death is not None]
 
-    async def wait_alive(self, timeout_s: float, poll_s: float = 0.5) -> bool:
-        """Wait (at most `timeout_s`) until some engine serves again, e.g. after a restart."""
-        waited = 0.0
-        while len(self.dead_engines()) == len(self.engines):
-            if waited >= timeout_s:
-                return False
-            await asyncio.sleep(poll_s)
-            waited += poll_s
-        return True
+    async def wait_alive(self, timeout_s: float) -> bool:
+        """Wait (at most `timeout_s`) until some engine serves again, e.g. after a restart: woken by the restart
+        itself (`Engine.wait_serving`), not by a poll."""
+        if len(self.dead_engines()) < len(self.engines):
+            return True
+        return await first_of((engine.wait_serving() for engine in self.engines), timeout_s)
 
     def release(self, episode_id: str) -> None:
         """The episode ended: its binding and the KV it counted go (a first call held for room looks again)."""

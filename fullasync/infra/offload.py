@@ -1,9 +1,9 @@
 """Keeping the driver's event loop responsive: work in proportion to a batch off the loop, bursts spread.
 
 Owns: `off_loop` (run a function in a worker thread, or in place on a loop that must, such as the simulator's
-virtual clock), `drop_piecewise` (release a large structure an item at a time) and `Pacer` (at most so many starts
-per interval, however many tasks ask at once). Does not own: what the work is (the training loop, the trainer's
-batch, the rollouter's admission).
+virtual clock), `first_of` (the first of several waits, the others cancelled), `drop_piecewise` (release a large
+structure an item at a time) and `Pacer` (at most so many starts per interval, however many tasks ask at once). Does
+not own: what the work is (the training loop, the trainer's batch, the rollouter's admission).
 
 Why release piecewise: a worker thread shares the interpreter lock with the loop, and the lock changes hands only
 between bytecodes, at the switch interval. A single C call that runs long keeps it: freeing the sequences of 8,192
@@ -15,21 +15,41 @@ lets the thread hand the lock over between pops (`bench/step_off_loop.py`: the l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
+class RunsBlockingInline:
+    """A base of event loops that must run `off_loop`'s work in place (the simulator's virtual clock, whose order of
+    events must not hang on a thread, and which records the work as a worker thread's)."""
+
+    def run_blocking_inline(self, function: Callable[..., T], *args: object) -> T:
+        raise NotImplementedError
+
+
 async def off_loop(function: Callable[..., T], *args: object) -> T:
     """`function(*args)` in a worker thread, so that the loop serves every episode meanwhile: building and sharding
     the train batch of 8,192 trajectories held the loop 3.4–6.8 s, a stall of every reply and gateway request. A loop
-    that must run it in place says how (`run_blocking_inline(function, *args)`: the simulator's virtual clock, whose
-    order of events must not hang on a thread, and which records the work as a worker thread's)."""
-    inline = getattr(asyncio.get_running_loop(), "run_blocking_inline", None)
-    if inline is not None:
-        return inline(function, *args)
+    that must run it in place says so by its type (`RunsBlockingInline`)."""
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, RunsBlockingInline):
+        return loop.run_blocking_inline(function, *args)
     return await asyncio.to_thread(function, *args)
+
+
+async def first_of(waits: Iterable[Awaitable[object]], timeout_s: float | None = None) -> bool:
+    """Wait until the first of `waits` is done (the others are cancelled); False if `timeout_s` passed first."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    if not tasks:
+        return False
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return bool(done)
 
 
 def drop_piecewise(*collections: list[Any]) -> None:

@@ -53,9 +53,11 @@ __all__ = ["EpisodeFailure", "RolloutCrashedError", "RolloutFn", "RolloutReport"
 log = logging.getLogger("fullasync")
 
 class GroupSink(Protocol):
-    """Where finished groups go (`fullasync.contracts.run.GroupQueue`; only `put` is used here)."""
+    """Where finished groups go (`fullasync.contracts.run.GroupQueue`; `put`, and `close` after the last one)."""
 
     async def put(self, group: TrajectoryGroup) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -294,10 +296,12 @@ class Rollouter:
     # -- internals ---------------------------------------------------------------------------
 
     async def _run(self, rows: Iterator[tuple[str, Any]]) -> None:
-        """The `rollouter` task: the dispatcher with the row tasks beside it; a crash of either is kept."""
+        """The `rollouter` task: the dispatcher with the row tasks beside it; a crash of either is kept. When every
+        row has ended the queue is closed: the trainer's read hands over the last groups without waiting for more."""
         try:
             async with asyncio.TaskGroup() as row_tasks:
                 await self._dispatch(rows, row_tasks)
+            await self.queue.close()
         except Exception as error:  # the run's error: kept for check() and wait_crashed(), the task ends
             crash = next((e for e in _leaves(error) if isinstance(e, RolloutCrashedError)), None)
             if crash is None:

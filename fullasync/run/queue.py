@@ -5,7 +5,9 @@ arrival order only, `hand_over="arrival"`, the earlier policy kept for compariso
 back-pressure (a `put` waits while the queue is full), and the staleness check at hand-over: a
 group whose oldest token is older than
 `trainer_version - max_staleness` is dropped, counted and reported with its row id. Nothing is
-dropped for any other reason. Does not own: admission (the rollouter) or training.
+dropped for any other reason. A waiting `get` returns on events only: its groups are there, it dropped a group
+(whoever reads it passes the drops on at once), the queue was closed (`close`: the rollouter's last group is in),
+or `wake` (a stop). Does not own: admission (the rollouter) or training.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class MessageQueue:
         self._groups: list[tuple[int, int, TrajectoryGroup]] = []  # (oldest version, arrival number, group)
         self._arrivals = 0
         self._changed = asyncio.Condition()
+        self._closed = False  # no group comes after those queued (`close`)
+        self._woken = False  # the waiting get (or the next one) returns now with what there is (`wake`)
         self._total_put = 0
         self._total_got = 0
         self._dropped = 0
@@ -79,8 +83,22 @@ class MessageQueue:
         taken, self._groups = self._groups[:count], self._groups[count:]
         return [group for _, _, group in taken]
 
-    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
-        """Wait for `count` fresh-enough groups (or until `timeout_s`, returning what there is).
+    async def close(self) -> None:
+        """No group comes after those queued (the rows ran out): gets hand over what there is at once."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    async def wake(self) -> None:
+        """The waiting get returns now with what there is (or the next one, if none waits yet)."""
+        async with self._changed:
+            self._woken = True
+            self._changed.notify_all()
+
+    async def get(self, count: int, trainer_version: int, max_staleness: int,
+                  timeout_s: float | None = None) -> QueueBatch:
+        """Wait for `count` fresh-enough groups, handing over fewer at once when it drops a group as too stale, when
+        the queue is closed or woken, or at `timeout_s` (None: no bound; 0: no wait).
 
         The groups with the oldest tokens go first (then arrival order): a long-tail group that
         finished after younger ones is trained before it grows too stale, instead of being dropped.
@@ -90,17 +108,20 @@ class MessageQueue:
 
         def ready() -> bool:
             self._drop_too_stale(oldest, batch.dropped_row_ids)
-            return len(self._groups) >= count
+            return len(self._groups) >= count or bool(batch.dropped_row_ids) or self._closed or self._woken
 
         async with self._changed:
             self._drop_too_stale(oldest, batch.dropped_row_ids)
             batch.ready = len(self._groups)
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
-            except TimeoutError:
-                pass  # hand over what there is; the caller decides whether to wait again
+            if timeout_s != 0:
+                try:
+                    await asyncio.wait_for(self._changed.wait_for(ready), timeout_s)
+                except TimeoutError:
+                    pass  # hand over what there is; the caller decides whether to wait again
             self._drop_too_stale(oldest, batch.dropped_row_ids)
+            self._woken = False
             batch.groups = self._hand_over(count)
+            batch.closed = self._closed
             self._total_got += len(batch.groups)
             self._changed.notify_all()
         return batch
@@ -125,7 +146,8 @@ class MessageQueue:
 
 
 class RayGroupQueue:
-    """A `MessageQueue` in a Ray actor, seen as a `GroupQueue`; every call is bounded."""
+    """A `MessageQueue` in a Ray actor, seen as a `GroupQueue`; every call is bounded, but a get's wait (as long as
+    the rollouts take; the actor's death ends it at once)."""
 
     def __init__(self, max_size: int, hand_over: str = "oldest", call_timeout_s: float = 120.0,
                  put_timeout_s: float = 3600.0) -> None:
@@ -147,9 +169,18 @@ class RayGroupQueue:
         await self._bounded(self.actor.put.remote(group), f"put of row {group.row_id} (queue full: is the trainer "
                             "making progress?)", self.put_timeout_s)
 
-    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
+    async def get(self, count: int, trainer_version: int, max_staleness: int,
+                  timeout_s: float | None = None) -> QueueBatch:
+        if timeout_s is None:  # as long as the rollouts take: the actor's death ends it
+            return await self.actor.get.remote(count, trainer_version, max_staleness, None)
         return await self._bounded(self.actor.get.remote(count, trainer_version, max_staleness, timeout_s), "get",
                                    timeout_s + self.call_timeout_s)
+
+    async def close(self) -> None:
+        await self._bounded(self.actor.close.remote(), "close", self.call_timeout_s)
+
+    async def wake(self) -> None:
+        await self._bounded(self.actor.wake.remote(), "wake", self.call_timeout_s)
 
     async def give_back(self, groups: list[TrajectoryGroup]) -> None:
         await self._bounded(self.actor.give_back.remote(groups), "give_back", self.call_timeout_s)

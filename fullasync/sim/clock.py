@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
+from fullasync.infra.offload import RunsBlockingInline
 from fullasync.sim.loop_lag import LoopWork
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class _VirtualSelector(selectors.BaseSelector):
         return []
 
 
-class VirtualClockLoop(asyncio.SelectorEventLoop):
+class VirtualClockLoop(asyncio.SelectorEventLoop, RunsBlockingInline):
     """An event loop on simulated time; use with `asyncio.Runner(loop_factory=VirtualClockLoop)`."""
 
     def __init__(self) -> None:

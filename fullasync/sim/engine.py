@@ -44,6 +44,7 @@ from fullasync.contracts.engine import (
     GenerateResult,
     InstallTiming,
     KVStats,
+    Mortal,
     PauseMode,
     TokenDelta,
     wait_until_set,
@@ -114,7 +115,7 @@ def _priority(sequence: _Sequence) -> int:
     return sequence.request.priority
 
 
-class SimulatedEngine:
+class SimulatedEngine(Mortal):
     """One simulated device serving requests; implements `fullasync.contracts.engine.Engine`."""
 
     def __init__(self, name: str, cost: DecodeCost, version: int = 0) -> None:

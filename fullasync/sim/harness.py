@@ -31,10 +31,11 @@ from typing import Any
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
 from fullasync.contracts.engine import PauseMode
+from fullasync.infra.heap import settled_heap
 from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
-from fullasync.run import RunSettings, assemble
-from fullasync.run.assemble import settled_heap
+from fullasync.run.assemble import assemble
+from fullasync.run.runner import RunSettings
 from fullasync.sim import peers
 from fullasync.sim.clock import VirtualClockLoop, run_virtual
 from fullasync.sim.engine import EngineTime, SimulatedEngine

@@ -81,7 +81,8 @@ class DropOldestQueue(FifoQueue):
                 self._dropped += 1
         await super().put(group)
 
-    async def get(self, count: int, trainer_version: int, max_staleness: int, timeout_s: float) -> QueueBatch:
+    async def get(self, count: int, trainer_version: int, max_staleness: int,
+                  timeout_s: float | None = None) -> QueueBatch:
         batch = await super().get(count, trainer_version, max_staleness, timeout_s)
         batch.dropped_row_ids += self.evicted
         self.evicted = []
@@ -303,7 +304,7 @@ def install(run: Any, policy: PeerPolicy, batch: int) -> None:
         run.loop.weight_sync = SyncEvery(run.weight_sync, policy.steps_per_sync)
     admission, queue = policy.components(run, batch)
     run.rollouter.settings = replace(run.rollouter.settings, stop_stale_rows=False)  # they train those
-    run.loop.bind_late = False  # their batches are taken whole
+    run.loop.batcher.settings = replace(run.loop.batcher.settings, bind_late=False)  # batches taken whole
     run.rollouter.staleness = admission
-    run.queue = run.rollouter.queue = run.loop.queue = queue
+    run.queue = run.rollouter.queue = run.loop.batcher.queue = queue
 

@@ -71,7 +71,7 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class StepPart:
     """Where a `train` call stands in its step. A step whose batch is taken in two parts (the last groups bound
-    when the trainer reaches them, `TrainingLoop._late_places`) makes one update over both: the first part zeroes
+    when the trainer reaches them, `Batcher.late_places`) makes one update over both: the first part zeroes
     the gradients and does not step; the second first rescales what the first accumulated and steps. With N the
     step's loss normaliser (tokens for token-mean, episodes for the seq-mean modes: `batch.loss_normaliser`) and
     N₁, N₂ the parts', the first part's gradient (normalised by N₁) is scaled by N₁/N and the second's loss by

@@ -1,24 +1,23 @@
 """Pushes new weights into running engines: pause → push → bump version → resume; keeps them there.
 
-Owns: which engines get which version, and the push's timing. A push is one transaction of its
-`WeightTransport` (`start_weight_update` → `update_weights` per engine → `finish_weight_update`); with
-the default `ObjectStoreTransport` each engine runs pause → update → resume itself in one call
-(`Engine.install`, one round trip per engine per push); engines install concurrently (an ABORT push starts them
-paced by the requests each interrupts, which all come back to the driver) and each resumes as soon as it holds the
-new weights, checked by checksums of a sample of the pushed tensors against what it serves
-(`weights/digests.py`). An engine never serves from a failed load: it stays paused until a retry
-succeeds or it restarts. The version is published only when every live engine holds it: an engine whose
-install fails twice is declared dead and restarts from scratch with the new version (or, without restarts, the
-push fails naming it) — never torn weights. It also keeps every engine at the current version: with
-`restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the watchdog declared dead and
-installs the current weights on it (without, it fails the run naming the engine; `wait_failed()` returns what
-ended it, as soon as it happens); an engine that dies during a push is skipped and gets the new weights at
-its restart — what the transport makes of them (`materialize`: a streamed push's weights are gathered from the
-trainer while it still holds them, taken right after the push when an engine is dead then, and otherwise the restart
-waits for the next push). Push and restart never interleave (one lock). Components that follow the version
-(the rollouter's admission) observe it: `observe(callback)`, called with each version as it is published.
-Does not own: how the trainer exports weights, how they travel (`weights/transport.py`), or how
-an engine notices it died (its watchdog).
+Owns: which engines get which version, and the push's timing. A push is one transaction of its `WeightTransport`
+(`start_weight_update` → `update_weights` per engine → `finish_weight_update`); with the default
+`ObjectStoreTransport` each engine runs pause → update → resume itself in one call (`Engine.install`, one round trip
+per engine per push); engines install concurrently (an ABORT push starts them paced by the requests each interrupts,
+which all come back to the driver) and each resumes as soon as it holds the new weights, checked by checksums of a
+sample of the pushed tensors against what it serves (`weights/digests.py`). An engine never serves from a failed
+load: it stays paused until a retry succeeds or it restarts. The version is published only when every live engine
+holds it: an engine whose install fails twice is declared dead and restarts from scratch with the new version (or,
+without restarts, the push fails naming it) — never torn weights. It also keeps every engine at the current version:
+with `restart_on_failure`, `supervise()` (a task the run starts) restarts an engine the moment the watchdog declares
+it dead (`Engine.wait_dead`, an event) and installs the current weights on it (without, it fails the run naming the
+engine; `wait_failed()` returns what ended it, as soon as it happens); an engine that dies during a push is skipped
+and gets the new weights at its restart — what the transport makes of them (`materialize`: a streamed push's weights
+are gathered from the trainer while it still holds them, taken right after the push when an engine is dead then, and
+otherwise the restart waits for the next push). Push and restart never interleave (one lock). Components that follow
+the version (the rollouter's admission) observe it: `observe(callback)`, called with each version as it is
+published. Does not own: how the trainer exports weights, how they travel (`weights/transport.py`), or how an engine
+notices it died (its watchdog).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from fullasync.contracts.engine import Engine, InstallTiming, PauseMode
 from fullasync.contracts.weights import StreamedWeights, WeightsMovedOn, WeightsPayload, WeightTransport
 from fullasync.errors import EngineDiedError, WeightPushError, again
-from fullasync.infra.offload import Pacer
+from fullasync.infra.offload import Pacer, first_of
 from fullasync.weights.transport import ObjectStoreTransport
 
 log = logging.getLogger("fullasync")
@@ -87,6 +86,7 @@ class WeightSync:
         self._observers: list[Callable[[int], None]] = []
         self._failure: BaseException | None = None  # what ends the run: a failed restart, or a death without restarts
         self._failed = asyncio.Event()
+        self._pushed = asyncio.Event()  # set at each published version (a restart waiting for weights hears of it)
 
     def observe(self, on_version: Callable[[int], None]) -> None:
         """Call `on_version(version)` each time a version is published (every live engine holds it)."""
@@ -136,6 +136,7 @@ class WeightSync:
             self.version, self._latest = new_version, weights  # published: every live engine holds it
             for on_version in self._observers:
                 on_version(new_version)
+            self._pushed.set()
             if self.restart_on_failure and any(e.death is not None for e in self.engines):
                 # what the dead engines restart with, taken now: a streamed push's trainer holds it only until
                 # its next step
@@ -222,29 +223,35 @@ class WeightSync:
                 restarted.append(engine.name)
             return restarted
 
-    async def supervise(self, interval_s: float) -> None:
-        """Run as a task: restart dead engines as they appear (`restart_on_failure`); a restart that fails is
-        tried again at the next probe, up to `RESTART_ATTEMPTS` in a row; then that failure, or a death without
-        restarts, is kept for `wait_failed` and `check_engines`, and the task ends."""
+    async def supervise(self, retry_s: float) -> None:
+        """Run as a task: restart dead engines as they are declared dead (`Engine.wait_dead`: no poll between a death
+        and its restart; `restart_on_failure`); a restart that fails is tried again after `retry_s`, up to
+        `RESTART_ATTEMPTS` in a row; engines whose weights moved on wait for the next push. Then that failure, or a
+        death without restarts, is kept for `wait_failed` and `check_engines`, and the task ends."""
         failed_in_a_row = 0
         while True:
-            await asyncio.sleep(interval_s)
             dead = [e.death for e in self.engines if e.death is not None]
             if not dead:
+                await first_of(engine.wait_dead() for engine in self.engines)
                 continue
             if not self.restart_on_failure:
                 self._fail(dead[0])
                 return
+            self._pushed.clear()  # a push from here on brings the weights a restart may have waited for
             try:
-                await self.restart_dead()
+                restarted = await self.restart_dead()
                 failed_in_a_row = 0
             except Exception as error:  # kept: the run raises it as its error
                 failed_in_a_row += 1
                 if failed_in_a_row < RESTART_ATTEMPTS and isinstance(error, EngineDiedError):
-                    log.warning("an engine restart failed (%d of %d in a row), trying again: %s", failed_in_a_row,
-                                RESTART_ATTEMPTS, error)
+                    log.warning("an engine restart failed (%d of %d in a row), trying again in %.0f s: %s",
+                                failed_in_a_row, RESTART_ATTEMPTS, retry_s, error)
+                    await asyncio.sleep(retry_s)
                     continue
                 failure = EngineDiedError(f"an engine could not be restarted: {error!r}")
                 failure.__cause__ = error
                 self._fail(failure)
                 return
+            if not restarted and any(e.death is not None for e in self.engines):
+                await self._pushed.wait()  # the weights to restart with moved on (`restart_dead`): the next push
+

@@ -15,10 +15,11 @@ from examples.mini_swe.config import AgentSection as MiniSweAgent
 from examples.mini_swe.config import MiniSweTrainConfig
 from examples.terminus.config import AgentSection as TerminusAgent
 from examples.terminus.config import TerminusTrainConfig
-from fullasync.api import RESTART_GRACE_S, RUN_ENGINE_FIELDS, AsyncAgentTrainer, client_config, engine_config
+from fullasync.api import AsyncAgentTrainer
 from fullasync.client import ClientConfig
 from fullasync.config import EngineSection, ModelSection, RunConfig
 from fullasync.engines.vllm import VLLMEngineConfig
+from fullasync.launch.parts import RESTART_GRACE_S, RUN_ENGINE_FIELDS, client_config, engine_config
 from fullasync.presets import preset_config, preset_names
 
 

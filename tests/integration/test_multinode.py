@@ -64,8 +64,8 @@ def test_ray_resources_reach_the_engine_and_trainer_from_the_command_line():
     from hydra import compose, initialize
     from omegaconf import OmegaConf
 
-    from fullasync.api import engine_config
     from fullasync.cli import main as cli
+    from fullasync.launch.parts import engine_config
 
     cli._register()
     with initialize(version_base=None):
@@ -195,10 +195,11 @@ async def _greedy_next(engine, prompt_ids: tuple[int, ...]) -> tuple[tuple[int, 
 async def _train_on_cluster(report: dict) -> None:
     import ray
 
-    from fullasync.api import AsyncAgentTrainer, engine_config
+    from fullasync.api import AsyncAgentTrainer
     from fullasync.config import DataSection, EngineSection, ModelSection, RolloutSection, RunConfig, TrainerConfig
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
+    from fullasync.launch.parts import engine_config
     from fullasync.models import build_tiny_model
     from fullasync.trainer.verl_trainer import VerlTrainer
 

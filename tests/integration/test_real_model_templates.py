@@ -124,6 +124,7 @@ class UnreachedEngine:
     name = "unreached"
     death = None
     workers = 1
+    kv_tokens = None
 
     async def generate(self, request):
         raise AssertionError(f"request {request.request_id} reached the engine")

@@ -15,14 +15,15 @@ import pytest
 from fullasync.api import AsyncAgentTrainer
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.config import DataSection, RunConfig
+from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.errors import EngineDiedError
+from fullasync.infra.heap import GC_THRESHOLDS, settled_heap
 from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
-from fullasync.run import GroupQueue, RayGroupQueue, Run, RunSettings, Trainer, assemble
-from fullasync.run.assemble import GC_THRESHOLDS, settled_heap
-from fullasync.run.loop import QUEUE_WAIT_S
-from fullasync.run.queue import MessageQueue
+from fullasync.run.assemble import assemble
+from fullasync.run.queue import MessageQueue, RayGroupQueue
+from fullasync.run.runner import Run, RunParts, RunSettings
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer
@@ -122,8 +123,7 @@ def test_a_row_task_that_raises_inside_queue_put_fails_the_run_naming_the_row(tm
         staleness = StalenessManager(1, 2, 4, version=lambda: weight_sync.version)
         queue = QueueThatFailsFor(run_settings.queue_capacity, "row-3")
         rollouter = Rollouter(answer, service, queue, staleness, run_settings.rollout)
-        run = Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
-                  settings=run_settings, sink=MetricsSink(tmp_path / "m.jsonl"), val_rows=None)
+        run = Run(RunParts(rollouter, queue, weight_sync, trainer), run_settings, MetricsSink(tmp_path / "m.jsonl"))
         loop = asyncio.get_running_loop()
         with pytest.raises(RolloutCrashedError) as raised:
             await run.execute(rows(40))
@@ -131,13 +131,14 @@ def test_a_row_task_that_raises_inside_queue_put_fails_the_run_naming_the_row(tm
 
     delay, error, steps = run_virtual(main)
     assert "row row-3" in str(error) and "the queue actor is gone" in str(error)
-    assert delay < QUEUE_WAIT_S / 10  # noticed at once (the run watches the rollouter), not at the loop's next poll
+    assert delay == 0.0  # noticed at once (the run watches the rollouter), not at the loop's next read of the queue
     assert steps < 50  # the run stopped at the crash: it did not go on to its 50 steps
 
 
-def test_an_engine_declared_dead_without_restarts_ends_the_run_at_the_next_probe_naming_it(tmp_path):
-    """The weight sync's supervisor finds the death and the run awaits it beside the loop: the run ends within
-    a probe interval, whatever the loop is doing. Observers hear every version the sync published."""
+def test_an_engine_declared_dead_without_restarts_ends_the_run_at_once_naming_it(tmp_path):
+    """The weight sync's supervisor hears of the death as it is declared and the run awaits it beside the loop: the
+    run ends at that instant of the virtual clock (no poll in between), whatever the loop is doing. Observers hear
+    every version the sync published."""
     async def main():
         engines, trainer, service = simulated_parts()
         run_settings = settings(total_steps=500, engine_probe_interval_s=0.5)
@@ -145,8 +146,7 @@ def test_an_engine_declared_dead_without_restarts_ends_the_run_at_the_next_probe
         staleness = StalenessManager(1, 2, 4, version=lambda: weight_sync.version)
         queue = MessageQueue(run_settings.queue_capacity)
         rollouter = Rollouter(answer, service, queue, staleness, run_settings.rollout)
-        run = Run(rollouter=rollouter, queue=queue, weight_sync=weight_sync, service=service, trainer=trainer,
-                  settings=run_settings, sink=MetricsSink(tmp_path / "m.jsonl"), val_rows=None)
+        run = Run(RunParts(rollouter, queue, weight_sync, trainer), run_settings, MetricsSink(tmp_path / "m.jsonl"))
         heard: list[int] = []
         weight_sync.observe(heard.append)
         loop = asyncio.get_running_loop()
@@ -162,7 +162,7 @@ def test_an_engine_declared_dead_without_restarts_ends_the_run_at_the_next_probe
         return loop.time() - died_at[0], heard, weight_sync.version, raised.value
 
     delay, heard, version, _ = run_virtual(main)
-    assert delay <= 0.5 + 1e-6  # the next probe, not a step or a queue wait later
+    assert delay == 0.0  # at the death itself: not a probe interval (0.5 s), a step or a queue wait later
     assert heard == list(range(1, version + 1)) and version >= 1  # every published version, in order
     assert version < 500
 

@@ -19,7 +19,7 @@ from fullasync.config import EngineSection, ModelSection, RolloutSection, RunCon
 from fullasync.config.doc import REGENERATE, config_with_file, exit_with_help_if_asked, render_help, render_markdown
 from fullasync.config.fields import config_fields, config_sections
 from fullasync.rollout.rollouter import RolloutSettings
-from fullasync.run.assemble import RunSettings
+from fullasync.run.runner import RunSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {DeepResearchConfig: "deepresearch", MiniSweTrainConfig: "mini_swe", TerminusTrainConfig: "terminus"}

@@ -31,3 +31,17 @@ def test_an_upload_that_cannot_start_is_refused_before_the_export(tmp_path, args
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_exporting_loads_neither_the_client_nor_an_engine_nor_a_run():
+    """`fullasync export` resolves the model (`launch.model`) and reads a checkpoint (`run/checkpoint.py`): neither
+    pulls in the client (its parsers, the openai and anthropic SDKs), vLLM, Ray or the run's wiring."""
+    probe = ("import sys\n"
+             "from fullasync.cli.export import export_checkpoint\n"
+             "from fullasync.launch.model import resolve_model_path\n"
+             "heavy = ('fullasync.client', 'fullasync.gateway', 'fullasync.run.assemble', 'fullasync.engines', "
+             "'vllm', 'ray', 'openai', 'anthropic')\n"
+             "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

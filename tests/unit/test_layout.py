@@ -40,10 +40,11 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": BASE | {"infra", "observe", "client"},
     "run": BASE | {"infra", "observe", "weights", "client", "gateway", "rollout"},
     "sim": BASE | {"infra", "observe", "weights", "client", "rollout", "run"},
+    "launch": BASE | {"infra", "observe", "weights", "engines", "trainer", "client", "models", "tasks", "presets"},
     "api": BASE | {"infra", "observe", "weights", "engines", "trainer", "client", "gateway", "rollout", "run", "models",
-                   "tasks", "data", "presets"},
+                   "tasks", "data", "presets", "launch"},
     "cli": BASE | {"infra", "observe", "weights", "engines", "trainer", "client", "gateway", "rollout", "run", "models",
-                   "tasks", "data", "api", "presets"},
+                   "tasks", "data", "api", "presets", "launch"},
     "__init__": {"api", "config", "rollout"},
 }
 
@@ -141,6 +142,42 @@ def test_architecture_page_names_only_packages_that_exist_and_every_package():
     assert not missing, f"docs/architecture.md names packages that do not exist: {missing}"
     packages = {f"{p.parent.relative_to(ROOT).as_posix()}/" for p in PACKAGE.rglob("*/__init__.py")}
     assert not packages - named, f"packages docs/architecture.md does not describe: {sorted(packages - named)}"
+
+
+# a probe: `getattr(<an engine or a loop>, "name", default)`: asking whether the object has what a contract should say
+PROBES = re.compile(r"getattr\((?:engine|e|self\.engine|asyncio\.get_running_loop\(\)|loop),\s*\"\w+\",")
+
+
+def test_nothing_probes_the_engine_contract_or_an_event_loop_with_getattr():
+    """What callers use of an engine is in the `Engine` protocol, and a loop that runs work in place says so by its
+    type (`infra.offload.RunsBlockingInline`): no `getattr(engine, "name", default)` (nor of a loop) anywhere."""
+    found = [f"{path.relative_to(ROOT)}:{number}" for path in _modules()
+             for number, line in enumerate(path.read_text().splitlines(), 1) if PROBES.search(line)]
+    assert not found, f"run-time probing where a contract should say it: {found}"
+    assert PROBES.search('capacity = getattr(engine, "kv_tokens", None)')
+    assert PROBES.search('inline = getattr(asyncio.get_running_loop(), "run_blocking_inline", None)')
+    assert not PROBES.search('if getattr(engine, name) < 1:')  # a config section's fields by name: not a probe
+
+
+def test_architecture_page_names_every_module_of_run_and_only_those():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`run/([a-z_]+\.py)`", page))
+    modules = {p.name for p in (PACKAGE / "run").glob("*.py") if p.name != "__init__.py"}
+    assert named == modules, f"run/ modules the page omits: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+
+
+def test_no_constructor_in_run_takes_more_than_eight_parameters():
+    """Components of `run/` are built from settings records, not from long parameter lists (dataclass records,
+    which hold settings, are what they take)."""
+    wide = {}
+    for path in sorted((PACKAGE / "run").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                args = node.args
+                count = len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs) - 1  # without self
+                if count > 8:
+                    wide[f"{path.name}:{node.lineno}"] = count
+    assert not wide, f"constructors over 8 parameters: {wide}"
 
 
 def test_each_package_says_what_it_does_not_own_and_may_import_exactly_what_the_layering_allows():

@@ -181,3 +181,56 @@ def test_an_engine_that_dies_again_while_restarting_is_restarted_at_the_next_pro
     assert ended and engine.restarts == weight_sync.RESTART_ATTEMPTS and engine.death is not None
     with pytest.raises(EngineDiedError, match="could not be restarted: .*died during start"):
         sync.check_engines()
+
+
+class RecordsRestarts(SimulatedEngine):
+    """Records the (virtual) time of each restart."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, COST)
+        self.restarted_at: list[float] = []
+
+    async def restart(self, weights, version: int) -> None:
+        self.restarted_at.append(asyncio.get_running_loop().time())
+        await super().restart(weights, version)
+
+
+def test_a_death_is_heard_the_instant_it_is_declared_no_poll_between_it_and_the_restart():
+    """On the virtual clock time moves only when something sleeps: an engine restarted at the very time it was
+    declared dead (twice, 3.3 s and 41.7 s in, with a 5 s retry pause configured) was restarted without any poll
+    between the death and the supervisor; a client waiting for an engine to serve again hears of the restart the
+    same way."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engines = [RecordsRestarts("sim-0"), RecordsRestarts("sim-1")]
+        sync = WeightSync(engines, PauseMode.ABORT, restart_on_failure=True)
+        supervisor = asyncio.ensure_future(sync.supervise(5.0))
+        loop.call_later(3.3, engines[1].mark_dead, "killed by the test")
+        loop.call_later(41.7, engines[0].mark_dead, "killed by the test")
+        await asyncio.sleep(60.0)
+        supervisor.cancel()
+        return [e.restarted_at for e in engines], sync.restarts
+
+    restarted, count = run_virtual(main)
+    assert restarted == [[41.7], [3.3]] and count == 2
+
+
+def test_a_call_waiting_for_an_engine_hears_of_its_restart_when_it_happens():
+    from fullasync.engines.router import EngineRouter
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        engine = SimulatedEngine("sim-0", COST)
+        engine.mark_dead("killed by the test")
+        loop.call_later(7.25, lambda: asyncio.ensure_future(engine.restart(None, 1)))
+        router = EngineRouter([engine])
+        alive = await router.wait_alive(100.0)
+        served_at = loop.time()
+        engine.mark_dead("killed again")
+        timed_out = await router.wait_alive(2.0)
+        return alive, served_at, timed_out, loop.time()
+
+    alive, served_at, timed_out, ended = run_virtual(main)
+    assert alive and served_at == 7.25  # not the next half-second poll
+    assert not timed_out and ended == 7.25 + 2.0

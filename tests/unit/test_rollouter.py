@@ -21,8 +21,9 @@ from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import StalenessManager
-from fullasync.run import RunSettings, assemble
+from fullasync.run.assemble import assemble
 from fullasync.run.queue import MessageQueue
+from fullasync.run.runner import RunSettings
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer

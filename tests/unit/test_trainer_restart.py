@@ -14,7 +14,7 @@ from test_checkpoint import FINAL, Harness, parts, rows, run_settings
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.errors import TrainerWorkerDiedError
 from fullasync.observe.metrics import MetricsSink, format_line
-from fullasync.run import assemble
+from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import CheckpointPolicy
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine

@@ -19,7 +19,7 @@ from fullasync.weights.transport import ObjectStoreTransport, StreamTransport
 
 STREAMING = {"generate_stream"}  # async generators
 PLAIN = {"mark_dead"}  # plain calls; every other method of the protocol is a coroutine
-PROPERTIES = {"name", "death", "workers"}
+PROPERTIES = {"name", "death", "workers", "kv_tokens"}
 
 
 def protocol_methods(protocol: type) -> set[str]:
@@ -42,7 +42,8 @@ def assert_implements_engine(implementation: type) -> None:
 
 def test_the_engine_protocol_holds_everything_callers_use():
     used = {"generate", "generate_stream", "abort", "pause", "resume", "wait_resumed", "update_weights", "install",
-            "restart", "version", "num_in_flight", "in_flight_tokens", "shutdown", "mark_dead"}
+            "restart", "version", "num_in_flight", "in_flight_tokens", "shutdown", "mark_dead", "kv_stats",
+            "wait_dead", "wait_serving"}
     assert protocol_methods(Engine) == used
     assert PROPERTIES <= set(vars(Engine))
 
@@ -55,8 +56,11 @@ async def test_the_simulated_engine_satisfies_the_engine_protocol():
         items = [item async for item in engine.generate_stream(GenerateRequest("r", (1, 2), 3))]
         assert [len(getattr(item, "output_ids", ())) for item in items] == [3, 3]  # one delta, then the result
         assert await engine.in_flight_tokens() == {}
+        engine.mark_dead("killed by the test")
+        assert (await engine.wait_dead()) is engine.death  # at once: it is dead now
         await engine.restart(None, 5)
         assert await engine.version() == 5 and engine.death is None
+        await engine.wait_serving()  # at once: it serves again
     finally:
         await engine.shutdown()
 

@@ -43,13 +43,13 @@ def torch_dtype(dtype: str) -> torch.dtype:
 class VLLMEngineConfig:
     """How to start one vLLM engine.
 
-    A run makes it from its `engine` section (`fullasync.api.engine_config`: every field both declare, plus the
+    A run makes it from its `engine` section (`fullasync.launch.parts.engine_config`: every field both declare, plus the
     model's path and served name and the run's seed); the settings a run has take their defaults from there, so
     an engine started on its own gets the same ones. Their help is in `fullasync.config.run` (docs/config.md)."""
 
     model_path: str  # local HF model directory
     served_model_name: str = ModelSection.served_name
-    dtype: str = "float32"  # a run's `engine.dtype=auto` is the trainer's precision (`fullasync.api.engine_config`)
+    dtype: str = "float32"  # a run's `engine.dtype=auto` is the trainer's precision (`launch.parts.engine_config`)
     max_model_len: int = EngineSection.max_model_len
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     enable_prefix_caching: bool = True  # reuse KV of shared prefixes (multi-turn, resumed requests)

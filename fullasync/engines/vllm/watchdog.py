@@ -1,7 +1,8 @@
 """The watchdog: a handle to an engine actor whose every call is bounded, and which fails at once, with an
 `EngineDiedError` naming the engine and the last request it accepted, when the engine is declared dead. Each launched
 engine is probed every `probe_interval_s`; an actor that is gone, an engine core that errored, or in-flight
-requests with no token for `stall_timeout_s` while not paused mark it dead."""
+requests with no token for `stall_timeout_s` while not paused mark it dead. A death is an event (`Mortal`): whoever
+awaits `wait_dead` (the weight sync's supervisor) hears of it the moment it is declared."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from fullasync.contracts.engine import Mortal
 from fullasync.engines.vllm.config import EngineHealth, VLLMEngineConfig
 from fullasync.errors import EngineDiedError, InvalidRequestError, again
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class WatchedActor:
+class WatchedActor(Mortal):
     """A handle to one engine actor: bounded calls, and the watchdog that declares the engine dead."""
 
     def __init__(self, actor: ActorHandle[VLLMEngineActor], name: str, config: VLLMEngineConfig) -> None:
