@@ -15,7 +15,7 @@ import enum
 import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeAlias
@@ -25,6 +25,18 @@ JsonValue: TypeAlias = "str | int | float | bool | None | Sequence[JsonValue] | 
 
 PROMPT_VERSION = -1
 """Version recorded for tokens the model did not sample (prompt, template, environment)."""
+
+
+def check_aligned(record: str, anchor: tuple[str, Sized], arrays: Mapping[str, Sized],
+                  optional: Mapping[str, Sized] | None = None) -> None:
+    """Raise ValueError naming every array of `record` whose length differs from `anchor`'s (one entry per
+    token); `optional` arrays may also be empty (not recorded)."""
+    name, n = anchor[0], len(anchor[1])
+    wrong = {k: len(v) for k, v in arrays.items() if len(v) != n}
+    wrong |= {k: len(v) for k, v in (optional or {}).items() if len(v) not in (0, n)}
+    if wrong:
+        counts = ", ".join(f"{length} {k}" for k, length in wrong.items())
+        raise ValueError(f"{record} arrays must be aligned with {name} (one entry per token): {n} {name}, {counts}")
 
 
 class FinishReason(str, enum.Enum):
@@ -57,12 +69,9 @@ class ModelCall:
     starved_resumes: int = 0  # of its resumes, those after an interruption that came before it produced a token
 
     def __post_init__(self) -> None:
-        n = len(self.output_ids)
-        if len(self.output_logprobs) != n or len(self.output_versions) != n:
-            raise ValueError(
-                f"ModelCall arrays must be aligned: {n} output_ids, {len(self.output_logprobs)} "
-                f"output_logprobs, {len(self.output_versions)} output_versions"
-            )
+        check_aligned("ModelCall", ("output_ids", self.output_ids),
+                      {"output_logprobs": self.output_logprobs, "output_versions": self.output_versions},
+                      {"output_weight_versions": self.output_weight_versions})
         if not self.prompt_ids:
             raise ValueError("ModelCall.prompt_ids is empty: a model call needs at least one prompt token")
         # The per-token checks run in C (sorted, min, max, sum): a Python loop per token here was a fifth of
@@ -80,10 +89,10 @@ class ModelCall:
         if self.num_resumes < 0 or self.resubmitted_tokens < 0 or not 0 <= self.starved_resumes <= self.num_resumes:
             raise ValueError("ModelCall.num_resumes and resubmitted_tokens must be >= 0, starved_resumes between 0 "
                              "and num_resumes")
-        if self.output_weight_versions and (len(self.output_weight_versions) != n or any(
-                w < v for w, v in zip(self.output_weight_versions, self.output_versions, strict=True))):
-            raise ValueError("ModelCall.output_weight_versions must be aligned with output_ids and never older than "
-                             "output_versions (the oldest version in a token's context)")
+        if self.output_weight_versions and any(
+                w < v for w, v in zip(self.output_weight_versions, self.output_versions, strict=True)):
+            raise ValueError("ModelCall.output_weight_versions must never be older than output_versions (the oldest "
+                             "version in a token's context)")
 
     @property
     def all_ids(self) -> tuple[int, ...]:
@@ -103,8 +112,8 @@ class TrainingSequence:
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
-        if not (len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n):
-            raise ValueError("TrainingSequence arrays must be aligned with token_ids")
+        check_aligned("TrainingSequence", ("token_ids", self.token_ids),
+                      {"loss_mask": self.loss_mask, "logprobs": self.logprobs, "versions": self.versions})
         if not 0 < self.prompt_length <= n:
             raise ValueError(f"TrainingSequence.prompt_length must be in [1, {n}], got {self.prompt_length}")
         if not set(self.loss_mask) <= {0, 1}:

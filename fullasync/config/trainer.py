@@ -13,6 +13,7 @@ import enum
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 from fullasync.config.checks import check_ray_resources, parse_cpus
@@ -226,7 +227,7 @@ class TrainerConfig:
             raise ValueError(f"trainer.cpus={self.cpus!r} names {len(cpus)} cores for {self.num_workers} ranks: each "
                              "rank needs one at least")
         self.lora.validate()
-        _check_policy_loss(self.policy_loss)
+        _check_registered("policy_loss", self.policy_loss, "POLICY_LOSS_REGISTRY", "policy-loss")
         _check_advantage_estimator(self.advantage_estimator)
         self._check_correction()
 
@@ -312,7 +313,7 @@ VERL_MISSING = (f"verl is not installed: the trainer is verl's. `make setup` ins
                 ">=5.16.1, and verl runs on the newer one); `fullasync doctor` checks the result")
 
 
-def verl_module(name: str) -> Any:
+def verl_module(name: str) -> ModuleType:
     """`import_module(name)` of a verl module, with what to do when verl is not installed."""
     import importlib
 
@@ -324,26 +325,19 @@ def verl_module(name: str) -> Any:
         raise ModuleNotFoundError(VERL_MISSING, name=error.name) from error
 
 
-def _check_policy_loss(name: str) -> None:
-    POLICY_LOSS_REGISTRY = verl_module("verl.trainer.ppo.core_algos").POLICY_LOSS_REGISTRY
-
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(
-            f"TrainerConfig.policy_loss={name!r} is not in verl's policy-loss registry; "
-            f"choose one of {sorted(POLICY_LOSS_REGISTRY)}"
-        )
+def _check_registered(field_name: str, name: str, registry: str, what: str) -> Callable[..., object]:
+    """The entry `name` of verl's `core_algos.<registry>`; a ValueError naming the choices when it has none."""
+    entries = getattr(verl_module("verl.trainer.ppo.core_algos"), registry)
+    if name not in entries:
+        raise ValueError(f"TrainerConfig.{field_name}={name!r} is not in verl's {what} registry; "
+                         f"choose one of {sorted(entries)}")
+    return entries[name]
 
 
 def _check_advantage_estimator(name: str) -> None:
     """The estimator must exist and need no inputs beyond outcome rewards and group ids."""
-    ADV_ESTIMATOR_REGISTRY = verl_module("verl.trainer.ppo.core_algos").ADV_ESTIMATOR_REGISTRY
-
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(
-            f"TrainerConfig.advantage_estimator={name!r} is not in verl's advantage registry; "
-            f"choose one of {sorted(ADV_ESTIMATOR_REGISTRY)}"
-        )
-    missing = estimator_missing_inputs(ADV_ESTIMATOR_REGISTRY[name])
+    missing = estimator_missing_inputs(
+        _check_registered("advantage_estimator", name, "ADV_ESTIMATOR_REGISTRY", "advantage"))
     if missing:
         raise ValueError(
             f"TrainerConfig.advantage_estimator={name!r} needs {missing}, which outcome-reward training does "
@@ -351,7 +345,7 @@ def _check_advantage_estimator(name: str) -> None:
         )
 
 
-def estimator_missing_inputs(estimator: Callable[..., Any]) -> list[str]:
+def estimator_missing_inputs(estimator: Callable[..., object]) -> list[str]:
     """Required parameters of a verl advantage estimator that `build_batch` cannot supply."""
     parameters = inspect.signature(estimator).parameters.values()
     return [

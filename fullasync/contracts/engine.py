@@ -18,7 +18,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from fullasync.contracts.weights import WeightsPayload
 from fullasync.errors import EngineDiedError, InvalidRequestError
-from fullasync.types import FinishReason, JsonValue
+from fullasync.types import FinishReason, JsonValue, check_aligned
 
 STRUCTURED_KINDS = ("regex", "json", "choice", "json_object", "compact_json")
 StructuredSpec: TypeAlias = "str | tuple[str, ...] | Mapping[str, JsonValue] | bool"
@@ -128,13 +128,9 @@ class GenerateResult:
     output_weight_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        n = len(self.output_ids)
-        if len(self.output_logprobs) != n or len(self.output_versions) != n:
-            raise ValueError("GenerateResult arrays must be aligned with output_ids")
-        if self.output_weight_versions and len(self.output_weight_versions) != n:
-            raise ValueError("GenerateResult.output_weight_versions must have one entry per output token")
-        if self.top_logprobs and len(self.top_logprobs) != n:
-            raise ValueError("GenerateResult.top_logprobs must have one entry per output token")
+        check_aligned("GenerateResult", ("output_ids", self.output_ids),
+                      {"output_logprobs": self.output_logprobs, "output_versions": self.output_versions},
+                      {"output_weight_versions": self.output_weight_versions, "top_logprobs": self.top_logprobs})
 
 
 @dataclass(frozen=True)

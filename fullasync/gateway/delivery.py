@@ -44,6 +44,7 @@ from functools import partial
 from fullasync.client import RolloutClient
 from fullasync.client.episode import HeldCalls
 from fullasync.gateway.http import Connection
+from fullasync.infra.offload import loop_time
 
 log = logging.getLogger("fullasync")
 
@@ -141,7 +142,7 @@ class Production:
             self.held.doubt(False)  # its connection decides again
         self.unread = self.closed_unsettled = False
         self._trailing = trailing
-        self._written_to, self._written_at = connection, asyncio.get_running_loop().time()
+        self._written_to, self._written_at = connection, loop_time()
         if connection is not None:
             connection.watch(partial(self._connection_ended, connection))
         if self.subscribers == 0:
@@ -156,7 +157,7 @@ class Production:
             return
         self.closed_unsettled = True
         unread = reset and not self._trailing
-        soon = asyncio.get_running_loop().time() - self._written_at <= DOUBT_WINDOW_S
+        soon = loop_time() - self._written_at <= DOUBT_WINDOW_S
         if self.held is not None and self.answer.delivered and not unread and soon:
             self.held.doubt(True)
         if unread and self.answer.delivered:

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from fullasync.client.dialects.turns import Fields
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
-from fullasync.gateway.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Dialect
+from fullasync.gateway.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Answered, Dialect
 from fullasync.gateway.http import Connection, connection_of
 
 if TYPE_CHECKING:
@@ -133,20 +133,28 @@ class _Delivery(Response):
         self.production.delivered(self.connection)
 
 
-def build_app(gateway: Gateway) -> Starlette:
-    async def handle(request: Request, dialect: Dialect) -> Response:
-        response = await answer(request, dialect)
-        gateway.answered[response.status_code] += 1
-        return response
+class _Routes:
+    """The gateway's endpoints: each completion route reads the episode and its body, produces the answer once
+    (identical retries join it) and delivers it, streamed or whole."""
 
-    async def read(request: Request, dialect: Dialect) -> tuple[GatewayEpisode, bytes, Fields] | Response:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def completion(self, dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            response = await self.answer(request, dialect)
+            self.gateway.answered[response.status_code] += 1
+            return response
+        return endpoint
+
+    async def read(self, request: Request, dialect: Dialect) -> tuple[GatewayEpisode, bytes, Fields] | Response:
         """The episode and the body of a request, or the dialect's error answer."""
         try:
-            episode = gateway.lookup(request.path_params["key"])
+            episode = self.gateway.lookup(request.path_params["key"])
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found", dialect=dialect)
         try:
-            raw, body = await _read_json(gateway, request)
+            raw, body = await _read_json(self.gateway, request)
         except OverflowError as error:
             return _error(str(error), 413, code="request_too_large", dialect=dialect)
         except InvalidRequestError as error:
@@ -154,42 +162,17 @@ def build_app(gateway: Gateway) -> Starlette:
             return JSONResponse(error_json, status_code=status)
         return episode, raw, body
 
-    async def answer(request: Request, dialect: Dialect) -> Response:
+    async def answer(self, request: Request, dialect: Dialect) -> Response:
         key = request.path_params["key"]
-        received = await read(request, dialect)
+        received = await self.read(request, dialect)
         if isinstance(received, Response):
             return received
         episode, raw, body = received
-        client = episode.client
-        model = body.get("model")
-        if isinstance(model, str) and model in gateway.untrained_models:  # answered in an episode of its own: dropped
-            body, client = {**body, "model": gateway.service.config.model_name}, gateway.service.client()
-            gateway.untrained_calls += 1
-        endpoint = dialect.endpoint(client)
         stream = bool(body.get("stream"))
-
-        async def produce(production: Production) -> None:
-            try:
-                result = await endpoint(**body)
-            except Exception as error:
-                error_json, status = dialect.error_of(error)
-                if status >= 500:
-                    log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
-                production.add(json.dumps(error_json).encode(), status)
-                return
-            try:
-                if not isinstance(result, BaseModel):
-                    async for piece in _stream(result, dialect):
-                        production.add(piece)
-                else:
-                    production.add(_json(result).encode())
-            finally:
-                if client is not episode.client:
-                    client.close()
-
         request_key = Deliveries.request_key(dialect.name, raw, stream, request.headers.get("idempotency-key"))
-        production = gateway.deliveries.production(key, episode.client, request_key, produce,
-                                                   sdk_retry=_sdk_retry(request))
+        production = self.gateway.deliveries.production(key, episode.client, request_key,
+                                                        self.producer(request, dialect, episode, body),
+                                                        sdk_retry=_sdk_retry(request))
         if stream:
             started = await production.started()
             if not started.chunks:
@@ -206,14 +189,43 @@ def build_app(gateway: Gateway) -> Starlette:
             return Response(answered.chunks[0], status_code=answered.status, media_type="application/json")
         return _Delivery(production, connection_of(request.scope), answered.chunks[0])
 
-    def route(dialect: Dialect) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            return await handle(request, dialect)
-        return endpoint
+    def producer(self, request: Request, dialect: Dialect, episode: GatewayEpisode,
+                 body: Fields) -> Callable[[Production], Awaitable[None]]:
+        """What generates a request's answer into its production: the episode's client, or a client of its own
+        for a model the run does not train (its calls are dropped)."""
+        async def produce(production: Production) -> None:
+            model = body.get("model")
+            if not (isinstance(model, str) and model in self.gateway.untrained_models):
+                return await _produce(production, dialect.endpoint(episode.client), body)
+            # a model the run does not train: a client of its own, made only when this is not a retry's, dropped
+            client = self.gateway.service.client()
+            self.gateway.untrained_calls += 1
+            try:
+                await _produce(production, dialect.endpoint(client),
+                               {**body, "model": self.gateway.service.config.model_name})
+            finally:
+                client.close()
 
-    async def count_tokens(request: Request) -> Response:
+        async def _produce(production: Production, endpoint: Callable[..., Awaitable[Answered]],
+                           fields: Fields) -> None:
+            try:
+                result = await endpoint(**fields)
+            except Exception as error:
+                error_json, status = dialect.error_of(error)
+                if status >= 500:
+                    log.error("gateway: %s %s failed", request.method, request.url.path, exc_info=error)
+                production.add(json.dumps(error_json).encode(), status)
+                return
+            if isinstance(result, BaseModel):
+                production.add(_json(result).encode())
+            else:
+                async for piece in _stream(result, dialect):
+                    production.add(piece)
+        return produce
+
+    async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count of a request (nothing generated, nothing recorded)."""
-        received = await read(request, MESSAGES)
+        received = await self.read(request, MESSAGES)
         if isinstance(received, Response):
             return received
         episode, _, body = received
@@ -223,25 +235,28 @@ def build_app(gateway: Gateway) -> Starlette:
             error_json, status = MESSAGES.error_of(error)
             return JSONResponse(error_json, status_code=status)
 
-    async def session_models(request: Request) -> Response:
+    async def session_models(self, request: Request) -> Response:
         try:
-            gateway.lookup(request.path_params["key"])
+            self.gateway.lookup(request.path_params["key"])
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found")
-        return JSONResponse(_models_body(gateway))
+        return JSONResponse(_models_body(self.gateway))
 
-    async def models(request: Request) -> Response:
-        return JSONResponse(_models_body(gateway))
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(_models_body(self.gateway))
 
+
+def build_app(gateway: Gateway) -> Starlette:
+    routes = _Routes(gateway)
     return Starlette(
         routes=[
-            Route("/sessions/{key}/v1/chat/completions", route(CHAT), methods=["POST"]),
-            Route("/sessions/{key}/v1/completions", route(COMPLETIONS), methods=["POST"]),
-            Route("/sessions/{key}/v1/responses", route(RESPONSES), methods=["POST"]),
-            Route("/sessions/{key}/v1/messages", route(MESSAGES), methods=["POST"]),
-            Route("/sessions/{key}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-            Route("/sessions/{key}/v1/models", session_models, methods=["GET"]),
-            Route("/v1/models", models, methods=["GET"]),
+            Route("/sessions/{key}/v1/chat/completions", routes.completion(CHAT), methods=["POST"]),
+            Route("/sessions/{key}/v1/completions", routes.completion(COMPLETIONS), methods=["POST"]),
+            Route("/sessions/{key}/v1/responses", routes.completion(RESPONSES), methods=["POST"]),
+            Route("/sessions/{key}/v1/messages", routes.completion(MESSAGES), methods=["POST"]),
+            Route("/sessions/{key}/v1/messages/count_tokens", routes.count_tokens, methods=["POST"]),
+            Route("/sessions/{key}/v1/models", routes.session_models, methods=["GET"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )

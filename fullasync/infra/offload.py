@@ -21,6 +21,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def loop_time() -> float:
+    """The running event loop's clock: `time.monotonic` on a normal loop, simulated time under fullasync.sim."""
+    return asyncio.get_running_loop().time()
+
+
 class RunsBlockingInline:
     """A base of event loops that must run `off_loop`'s work in place (the simulator's virtual clock, whose order of
     events must not hang on a thread, and which records the work as a worker thread's)."""
@@ -75,7 +80,7 @@ class Pacer:
 
     def delay(self, units: int = 1) -> float:
         """Seconds until `units` more may start (0.0: now); reserves them."""
-        now = asyncio.get_running_loop().time()
+        now = loop_time()
         if now >= self._window + self.rest_s:  # the last window is over: a new one opens now
             self._window, self._used = now, 0
         while self._used >= self.burst:

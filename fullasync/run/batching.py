@@ -21,14 +21,10 @@ from dataclasses import dataclass
 from typing import Generic, Protocol
 
 from fullasync.contracts.run import BatchT, GroupQueue, QueueBatch, oldest_allowed, oldest_version
-from fullasync.infra.offload import off_loop
+from fullasync.infra.offload import loop_time, off_loop
 from fullasync.observe.metrics import step_stats
 from fullasync.run.healing import HealingTrainer
 from fullasync.types import TrajectoryGroup
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()
 
 
 class HandOverObserver(Protocol):
@@ -88,7 +84,7 @@ class Batcher(Generic[BatchT]):
     async def next_batch(self, version: int) -> list[TrajectoryGroup]:
         """B groups fresh enough for `version`; fewer only when the rows ran out or a stop was asked for."""
         groups: list[TrajectoryGroup] = []
-        waited = _now()
+        waited = loop_time()
         asked = True  # the first get answers the trainer's request (admission paces by what it found)
         size = self.settings.batch_size
         while len(groups) < size and not self.stopping:
@@ -98,7 +94,7 @@ class Batcher(Generic[BatchT]):
             groups += got.groups
             if got.closed:  # the rows ended: what the queue held is all there is
                 break
-        self.idle_s += _now() - waited
+        self.idle_s += loop_time() - waited
         return groups
 
     async def _get(self, count: int, version: int) -> QueueBatch:

@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 from fullasync.contracts.run import BatchT, Trainer
 from fullasync.contracts.weights import WeightsPayload
 from fullasync.errors import TrainerWorkerDiedError
+from fullasync.infra.offload import loop_time
 from fullasync.types import TrajectoryGroup
 
 log = logging.getLogger("fullasync")
@@ -27,11 +28,6 @@ log = logging.getLogger("fullasync")
 RESTART_BACKOFF_S = (1.0, 30.0)  # a trainer restart waits the first, doubled per restart of the run, at most the second
 
 T = TypeVar("T")
-
-
-def _now() -> float:
-    """The event loop's clock (`time.monotonic` on a normal loop; simulated time under fullasync.sim)."""
-    return asyncio.get_running_loop().time()
 
 
 class HealingTrainer(Generic[BatchT]):
@@ -100,7 +96,7 @@ class HealingTrainer(Generic[BatchT]):
                       "since its newest checkpoint; engines keep serving", error, wait, self.restarts,
                       self.max_restarts, len(self._since_checkpoint))
             await asyncio.sleep(wait)
-            began = _now()
+            began = loop_time()
             try:
                 origin = await self.restart()
                 for batch, rest, version in self._since_checkpoint:
@@ -109,9 +105,9 @@ class HealingTrainer(Generic[BatchT]):
                 error = again
                 continue
             finally:
-                self.restart_s += _now() - began
+                self.restart_s += loop_time() - began
             log.warning("trainer restarted from %s and %d steps trained again in %.1f s; the run goes on",
-                        origin, len(self._since_checkpoint), _now() - began)
+                        origin, len(self._since_checkpoint), loop_time() - began)
             return
 
 

@@ -17,14 +17,13 @@ rollouter among them), crashes elsewhere (the `Run` awaits them beside the loop)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol
 
 from fullasync.contracts.run import BatchT, GroupQueue
-from fullasync.infra.offload import drop_piecewise, off_loop
+from fullasync.infra.offload import drop_piecewise, loop_time, off_loop
 from fullasync.observe.logs import progress
 from fullasync.observe.metrics import MetricsSink, format_line
 from fullasync.rollout.rollouter import RolloutReport
@@ -36,11 +35,6 @@ from fullasync.types import TrajectoryGroup
 from fullasync.weights.sync import WeightPushTiming, WeightSync
 
 step_log = logging.getLogger("fullasync.steps")
-
-
-def _now() -> float:
-    """The event loop's clock (`time.monotonic` on a normal loop; simulated time under fullasync.sim)."""
-    return asyncio.get_running_loop().time()
 
 
 class RolloutControl(Protocol):
@@ -123,7 +117,7 @@ class TrainingLoop(Generic[BatchT]):
     async def run(self) -> LoopResult:
         """Train until `total_steps`, the rows run out or a stop is requested; checkpoint; validate at the end."""
         result, settings, hooks = self.result, self.settings, self.hooks
-        started = _now() - result.train_wall_s  # a resumed run goes on counting its training time
+        started = loop_time() - result.train_wall_s  # a resumed run goes on counting its training time
         pending: list[TrajectoryGroup] = []
         while (settings.total_steps == 0 or result.steps < settings.total_steps) and not self.stop_requested:
             groups = await self.batcher.next_batch(self.weight_sync.version)
@@ -141,7 +135,7 @@ class TrainingLoop(Generic[BatchT]):
                 accuracy = await hooks.validate()
                 if result.history:
                     result.history[-1]["val/accuracy"] = accuracy
-        result.train_wall_s = _now() - started
+        result.train_wall_s = loop_time() - started
         if self.stop_requested:
             result.interrupted = True
             await self._checkpoint(pending, started)
@@ -157,7 +151,7 @@ class TrainingLoop(Generic[BatchT]):
         save = self.hooks.checkpoint
         if save is None:
             return
-        self.result.train_wall_s = _now() - started
+        self.result.train_wall_s = loop_time() - started
         saved = await self.trainer.healed(lambda: save(pending))  # a rank that died while it wrote: heal, save again
         if saved is not None:
             self._checkpointed_step = self.result.steps
@@ -190,7 +184,7 @@ class TrainingLoop(Generic[BatchT]):
         result = self.result
         stats = await self.queue.stats()
         report = self.rollouter.report(rows=False)  # every step: the per-row map grows with the run
-        elapsed = _now() - started
+        elapsed = loop_time() - started
         total = self.settings.total_steps
         metrics = {
             "version": float(push.version),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, Trajectory, TrajectoryGroup
+from fullasync.contracts.engine import GenerateResult
+from fullasync.types import PROMPT_VERSION, FinishReason, ModelCall, TrainingSequence, Trajectory, TrajectoryGroup
 
 
 def call(prompt, output, versions=None, finish=FinishReason.STOP):
@@ -65,3 +66,19 @@ def test_trajectory_and_group_validate():
     assert group.rewards == (1.0, 0.0) and group.min_version == 3
     with pytest.raises(TypeError):
         group.metadata["x"] = 1  # records are frozen all the way down
+
+
+def test_one_alignment_check_names_every_misaligned_array_of_each_record():
+    with pytest.raises(ValueError, match=r"ModelCall arrays must be aligned with output_ids .*: 2 output_ids, "
+                                         r"1 output_logprobs, 3 output_weight_versions"):
+        ModelCall(prompt_ids=(1,), output_ids=(3, 4), output_logprobs=(-0.1,), output_versions=(0, 1),
+                  finish_reason=FinishReason.STOP, output_weight_versions=(0, 1, 2))
+    with pytest.raises(ValueError, match=r"TrainingSequence arrays .*: 3 token_ids, 2 versions"):
+        TrainingSequence(token_ids=(1, 2, 3), loss_mask=(0, 1, 1), logprobs=(0.0, -0.1, -0.2), versions=(-1, 0),
+                         prompt_length=1)
+    with pytest.raises(ValueError, match=r"GenerateResult arrays .*: 1 output_ids, 2 top_logprobs"):
+        GenerateResult(request_id="r", output_ids=(5,), output_logprobs=(-0.1,), output_versions=(0,),
+                       finish_reason=FinishReason.STOP, top_logprobs=({5: -0.1}, {6: -0.2}))
+    # optional arrays may be left empty: not recorded
+    assert GenerateResult(request_id="r", output_ids=(5,), output_logprobs=(-0.1,), output_versions=(0,),
+                          finish_reason=FinishReason.STOP).top_logprobs == ()
