@@ -141,14 +141,14 @@ class CompletionRequest(SamplingRequest):
     echo: Literal[False] | None = Field(None, description="false (the prompt ids come back in prompt_token_ids)")
 
 
-Request = TypeVar("Request", bound=SamplingRequest)
+Schema = TypeVar("Schema", bound=SamplingRequest)  # the schema a request passed
 
 
 @dataclass(frozen=True)
-class Parsed(Generic[Request]):
+class Parsed(Generic[Schema]):
     """A request that passed the schema, and the fields accepted but ignored (for a one-time warning)."""
 
-    request: Request  # ChatRequest | CompletionRequest
+    request: Schema
     ignored: tuple[str, ...]
 
 
@@ -254,7 +254,7 @@ def _explain(error: ValidationError, schema: type[SamplingRequest]) -> InvalidRe
     return InvalidRequestError(f"invalid '{path}': {issue['msg'].lower()} (got {got}){allowed}", param=field)
 
 
-def _parse(schema: type[Request], fields: Mapping[str, object]) -> Parsed[Request]:
+def _parse(schema: type[Schema], fields: Mapping[str, object]) -> Parsed[Schema]:
     merged = _merge(fields)
     try:
         _check_text(merged, "")

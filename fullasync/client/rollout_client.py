@@ -24,7 +24,6 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -44,7 +43,14 @@ from fullasync.client.dialects.turns import Handles
 from fullasync.client.episode import Episode, HeldCalls
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.reasoning import ReasoningSplitter
-from fullasync.client.request_schema import Parsed, SamplingRequest, parse_chat, parse_completion, structured_output
+from fullasync.client.request_schema import (
+    Parsed,
+    SamplingRequest,
+    Schema,
+    parse_chat,
+    parse_completion,
+    structured_output,
+)
 from fullasync.client.streaming import TokenStream, chat_stream, completion_stream
 from fullasync.client.tool_parsers import constrained_choice, make_tool_parser, tool_choice_schema
 from fullasync.client.wire_types import JSON, ChatMessage, ConstrainedChoice, Tool, json_schema
@@ -56,7 +62,6 @@ from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidReques
 from fullasync.types import FinishReason, ModelCall, Trajectory
 
 log = logging.getLogger("fullasync")
-Request = TypeVar("Request", bound=SamplingRequest)
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,7 @@ class RolloutService:
         self.call_ids = map(f"{uuid.uuid4().hex[:8]}-{{}}".format, itertools.count())
         self._warned: set[str] = set()  # fields accepted but ignored, warned about once
 
-    def accept(self, parsed: Parsed[Request]) -> Request:
+    def accept(self, parsed: Parsed[Schema]) -> Schema:
         """The validated request, once its model is checked; warns once per ignored field."""
         self.accept_model(parsed.request.model)
         self.note_ignored(parsed.ignored)
