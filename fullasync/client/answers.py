@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from fullasync.client import chat_answers
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 from fullasync.client.reasoning import ReasoningSplitter
 from fullasync.client.tool_parsers import ParsedToolCall, ToolParser, constrained_calls
+from fullasync.client.wire_types import JSON, ConstrainedChoice, Tool
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,11 @@ class AnswerFormat:
 
     chat_tokens: ChatTokenizer
     parser: ToolParser | None
-    tools: Sequence[dict[str, Any]] = ()
+    tools: Sequence[Tool] = ()
     reasoning: ReasoningSplitter | None = None
     thinks: bool = True  # the output starts inside reasoning (not when the template closed it in the prompt)
-    constrained: Any = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    constrained: ConstrainedChoice | None = None
+    template_kwargs: JSON = field(default_factory=dict)
 
     @property
     def keeps_special_tokens(self) -> bool:

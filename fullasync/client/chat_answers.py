@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 from openai import BaseModel
 from openai.types import Completion, CompletionChoice, CompletionUsage
@@ -29,6 +29,7 @@ from openai.types.completion_choice import Logprobs
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
 from fullasync.client.tool_parsers import ParsedToolCall
+from fullasync.client.wire_types import ChatMessage
 from fullasync.types import FinishReason
 
 # ids of responses and tool calls, 32 hex digits like a uuid4's: a random prefix per process, then a counter,
@@ -141,16 +142,10 @@ def usage(prompt_tokens: int, generations: list[StitchedGeneration]) -> Completi
     )
 
 
-def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: list,
-              generations: list[StitchedGeneration], token_ids: bool) -> Any:
-    response = cls(
-        id=response_id("chatcmpl" if cls is ChatCompletion else "cmpl"),
-        object=kind,
-        created=int(time.time()),
-        model=model,
-        choices=choices,
-        usage=usage(len(prompt_ids), generations),
-    )
+Response = TypeVar("Response", ChatCompletion, Completion)
+
+
+def _with_prompt_ids(response: Response, prompt_ids: list[int], token_ids: bool) -> Response:
     if token_ids:
         set_vllm_field(response, "prompt_token_ids", list(prompt_ids))  # vLLM's field name (`return_token_ids`)
     return response
@@ -158,7 +153,9 @@ def _envelope(cls: type, kind: str, model: str, prompt_ids: list[int], choices: 
 
 def chat_completion(model: str, prompt_ids: list[int], choices: list[Choice], generations: list[StitchedGeneration],
                     token_ids: bool) -> ChatCompletion:
-    return _envelope(ChatCompletion, "chat.completion", model, prompt_ids, choices, generations, token_ids)
+    response = ChatCompletion(id=response_id("chatcmpl"), object="chat.completion", created=int(time.time()),
+                              model=model, choices=choices, usage=usage(len(prompt_ids), generations))
+    return _with_prompt_ids(response, prompt_ids, token_ids)
 
 
 def completion(
@@ -192,13 +189,15 @@ def completion(
             set_vllm_field(choice, "token_ids", list(generation.output_ids))
             set_vllm_field(choice, "prompt_token_ids", list(prompt_ids))
         choices.append(choice)
-    return _envelope(Completion, "text_completion", model, prompt_ids, choices, generations, token_ids)
+    response = Completion(id=response_id("cmpl"), object="text_completion", created=int(time.time()), model=model,
+                          choices=choices, usage=usage(len(prompt_ids), generations))
+    return _with_prompt_ids(response, prompt_ids, token_ids)
 
 
 def message_dict(content: str | None, tool_calls: list[ParsedToolCall], reasoning: str | None = None
-                 ) -> dict[str, Any]:
+                 ) -> ChatMessage:
     """The assistant turn as the episode remembers it (normalised like incoming messages)."""
-    message: dict[str, Any] = {"role": "assistant", "content": content}
+    message: ChatMessage = {"role": "assistant", "content": content}
     if reasoning is not None:
         message["reasoning_content"] = reasoning
     if tool_calls:

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from fullasync.client.wire_types import ChatMessage, Tool
 from fullasync.contracts.tokenizer import Tokenizer, text
 from fullasync.errors import InvalidRequestError
 
@@ -22,11 +22,11 @@ from fullasync.errors import InvalidRequestError
 class TurnState:
     """What a later call needs to extend one returned assistant turn."""
 
-    messages: tuple[dict[str, Any], ...]  # the conversation up to and including that assistant turn
-    tools: tuple[dict[str, Any], ...] | None
+    messages: tuple[ChatMessage, ...]  # the conversation up to and including that assistant turn
+    tools: tuple[Tool, ...] | None
     token_ids: tuple[int, ...]  # prompt + output ids of that call
     ended_with_eos: bool  # the output's last token closes the turn (EOS)
-    template_kwargs: tuple[tuple[str, Any], ...] = ()  # the request's chat_template_kwargs, part of the render
+    template_kwargs: tuple[tuple[str, object], ...] = ()  # the request's chat_template_kwargs, part of the render
 
 
 class ChatTokenizer:
@@ -43,8 +43,8 @@ class ChatTokenizer:
         self.eos_text = self.decode([self.eos_token_id], skip_special_tokens=False)
         self._shows_tools: bool | None = None  # does the template render `tools`? learnt on the first call with tools
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def render(self, messages: list[ChatMessage], tools: list[Tool] | None,
+               generation_prompt: bool, template_kwargs: Mapping[str, object] | None = None) -> str:
         extra = dict(template_kwargs or {})
         try:
             rendered = text(self.tokenizer.apply_chat_template(
@@ -52,7 +52,7 @@ class ChatTokenizer:
             ))
             if tools and self._shows_tools is None:
                 without = text(self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
+                    messages, tools=None, tokenize=False, add_generation_prompt=generation_prompt, **extra
                 ))
                 self._shows_tools = rendered != without
         except Exception as error:  # jinja raises many types; the user needs to know the template refused
@@ -71,19 +71,19 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return text(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                   template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    def prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None,
+                   template_kwargs: Mapping[str, object] | None = None) -> list[int]:
         """Fresh tokenization of a whole conversation, ending with the generation prompt."""
         return self.encode(self.render(messages, tools, generation_prompt=True, template_kwargs=template_kwargs))
 
-    def generation_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                          template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def generation_prompt(self, messages: list[ChatMessage], tools: list[Tool] | None,
+                          template_kwargs: Mapping[str, object] | None = None) -> str:
         """The text the template adds to open the next assistant turn (it may open or close a thinking section)."""
         closed = self.render(messages, tools, generation_prompt=False, template_kwargs=template_kwargs)
         opened = self.render(messages, tools, generation_prompt=True, template_kwargs=template_kwargs)
         return opened[len(closed) :] if opened.startswith(closed) else opened
 
-    def continuation_ids(self, turn: TurnState, new_messages: list[dict[str, Any]]) -> list[int] | None:
+    def continuation_ids(self, turn: TurnState, new_messages: list[ChatMessage]) -> list[int] | None:
         """Ids to append to `turn.token_ids` so the model sees `turn.messages + new_messages`.
 
         None when the template does not render the conversation as a pure extension (then the

@@ -8,10 +8,10 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
 from fullasync.client.chat_tokens import TurnState
 from fullasync.client.continuation import InfraHooks, no_priority
+from fullasync.client.wire_types import ChatMessage
 from fullasync.errors import FailureKind
 from fullasync.types import ModelCall
 
@@ -25,7 +25,7 @@ class Episode:
         self.id = episode_id
         self.calls: list[ModelCall] = []
         self.turns: list[TurnState] = []
-        self.returned: list[dict[str, Any]] = []  # every assistant message answered (to tell echoed policy turns)
+        self.returned: list[ChatMessage] = []  # every assistant message answered (to tell echoed policy turns)
         self.last_completion: tuple[str, tuple[int, ...]] | None = None  # (prompt + output text, their ids)
         self.oldest_version: int | None = None  # of any token generated so far, interrupted segments included
         self.logged: list[tuple[str, float]] = []  # the harness's own metrics (`RolloutClient.log`), in order

@@ -13,10 +13,15 @@ says, from the text the template added for the new turn, whether the output star
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fullasync.client.tool_parsers import vllm_chat_request, vllm_tokenizer
+from fullasync.client.wire_types import JSON
 from fullasync.contracts.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.reasoning import ReasoningParser
 
 
 class ReasoningSplitter:
@@ -32,8 +37,8 @@ class ReasoningSplitter:
                              f"{ReasoningParserManager.list_registered()}") from None
         self.name = name
         self.tokenizer = tokenizer
-        self._parsers: dict[str, Any] = {}
-        self._request: Any = None
+        self._parsers: dict[str, ReasoningParser] = {}
+        self._request: ChatCompletionRequest | None = None
         parser = self._parser({})
         self.start: str | None = parser.reasoning_start_str
         end: str | None = parser.reasoning_end_str
@@ -42,7 +47,7 @@ class ReasoningSplitter:
                              "marker to split text at); it cannot be used with this client")
         self.end: str = end
 
-    def _parser(self, template_kwargs: dict[str, Any]) -> Any:
+    def _parser(self, template_kwargs: JSON) -> ReasoningParser:
         key = json.dumps(template_kwargs, sort_keys=True)
         if key not in self._parsers:
             try:
@@ -58,7 +63,7 @@ class ReasoningSplitter:
         starts in reasoning: not when the template already closed the thinking section there."""
         return self.end not in generation_prompt
 
-    def split(self, text: str, template_kwargs: dict[str, Any], thinks: bool = True) -> tuple[str | None, str | None]:
+    def split(self, text: str, template_kwargs: JSON, thinks: bool = True) -> tuple[str | None, str | None]:
         """(reasoning, content) of a complete output; (None, text) when the output starts after reasoning."""
         if not thinks:
             return None, text or None

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fullasync.client.wire_types import JSON, json_schema
+from fullasync.contracts.engine import StructuredSpec
 from fullasync.errors import InvalidRequestError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -45,7 +47,7 @@ VLLM_EXTRAS = frozenset({"return_token_ids", "ignore_eos", "top_k", "min_p", "st
 IGNORED = frozenset({"user", "metadata", "store", "session_id", "service_tier", "prompt_cache_key",
                      "safety_identifier", "reasoning_effort", "verbosity"})
 TRANSPORT = frozenset({"timeout", "extra_headers", "extra_query"})
-NEUTRAL: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
+NEUTRAL: JSON = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
 _EXTRA_BODY_KEYS = VLLM_EXTRAS | NEUTRAL.keys()
 
 
@@ -60,14 +62,14 @@ class StreamOptions(_Strict):
 
 class StructuredOutputs(_Strict):
     regex: str | None = Field(None, description="a regular expression")
-    json_schema: dict[str, Any] | str | None = Field(None, alias="json", description="a JSON schema object")
+    json_schema: JSON | str | None = Field(None, alias="json", description="a JSON schema object")
     choice: list[str] | None = Field(None, min_length=1, description="a non-empty list of strings")
     json_object: bool | None = Field(None, description="true")
 
 
 class JsonSchemaFormat(_Strict):
     name: str = Field(description="a string")
-    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON schema object")
+    schema_: JSON | None = Field(None, alias="schema", description="a JSON schema object")
     description: str | None = None
     strict: bool | None = None
 
@@ -77,7 +79,7 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = Field(None, description="{'name': ..., 'schema': {...}}")
 
 
-class _Sampling(_Strict):
+class SamplingRequest(_Strict):
     """Fields common to chat and text completions, with their allowed values as descriptions."""
 
     model: str = Field(description="the served model name")
@@ -118,39 +120,42 @@ TEMPLATE_OWN = frozenset({"messages", "conversation", "tools", "documents", "add
                           "continue_final_message", "chat_template", "return_dict", "return_assistant_tokens_mask"})
 
 
-class ChatRequest(_Sampling):
-    messages: list[Any] = Field(min_length=1, description="a non-empty list of message objects")
-    tools: list[Any] | None = Field(None, description="a list of {'type': 'function', 'function': {...}}")
+class ChatRequest(SamplingRequest):
+    messages: list[object] = Field(min_length=1, description="a non-empty list of message objects")
+    tools: list[object] | None = Field(None, description="a list of {'type': 'function', 'function': {...}}")
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
         None, description="'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}")
     parallel_tool_calls: bool | None = Field(None, description="true or false (false: tool_choice 'required' "
                                                                "makes one call)")
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: JSON | None = Field(
         None, description="an object of extra variables for the chat template (e.g. {'enable_thinking': false})")
     max_completion_tokens: int | None = Field(None, ge=1, description="a positive integer")
     logprobs: bool | None = Field(None, description="true or false")
     top_logprobs: int | None = Field(None, ge=0, description="an integer >= 0 (with logprobs: true)")
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = Field(description="a non-empty string or a non-empty list of token ids")
     max_tokens: int | None = Field(16, ge=1, description="a positive integer")
     logprobs: int | None = Field(None, ge=0, description="an integer >= 0")
     echo: Literal[False] | None = Field(None, description="false (the prompt ids come back in prompt_token_ids)")
 
 
+Schema = TypeVar("Schema", bound=SamplingRequest)  # the schema a request passed
+
+
 @dataclass(frozen=True)
-class Parsed:
+class Parsed(Generic[Schema]):
     """A request that passed the schema, and the fields accepted but ignored (for a one-time warning)."""
 
-    request: Any  # ChatRequest | CompletionRequest
+    request: Schema
     ignored: tuple[str, ...]
 
 
 _PLAIN = frozenset({int, float, bool, type(None)})
 
 
-def _check_text(value: Any, where: str) -> None:
+def _check_text(value: object, where: str) -> None:
     """Every string must be valid Unicode text (JSON lets a lone surrogate through, tokenizers choke on it)."""
     found = _bad_text(value)
     if found is None:
@@ -164,7 +169,7 @@ def _check_text(value: Any, where: str) -> None:
     )
 
 
-def _bad_text(value: Any) -> tuple[list[Any], UnicodeEncodeError] | None:
+def _bad_text(value: object) -> tuple[list[object], UnicodeEncodeError] | None:
     """The first string in `value` that is not valid Unicode: its path (innermost first) and the error.
 
     On the hot path of every request (a prompt of token ids is a list of thousands of ints), so the
@@ -181,8 +186,8 @@ def _bad_text(value: Any) -> tuple[list[Any], UnicodeEncodeError] | None:
     if isinstance(value, (list, tuple)):
         if set(map(type, value)) <= _PLAIN:
             return None
-        items: Any = enumerate(value)
-    elif kind is dict or isinstance(value, Mapping):
+        items: Iterable[tuple[object, object]] = enumerate(value)
+    elif isinstance(value, dict) or isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, BaseModel):  # openai message objects passed in process
         return _bad_text(value.model_dump(exclude_none=True))
@@ -199,7 +204,7 @@ def _bad_text(value: Any) -> tuple[list[Any], UnicodeEncodeError] | None:
     return None
 
 
-def _merge(fields: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(fields: Mapping[str, object]) -> JSON:
     """The caller's fields with `extra_body` folded in (the openai SDK's way of sending vLLM extras)."""
     merged = dict(fields)
     extra = merged.pop("extra_body", None)
@@ -219,7 +224,7 @@ def _merge(fields: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _loc_path(loc: tuple[Any, ...]) -> str:
+def _loc_path(loc: tuple[int | str, ...]) -> str:
     """`('stop', 'list[str]', 3)` → `stop[3]`: field names and indices, without pydantic's union-member tags."""
     path = ""
     for part in loc:
@@ -230,7 +235,7 @@ def _loc_path(loc: tuple[Any, ...]) -> str:
     return path
 
 
-def _explain(error: ValidationError, schema: type[_Sampling]) -> InvalidRequestError:
+def _explain(error: ValidationError, schema: type[SamplingRequest]) -> InvalidRequestError:
     issues = error.errors()
     extras = sorted({_loc_path(issue["loc"]) for issue in issues if issue["type"] == "extra_forbidden"})
     if extras and len(extras) == len(issues):
@@ -249,7 +254,7 @@ def _explain(error: ValidationError, schema: type[_Sampling]) -> InvalidRequestE
     return InvalidRequestError(f"invalid '{path}': {issue['msg'].lower()} (got {got}){allowed}", param=field)
 
 
-def _parse(schema: type[_Sampling], fields: Mapping[str, Any]) -> Parsed:
+def _parse(schema: type[Schema], fields: Mapping[str, object]) -> Parsed[Schema]:
     merged = _merge(fields)
     try:
         _check_text(merged, "")
@@ -268,7 +273,7 @@ def _parse(schema: type[_Sampling], fields: Mapping[str, Any]) -> Parsed:
     return Parsed(request, ignored)
 
 
-def _check_neutral(request: _Sampling) -> None:
+def _check_neutral(request: SamplingRequest) -> None:
     for name, neutral in NEUTRAL.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
@@ -284,7 +289,7 @@ def _check_stop(stop: str | list[str] | None) -> None:
                                   f"strings, got {stop!r}", param="stop")
 
 
-def _check_structured(request: _Sampling) -> None:
+def _check_structured(request: SamplingRequest) -> None:
     given = request.structured_outputs
     if given is not None:
         kinds = [name for name in ("regex", "json_schema", "choice", "json_object") if getattr(given, name)]
@@ -314,7 +319,7 @@ def _check_structured(request: _Sampling) -> None:
         raise InvalidRequestError("give response_format or structured_outputs, not both", param="response_format")
 
 
-def structured_output(request: _Sampling) -> tuple[str, Any] | None:
+def structured_output(request: SamplingRequest) -> tuple[str, StructuredSpec] | None:
     """The output constraint as (kind, spec): kind is 'regex', 'json', 'choice' or 'json_object'."""
     given = request.structured_outputs
     if given is not None:
@@ -322,7 +327,7 @@ def structured_output(request: _Sampling) -> tuple[str, Any] | None:
             return "regex", given.regex
         if given.json_schema is not None:
             spec = given.json_schema
-            return "json", json.loads(spec) if isinstance(spec, str) else spec
+            return "json", json.loads(spec) if isinstance(spec, str) else json_schema(spec)
         if given.choice is not None:
             return "choice", tuple(given.choice)
         return "json_object", True
@@ -332,10 +337,10 @@ def structured_output(request: _Sampling) -> tuple[str, Any] | None:
     if fmt.type == "json_object":
         return "json_object", True
     assert fmt.json_schema is not None and fmt.json_schema.schema_ is not None  # _check_structured
-    return "json", fmt.json_schema.schema_
+    return "json", json_schema(fmt.json_schema.schema_)
 
 
-def parse_chat(fields: Mapping[str, Any]) -> Parsed:
+def parse_chat(fields: Mapping[str, object]) -> Parsed[ChatRequest]:
     """Validate a chat completion request (keyword arguments of `create`, or the HTTP body)."""
     parsed = _parse(ChatRequest, fields)
     request = parsed.request
@@ -347,7 +352,7 @@ def parse_chat(fields: Mapping[str, Any]) -> Parsed:
     return parsed
 
 
-def parse_completion(fields: Mapping[str, Any]) -> Parsed:
+def parse_completion(fields: Mapping[str, object]) -> Parsed[CompletionRequest]:
     """Validate a text completion request (keyword arguments of `create`, or the HTTP body)."""
     parsed = _parse(CompletionRequest, fields)
     request = parsed.request

@@ -24,7 +24,6 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -44,11 +43,19 @@ from fullasync.client.dialects.turns import Handles
 from fullasync.client.episode import Episode, HeldCalls
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
 from fullasync.client.reasoning import ReasoningSplitter
-from fullasync.client.request_schema import Parsed, parse_chat, parse_completion, structured_output
-from fullasync.client.streaming import chat_stream, completion_stream
-from fullasync.client.tool_parsers import make_tool_parser, tool_choice_schema
+from fullasync.client.request_schema import (
+    Parsed,
+    SamplingRequest,
+    Schema,
+    parse_chat,
+    parse_completion,
+    structured_output,
+)
+from fullasync.client.streaming import TokenStream, chat_stream, completion_stream
+from fullasync.client.tool_parsers import constrained_choice, make_tool_parser, tool_choice_schema
+from fullasync.client.wire_types import JSON, ChatMessage, ConstrainedChoice, Tool, json_schema
 from fullasync.config import EngineSection, ModelSection, RolloutSection
-from fullasync.contracts.engine import Engine, SamplingOptions
+from fullasync.contracts.engine import Engine, SamplingOptions, StructuredSpec
 from fullasync.contracts.tokenizer import Tokenizer
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
@@ -107,7 +114,7 @@ class RolloutService:
         self.call_ids = map(f"{uuid.uuid4().hex[:8]}-{{}}".format, itertools.count())
         self._warned: set[str] = set()  # fields accepted but ignored, warned about once
 
-    def accept(self, parsed: Parsed) -> Any:
+    def accept(self, parsed: Parsed[Schema]) -> Schema:
         """The validated request, once its model is checked; warns once per ignored field."""
         self.accept_model(parsed.request.model)
         self.note_ignored(parsed.ignored)
@@ -128,8 +135,9 @@ class RolloutService:
     def client(self, episode_id: str | None = None) -> RolloutClient:
         return RolloutClient(self, episode_id or uuid.uuid4().hex)
 
-    def answer_format(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                      constrained: Any = None, template_kwargs: dict[str, Any] | None = None) -> AnswerFormat:
+    def answer_format(self, messages: list[ChatMessage], tools: list[Tool] | None,
+                      constrained: ConstrainedChoice | None = None, template_kwargs: JSON | None = None
+                      ) -> AnswerFormat:
         """How a chat call's output reads: its tools' parser, reasoning split off if the run has a parser for it
         and the prompt did not close the thinking section already."""
         kwargs = dict(template_kwargs or {})
@@ -170,7 +178,7 @@ class RolloutClient:
         """Anthropic Messages over the chat path (`fullasync.client.dialects.anthropic_messages`)."""
         return MessagesEndpoint(self)
 
-    def trajectory(self, reward: float, metadata: Mapping[str, Any] | None = None) -> Trajectory:
+    def trajectory(self, reward: float, metadata: Mapping[str, object] | None = None) -> Trajectory:
         """The episode's recorded calls (`Episode.settled_calls`) as a `Trajectory` with `reward`."""
         return Trajectory(calls=tuple(self.episode.settled_calls()), reward=float(reward),
                           metadata=dict(metadata or {}))
@@ -212,7 +220,7 @@ class RolloutClient:
                 self.episode.fault = FailureKind.LENGTH
             raise
 
-    def blame(self, messages: Any, error: InvalidRequestError) -> InvalidRequestError:
+    def blame(self, messages: object, error: InvalidRequestError) -> InvalidRequestError:
         """`error` as a `PolicyOutputError` when the malformed message is an assistant turn this episode's client
         returned (the policy wrote it; the harness only sent it back), else `error` itself."""
         where = re.match(r"messages\[(\d+)\]", str(error))
@@ -246,8 +254,9 @@ class RolloutClient:
 
     # -- shared steps -------------------------------------------------------------------------
 
-    def _prepare(self, prompt_ids: list[int], request: Any, *, max_tokens: int | None, num_top_logprobs: int,
-                 with_logprobs: bool, prompt_field: str, structured: tuple[str, Any] | None = None) -> _Request:
+    def _prepare(self, prompt_ids: list[int], request: SamplingRequest, *, max_tokens: int | None,
+                 num_top_logprobs: int, with_logprobs: bool, prompt_field: str,
+                 structured: tuple[str, StructuredSpec] | None = None) -> _Request:
         """Check the limits that depend on tokens and engines, then build the engine-side request."""
         self.episode.went_on(prompt_ids)
         config = self.service.config
@@ -316,7 +325,7 @@ class RolloutClient:
             )
         )
 
-    def _turn(self, messages: list[dict[str, Any]], answers: AnswerFormat, prompt_ids: list[int],
+    def _turn(self, messages: list[ChatMessage], answers: AnswerFormat, prompt_ids: list[int],
               generation: StitchedGeneration, answer: Answer) -> TurnState:
         eos = self.service.chat_tokens.eos_token_id
         return TurnState(
@@ -334,12 +343,12 @@ class RolloutClient:
                              on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
                              priority=self.episode.priority)
 
-    def _stream(self, request: _Request) -> AsyncIterator[Any]:
+    def _stream(self, request: _Request) -> TokenStream:
         call = self._resumable(request, f"{self.episode.id}-{next(self.service.call_ids)}")
         return stream_with_resume(call, interval=self.service.config.stream_interval)
 
-    def _chat_stream(self, request: _Request, messages: list[dict[str, Any]], answers: AnswerFormat,
-                     model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[Any]:
+    def _chat_stream(self, request: _Request, messages: list[ChatMessage], answers: AnswerFormat,
+                     model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[ChatCompletionChunk]:
         def on_done(generation: StitchedGeneration, answer: Answer) -> None:
             self._record(request.prompt_ids, generation)
             self._remember(turns=[self._turn(messages, answers, request.prompt_ids, generation, answer)])
@@ -350,8 +359,8 @@ class RolloutClient:
             include_usage=include_usage, on_done=on_done,
         )
 
-    def _chat_prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                         template_kwargs: dict[str, Any]) -> list[int]:
+    def _chat_prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None,
+                         template_kwargs: JSON) -> list[int]:
         chat_tokens = self.service.chat_tokens
         tool_key = tuple(tools) if tools else None
         kwargs_key = tuple(sorted(template_kwargs.items()))
@@ -373,7 +382,7 @@ class _ChatCompletions:
     def __init__(self, client: RolloutClient) -> None:
         self._client = client
 
-    async def create(self, **fields: Any) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+    async def create(self, **fields: object) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         """`openai.AsyncOpenAI().chat.completions.create`: the fields and their allowed values are
         `request_schema.ChatRequest`'s; vLLM extras may come at the top level or in `extra_body`.
 
@@ -382,7 +391,7 @@ class _ChatCompletions:
         with self._client.noting_faults():
             return await self._create(fields)
 
-    async def _create(self, fields: dict[str, Any]) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+    async def _create(self, fields: JSON) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         client, service = self._client, self._client.service
         asked = service.accept(parse_chat(fields))
         try:
@@ -390,12 +399,13 @@ class _ChatCompletions:
         except InvalidRequestError as error:
             raise client.blame(asked.messages, error) from None
         tool_list = normalize_tools(asked.tools) if asked.tool_choice != "none" else None
-        constrained = _constrained_choice(asked.tool_choice, tool_list)
+        constrained = constrained_choice(asked.tool_choice, tool_list)
         kwargs = dict(asked.chat_template_kwargs or {})
         answers = service.answer_format(normalized, tool_list, constrained, kwargs)
         logprobs, model = bool(asked.logprobs), asked.model
         calls_only = None if constrained is None else (  # the output is the calls' JSON, with no free whitespace
-            "compact_json", tool_choice_schema(constrained, tool_list or (), asked.parallel_tool_calls is not False))
+            "compact_json",
+            json_schema(tool_choice_schema(constrained, tool_list or (), asked.parallel_tool_calls is not False)))
         request = client._prepare(
             client._chat_prompt_ids(normalized, tool_list, kwargs), asked,
             max_tokens=asked.max_completion_tokens if asked.max_completion_tokens is not None else asked.max_tokens,
@@ -423,21 +433,6 @@ class _ChatCompletions:
         return response
 
 
-def _constrained_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> Any:
-    """`tool_choice` as a constraint on the output ("required" or `{"type": "function", "function": {"name": ...}}`
-    naming one of `tools`), or None when the policy chooses ("auto") or may not call ("none")."""
-    if tool_choice in (None, "auto", "none"):
-        return None
-    if tool_choice == "required":
-        return "required"
-    named = tool_choice.model_dump()
-    names = [tool["function"]["name"] for tool in tools or ()]
-    if named["function"]["name"] not in names:
-        raise InvalidRequestError(f"tool_choice names the function {named['function']['name']!r}, which is not "
-                                  f"among the request's tools {names}", param="tool_choice")
-    return named
-
-
 class _Chat:
     def __init__(self, client: RolloutClient) -> None:
         self.completions = _ChatCompletions(client)
@@ -457,13 +452,13 @@ class _Completions:
             return list(last[1]) + (chat_tokens.encode(rest) if rest else [])
         return chat_tokens.encode(prompt)
 
-    async def create(self, **fields: Any) -> Completion | AsyncIterator[Completion]:
+    async def create(self, **fields: object) -> Completion | AsyncIterator[Completion]:
         """`openai.AsyncOpenAI().completions.create`: the fields and their allowed values are
         `request_schema.CompletionRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
         with self._client.noting_faults():
             return await self._create(fields)
 
-    async def _create(self, fields: dict[str, Any]) -> Completion | AsyncIterator[Completion]:
+    async def _create(self, fields: JSON) -> Completion | AsyncIterator[Completion]:
         client, service = self._client, self._client.service
         asked = service.accept(parse_completion(fields))
         prompt, model, logprobs = asked.prompt, asked.model, asked.logprobs

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 from openai.types import Completion, CompletionChoice
 from openai.types.chat import ChatCompletionChunk
@@ -27,6 +27,10 @@ from fullasync.client import chat_answers
 from fullasync.client.answers import Answer, AnswerFormat, before_markers
 from fullasync.client.chat_tokens import ChatTokenizer
 from fullasync.client.continuation import StitchedGeneration
+from fullasync.contracts.engine import TokenDelta
+
+# a resumable generation as it streams (`continuation.stream_with_resume`): token deltas, then the stitched whole
+TokenStream: TypeAlias = AsyncIterator[TokenDelta | StitchedGeneration]
 
 
 class IncrementalText:
@@ -84,7 +88,7 @@ class TextDeltas:
         self.hold = hold  # strings whose beginning must not be sent before it is clear
         self.generation: StitchedGeneration | None = None  # the stitched whole, once the stream ended
 
-    async def follow(self, stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, str]]:
+    async def follow(self, stream: TokenStream) -> AsyncIterator[tuple[TokenDelta, str]]:
         """(token delta, safe text so far) pairs; the stitched generation lands in `self.generation`."""
         async for item in stream:
             if isinstance(item, StitchedGeneration):
@@ -129,7 +133,7 @@ def _delta(reasoning: str = "", content: str | None = "") -> ChoiceDelta:
     return delta
 
 
-async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, model: str, prompt_ids: list[int],
+async def chat_stream(stream: TokenStream, *, answers: AnswerFormat, model: str, prompt_ids: list[int],
                       stop: tuple[str, ...], with_logprobs: bool, token_ids: bool, include_usage: bool,
                       on_done: Callable[[StitchedGeneration, Answer], None],
                       ) -> AsyncIterator[ChatCompletionChunk]:
@@ -180,7 +184,7 @@ async def chat_stream(stream: AsyncIterator[Any], *, answers: AnswerFormat, mode
                                   choices=[], usage=chat_answers.usage(len(prompt_ids), [generation]))
 
 
-async def completion_stream(stream: AsyncIterator[Any], *, chat_tokens: ChatTokenizer, model: str,
+async def completion_stream(stream: TokenStream, *, chat_tokens: ChatTokenizer, model: str,
                             prompt_ids: list[int], stop: tuple[str, ...], token_ids: bool, include_usage: bool,
                             on_done: Callable[[StitchedGeneration], None]) -> AsyncIterator[Completion]:
     """Text-completion chunks (`object: text_completion`), as OpenAI streams them; with `token_ids`, each

@@ -2,7 +2,8 @@
 
 Owns: the `ToolParser` protocol, our tolerant Hermes parser, the adapter that runs any parser registered in vLLM's
 `ToolParserManager` (imported only when one is named: importing vLLM's parsers costs seconds), and the calls a
-constrained `tool_choice` ("required" or a named function) produced, read from their JSON.
+constrained `tool_choice` ("required" or a named function): the request's choice checked against its tools
+(`constrained_choice`), and the calls it produced, read from their JSON.
 Each parser splits the output text into plain content and a list of `(name, arguments)` calls; text it cannot parse
 stays content; `tool_choice_schema` is the JSON schema a constrained `tool_choice` holds the output to.
 
@@ -17,11 +18,15 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
+from fullasync.client.request_schema import NamedToolChoice
+from fullasync.client.wire_types import JSON, ConstrainedChoice, Tool
 from fullasync.contracts.tokenizer import Tokenizer
+from fullasync.errors import InvalidRequestError
 
 if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.tokenizers import TokenizerLike
 
 OURS = ("hermes", "qwen")  # our parser's names; `vllm:NAME` asks for vLLM's parser of a name we also use
@@ -31,14 +36,14 @@ VLLM_PREFIX = "vllm:"
 @dataclass(frozen=True)
 class ParsedToolCall:
     name: str
-    arguments: dict[str, Any]
+    arguments: JSON
 
 
 class ToolParser(Protocol):
     hold: tuple[str, ...] | None  # a stream sends content only before these strings (None: none before the end)
     keeps_special_tokens: bool  # reads the output decoded with its special tokens (a format's tags may be ones)
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]]) -> tuple[str | None, list[ParsedToolCall]]: ...
+    def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str | None, list[ParsedToolCall]]: ...
 
 
 class HermesToolParser:
@@ -49,7 +54,7 @@ class HermesToolParser:
     keeps_special_tokens = False
     _block = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] = ()) -> tuple[str | None, list[ParsedToolCall]]:
+    def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str | None, list[ParsedToolCall]]:
         calls: list[ParsedToolCall] = []
         kept: list[str] = []
         position = 0
@@ -75,7 +80,7 @@ class HermesToolParser:
         return _call(data["name"], data.get("arguments", {}))
 
 
-def _call(name: Any, arguments: Any) -> ParsedToolCall | None:
+def _call(name: object, arguments: object) -> ParsedToolCall | None:
     """A call from a name and arguments given as an object or its JSON text; None when they are not that."""
     if isinstance(arguments, str):
         try:
@@ -110,9 +115,9 @@ class VLLMToolParser:
             self._parser = parser_class(vllm_tokenizer(tokenizer))
         except (RuntimeError, ValueError, KeyError) as error:  # vLLM's parsers refuse tokenizers without their tokens
             raise ValueError(f"vLLM's tool parser {name!r} does not fit this model's tokenizer: {error}") from None
-        self._requests: dict[str, Any] = {}
+        self._requests: dict[str, ChatCompletionRequest] = {}
 
-    def parse(self, text: str, tools: Sequence[dict[str, Any]] = ()) -> tuple[str | None, list[ParsedToolCall]]:
+    def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str | None, list[ParsedToolCall]]:
         found = self._parser.extract_tool_calls(text, self._request(tools))
         if not found.tools_called:
             return (found.content if found.content is not None else text) or None, []
@@ -121,7 +126,7 @@ class VLLMToolParser:
             return text or None, []
         return (found.content.strip() if found.content else None) or None, [c for c in calls if c is not None]
 
-    def _request(self, tools: Sequence[dict[str, Any]]) -> Any:
+    def _request(self, tools: Sequence[Tool]) -> ChatCompletionRequest:
         """The chat request vLLM's parsers read the tools from (some convert argument types by their schema)."""
         key = json.dumps(list(tools), sort_keys=True)
         if key not in self._requests:
@@ -135,7 +140,7 @@ def vllm_tokenizer(tokenizer: Tokenizer) -> TokenizerLike:
     return cast("TokenizerLike", tokenizer)
 
 
-def vllm_chat_request(tools: Sequence[dict[str, Any]] = ()) -> Any:
+def vllm_chat_request(tools: Sequence[Tool] = ()) -> ChatCompletionRequest:
     """A chat request as vLLM's parsers take it (they read its tools, and some its chat_template_kwargs)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
@@ -152,7 +157,21 @@ def make_tool_parser(name: str, tokenizer: Tokenizer | None = None) -> ToolParse
     return VLLMToolParser(name.removeprefix(VLLM_PREFIX), tokenizer)
 
 
-def constrained_calls(text: str, tool_choice: Any) -> list[ParsedToolCall]:
+def constrained_choice(tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None,
+                       tools: Sequence[Tool] | None) -> ConstrainedChoice | None:
+    """`tool_choice` as a constraint on the output ("required" or `{"type": "function", "function": {"name": ...}}`
+    naming one of `tools`), or None when the policy chooses ("auto") or may not call ("none")."""
+    if not isinstance(tool_choice, NamedToolChoice):
+        return "required" if tool_choice == "required" else None
+    name = tool_choice.function.name
+    names = [tool["function"]["name"] for tool in tools or ()]
+    if name not in names:
+        raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not among the request's tools "
+                                  f"{names}", param="tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def constrained_calls(text: str, tool_choice: ConstrainedChoice) -> list[ParsedToolCall]:
     """The calls an output constrained by `tool_choice` holds: for a named function, its arguments object; for
     "required", a list of `{"name": ..., "parameters": {...}}` (vLLM's wire form). [] when the output is not that
     (a length-cut JSON, say): then it stays content."""
@@ -160,7 +179,7 @@ def constrained_calls(text: str, tool_choice: Any) -> list[ParsedToolCall]:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return []
-    if isinstance(tool_choice, dict):
+    if not isinstance(tool_choice, str):
         call = _call(tool_choice["function"]["name"], data)
         return [call] if call is not None else []
     if not isinstance(data, list):
@@ -169,14 +188,15 @@ def constrained_calls(text: str, tool_choice: Any) -> list[ParsedToolCall]:
     return [] if None in calls else [c for c in calls if c is not None]
 
 
-def tool_choice_schema(tool_choice: Any, tools: Sequence[dict[str, Any]], parallel: bool = True) -> dict[str, Any]:
+def tool_choice_schema(tool_choice: ConstrainedChoice, tools: Sequence[Tool], parallel: bool = True) -> JSON:
     """The JSON schema a constrained `tool_choice` holds the output to (as vLLM does): a named function's
     parameters, or for "required" a non-empty list of `{"name": one of the tools, "parameters": its schema}` (one
     item at most when `parallel` is false)."""
-    functions = {tool["function"]["name"]: tool["function"].get("parameters") or {"type": "object"} for tool in tools}
-    if isinstance(tool_choice, dict):
+    functions: dict[str, JSON] = {tool["function"]["name"]: tool["function"].get("parameters") or {"type": "object"}
+                                  for tool in tools}
+    if not isinstance(tool_choice, str):
         return functions[tool_choice["function"]["name"]]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": [
+    schema: JSON = {"type": "array", "minItems": 1, "items": {"anyOf": [
         {"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
          "required": ["name", "parameters"]}
         for name, parameters in functions.items()]}}

@@ -6,7 +6,14 @@ import pytest
 
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState
 from fullasync.client.messages import normalize_messages, normalize_tools
-from fullasync.client.tool_parsers import HermesToolParser, make_tool_parser
+from fullasync.client.request_schema import parse_chat
+from fullasync.client.tool_parsers import (
+    HermesToolParser,
+    constrained_calls,
+    constrained_choice,
+    make_tool_parser,
+    tool_choice_schema,
+)
 from fullasync.errors import InvalidRequestError
 
 
@@ -44,6 +51,27 @@ def test_hermes_parser_splits_content_and_calls():
     assert calls == [] and content == "<tool_call>{not json}</tool_call>"
     with pytest.raises(ValueError, match="tool parser 'xml' is vLLM's and needs the model's tokenizer"):
         make_tool_parser("xml")  # any name but ours is looked up in vLLM's registry (tests/unit/test_formats.py)
+
+
+def test_a_constraining_tool_choice_names_one_of_the_tools_and_reads_its_calls_from_json():
+    tools = normalize_tools([{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])
+
+    def choice(tool_choice: object) -> object:
+        request = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                              "tool_choice": tool_choice}).request
+        return constrained_choice(request.tool_choice, tools)
+
+    assert [choice(given) for given in ("auto", "none", None)] == [None, None, None]
+    assert choice("required") == "required"
+    named = choice({"type": "function", "function": {"name": "add"}})
+    assert named == {"type": "function", "function": {"name": "add"}}
+    assert tool_choice_schema(named, tools) == {"type": "object"}
+    assert [(c.name, c.arguments) for c in constrained_calls('{"a": 1}', named)] == [("add", {"a": 1})]
+    calls = constrained_calls('[{"name": "add", "parameters": {"a": 2}}]', "required")
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 2})]
+    assert constrained_calls('[{"name": "add", "param', "required") == []  # cut by length: stays content
+    with pytest.raises(InvalidRequestError, match="names the function 'mul', which is not among the request's tools"):
+        choice({"type": "function", "function": {"name": "mul"}})
 
 
 def test_messages_from_openai_objects_and_string_arguments_normalize_alike():
