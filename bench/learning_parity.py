@@ -14,6 +14,11 @@ of trained samples in every run (the example's `total_steps` × 64), and reads e
                           default: every trained token at k when training is the bottleneck)
     *_gspo                the same cells with `trainer.correction=gspo`, the earlier default of `auto`
 
+`--fresh` is the newcomer's sweep: every run of it reads one cache under outputs/learning_parity/fresh-cache/
+that the first run builds from nothing (the world and the warmed-up starting policy), instead of the
+user's cache; its cells are labelled "+fresh", and each run keeps its policy every 10 steps
+(`<out>/hf/step_*`) for diagnosis.
+
 `--busy` runs two busy loops (one per core, at the driver's niceness) beside every run, which changes
 the generation/training speed ratio as a loaded machine does; its runs are separate cells ("+busy").
 
@@ -37,6 +42,7 @@ study is hours — run it in the background.
 
     .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2            # the default, 3 seeds
     .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0,1,2 --busy     # the same, both cores busy
+    .venv/bin/python bench/learning_parity.py --cells k4 --seeds 0-9 --fresh       # a newcomer's sweep, 10 seeds
     .venv/bin/python bench/learning_parity.py --report-only                       # table from what ran
 """
 
@@ -58,6 +64,7 @@ from _timing import mean_se
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "outputs" / "learning_parity"
+FRESH_CACHE = OUT / "fresh-cache"  # what `--fresh` runs share, built from nothing by the first of them
 RECORDS = ROOT / "bench" / "results" / "learning_parity"
 ROW_FIELDS = ("outcome", "output_tokens", "calls", "episodes", "resumed_calls")  # a record's rows, in this order
 DOC = ROOT / "docs" / "learning_parity.md"
@@ -85,9 +92,9 @@ def _spin() -> None:
         pass
 
 
-def run_one(cell: str, seed: int, busy: bool) -> Path:
+def run_one(cell: str, seed: int, busy: bool, fresh: bool = False) -> Path:
     """One training run of the example (skipped when its summary exists); returns its output directory."""
-    label = cell + ("+busy" if busy else "")
+    label = cell + ("+busy" if busy else "") + ("+fresh" if fresh else "")
     out = OUT / label / f"seed{seed}"
     if (RECORDS / label / f"seed{seed}.json").exists():
         return out
@@ -97,6 +104,10 @@ def run_one(cell: str, seed: int, busy: bool) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "examples.deepresearch.train", *CELLS[cell], f"seed={seed}",
                f"trainer.seed={seed}", f"output_dir={out}"]
+    environment = dict(os.environ)
+    if fresh:
+        command += ["save_checkpoint=true", "checkpoint.save_hf_every=10"]
+        environment["FULLASYNC_CACHE_DIR"] = str(FRESH_CACHE)
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(2 if busy else 0)]
     for spinner in spinners:
         spinner.start()
@@ -104,7 +115,7 @@ def run_one(cell: str, seed: int, busy: bool) -> Path:
     print(f"[learning_parity] {label} seed {seed}: {' '.join(command[2:])}", flush=True)
     try:
         with open(out / "train.log", "w") as log:
-            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+            done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False, env=environment)
     finally:
         for spinner in spinners:
             spinner.terminate()
@@ -210,7 +221,7 @@ def render() -> str:
             f"{statistics.fmean(r['after'] for r in runs):.3f} | {gain:+.3f}"
             + (f" ± {gain_se:.3f}" if len(runs) > 1 else " (one seed)") + " | "
             + ", ".join(f"{r['gain']:+.3f} ± {r['gain_se']:.3f}" for r in runs)
-            + f" | {sum(r['gain'] >= 3 * r['gain_se'] for r in runs)} of {len(runs)} "
+            + f" | {sum(r['gain'] >= 3 * r['gain_se'] for r in runs)} of {len(runs)} (worst {min(gains):+.3f}) "
             f"| {statistics.fmean(r['staleness'] for r in runs):.2f} "
             f"| {statistics.fmean(r['train_s'] for r in runs):.0f} "
             f"| {statistics.fmean(r['samples_per_s'] for r in runs):.2f} | "
@@ -318,11 +329,21 @@ def write_doc(table: str) -> None:
     DOC.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
 
 
+def seed_list(text: str) -> list[int]:
+    """`0,1,2` or `0-9` (or both: `0-4,7`)."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        seeds += list(range(int(low), int(high or low) + 1))
+    return seeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {list(CELLS)}")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds or ranges: 0,1,2 or 0-9")
     parser.add_argument("--busy", action="store_true", help="two busy loops beside every run")
+    parser.add_argument("--fresh", action="store_true", help="the runs share one cache built from nothing (+fresh)")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     cells = args.cells.split(",")
@@ -330,9 +351,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown cell(s) {unknown}; choose from {list(CELLS)}")
     if not args.report_only:
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in seed_list(args.seeds):
             for cell in cells:
-                run_one(cell, seed, args.busy)
+                run_one(cell, seed, args.busy, args.fresh)
                 write_doc(page())
                 plot()
     table = page()
