@@ -18,7 +18,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -59,7 +59,7 @@ log = logging.getLogger("fullasync")
 T = TypeVar("T")
 
 
-def _row_id(row: Any, index: int) -> str:
+def _row_id(row: object, index: int) -> str:
     if isinstance(row, dict) and "id" in row:
         return str(row["id"])
     return f"row-{index}"
@@ -69,7 +69,7 @@ class AsyncAgentTrainer:
     """Trains `rollout_fn` on `train_dataset` with the mode and knobs of `config`."""
 
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
-                 train_dataset: Iterable[Any] | None = None, val_dataset: Iterable[Any] | None = None,
+                 train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
                  resume: str | None = None) -> None:
         """`resume` overrides `config.resume`: "auto" (continue output_dir's newest checkpoint, if any), "never",
         or a checkpoint directory."""
@@ -102,7 +102,7 @@ class AsyncAgentTrainer:
             raise ValueError("the training dataset is empty")
 
     @staticmethod
-    def _task_defaults(config: RunConfig) -> tuple[Any, Any, Any]:
+    def _task_defaults(config: RunConfig) -> tuple[RolloutFn | None, Iterable[object] | None, Iterable[object] | None]:
         if config.data.task == "arithmetic":
             from fullasync.tasks import arithmetic
 
@@ -125,7 +125,7 @@ class AsyncAgentTrainer:
         with progress_display():
             return asyncio.run(self.train_async())
 
-    def _rows(self) -> Iterable[tuple[str, Any]]:
+    def _rows(self) -> Iterable[tuple[str, object]]:
         for epoch in range(self.config.data.epochs):
             for index, row in enumerate(self.train_rows):
                 row_id = _row_id(row, index)
@@ -213,6 +213,8 @@ class AsyncAgentTrainer:
 
     async def _run(self, engines: Sequence[Engine], trainer: Any, model_path: str,
                    resume: Checkpoint | None) -> LoopResult:
+        # `trainer: Any`, not VerlTrainer: its export_weights may return StreamedWeights, which the Trainer
+        # contract's WeightsPayload (fullasync/contracts/run.py) does not name yet, so `assemble` would refuse it
         cfg = self.config
         output_dir = Path(cfg.output_dir)
         tokenizer = load_tokenizer(model_path)
@@ -263,7 +265,7 @@ def _stop_on_signals(run: Run) -> Iterator[None]:
             loop.remove_signal_handler(signum)
 
 
-def write_rows(path: Path, records: list[dict[str, Any]]) -> None:
+def write_rows(path: Path, records: Iterable[Mapping[str, object]]) -> None:
     """Every row's outcome and what it generated (episodes, calls, output tokens, resumed calls), one per line:
     what the length-bias account reads (which rows were generated, trained, dropped or resumed, by length)."""
     path.write_text("".join(json.dumps(record) + "\n" for record in records))

@@ -30,15 +30,20 @@ import sys
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 HUB_DATASET = re.compile(r"^(?P<name>[\w.-]+(?:/[\w.-]+)?)(?::(?P<config>[\w.-]+))?(?:@(?P<split>[\w.-]+))?$")
 
+T = TypeVar("T")
+
 
 def resolve_dotted(path: str, what: str) -> Any:
-    """`package.module:name` → the object, with the current folder importable; the error says what was looked for."""
+    """`package.module:name` → the object, with the current folder importable; the error says what was looked for.
+
+    Any: whatever the user's module holds under that name; the caller checks it as what it must be (`as_generator`
+    for a rollout_fn, iteration for rows)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"{what}={path!r} must look like 'package.module:name'")
@@ -50,7 +55,7 @@ def resolve_dotted(path: str, what: str) -> Any:
         raise ValueError(f"{what}={path!r} could not be resolved: {error}") from error
 
 
-def load_rows(spec: str, what: str, default_split: str | None = "train") -> Iterable[Any]:
+def load_rows(spec: str, what: str, default_split: str | None = "train") -> Iterable[object]:
     """The rows `spec` names (module docstring); `default_split`: the split of a multi-split source when `spec`
     names none (None: the source must have one split, or name it)."""
     if FUNCTION.match(spec):
@@ -101,7 +106,7 @@ def _files(spec: str) -> list[str] | None:
     return parts
 
 
-def _from_files(parts: list[str], spec: str, what: str) -> Any:
+def _from_files(parts: list[str], spec: str, what: str) -> Iterable[dict[str, object]]:
     import datasets
 
     formats = {FILE_FORMATS[Path(part).suffix.lower()] for part in parts}
@@ -118,7 +123,7 @@ def _from_files(parts: list[str], spec: str, what: str) -> Any:
         raise ValueError(f"{what}={spec!r} could not be read: {type(error).__name__}: {error}") from error
 
 
-def _pick_split(splits: dict[str, Any], split: str | None, default: str | None, what: str, spec: str) -> Any:
+def _pick_split(splits: dict[str, T], split: str | None, default: str | None, what: str, spec: str) -> T:
     if split is None and len(splits) == 1:
         return next(iter(splits.values()))
     chosen = split or default
@@ -128,7 +133,7 @@ def _pick_split(splits: dict[str, Any], split: str | None, default: str | None, 
     return splits[chosen]
 
 
-def _from_disk(folder: Path, split: str | None, default: str | None, what: str) -> Any:
+def _from_disk(folder: Path, split: str | None, default: str | None, what: str) -> Iterable[dict[str, object]]:
     import datasets
 
     try:
@@ -143,7 +148,7 @@ def _from_disk(folder: Path, split: str | None, default: str | None, what: str) 
     return saved
 
 
-def _from_hub(name: str, config: str | None, split: str | None, what: str) -> Any:
+def _from_hub(name: str, config: str | None, split: str | None, what: str) -> Iterable[dict[str, object]]:
     import datasets
 
     try:

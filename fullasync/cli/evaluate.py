@@ -15,7 +15,6 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fullasync.api import AsyncAgentTrainer
 from fullasync.client import RolloutService
@@ -32,6 +31,7 @@ from fullasync.models import load_tokenizer
 from fullasync.rollout.generator import CustomGenerator, RolloutFn, as_generator, run_harness
 from fullasync.run.assemble import episodes_on
 from fullasync.run.validation import ValidationResult, evaluate
+from fullasync.types import JsonValue
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class EvalReport:
         return (f"score {self.score:.3f} ± {self.stderr:.3f} over {self.rows} rows × {self.samples_per_row} samples "
                 f"(weight version {self.weight_version}){failed}")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, JsonValue]:
         return {"model": self.model, "score": self.score, "stderr": self.stderr, "rows": self.rows,
                 "samples_per_row": self.samples_per_row, "failed": self.failed, "first_error": self.first_error,
                 "weight_version": self.weight_version,
@@ -60,7 +60,7 @@ class EvalReport:
 
 
 def eval_inputs(config: RunConfig, rollout_fn: RolloutFn | None,
-                rows: Iterable[Any] | None) -> tuple[RolloutFn, list[Any]]:
+                rows: Iterable[object] | None) -> tuple[RolloutFn, list[object]]:
     """The harness and rows to evaluate: those given, else the config's (`data.*`), else the task's."""
     task_rollout, _, task_val = AsyncAgentTrainer._task_defaults(config)
     harness = rollout_fn or task_rollout or (resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
@@ -81,7 +81,7 @@ def eval_inputs(config: RunConfig, rollout_fn: RolloutFn | None,
     return harness, listed
 
 
-async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None, rows: Iterable[Any] | None = None,
+async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None, rows: Iterable[object] | None = None,
                          engines: Sequence[Engine] | None = None) -> EvalReport:
     """Score `config.model` on the rows; `engines` already started by the caller are used and left running."""
     config.validate()
@@ -118,7 +118,7 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
 
 
 async def _score(config: RunConfig, generator: CustomGenerator, service: RolloutService,
-                 rows: list[Any]) -> ValidationResult:
+                 rows: list[object]) -> ValidationResult:
     """The harness's episodes on `service` (a CustomGenerator set up, and on the gateway if it uses one)."""
     gateway = Gateway(service) if generator.uses_gateway else None
     context = episodes_on(gateway) if gateway is not None else None

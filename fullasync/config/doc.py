@@ -14,20 +14,25 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from fullasync.config.fields import ConfigField, ConfigSection, config_fields, config_sections
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 
 HELP_FLAGS = ("--help", "-h")
 REGENERATE = "python -m fullasync.config.doc > docs/config.md"
 RESUME_NOTE = "may change on resume"
 
 
-def _instance(config: Any) -> Any:
+def _instance(config: DataclassInstance | type[DataclassInstance]) -> DataclassInstance:
     return config() if isinstance(config, type) else config
 
 
-def _grouped(config: Any) -> list[tuple[ConfigSection, list[ConfigField]]]:
+def _grouped(config: DataclassInstance) -> list[tuple[ConfigSection, list[ConfigField]]]:
     """(section, its own leaf fields) for every section holding any, the top level first."""
     fields = list(config_fields(config))
     groups = []
@@ -55,7 +60,7 @@ def _section_title(section: ConfigSection) -> str:
     return f"{section.name.removesuffix('.')} ({section.type.__name__}): {section.help}"
 
 
-def render_help(config: Any, usage: str) -> str:
+def render_help(config: DataclassInstance | type[DataclassInstance], usage: str) -> str:
     """`usage`, then every field of `config` (a config class, or an instance whose values are shown as the
     defaults) with its type, default and help, grouped by section."""
     lines = [usage.strip("\n"), "", "Every field, set as key=value. A run continuing a checkpoint must match it in "
@@ -72,7 +77,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(config: Any, title: str = "Configuration reference") -> str:
+def render_markdown(config: DataclassInstance | type[DataclassInstance], title: str = "Configuration reference") -> str:
     """The reference of `config`: a table per section (field, type, default, may change on resume, help)."""
     lines = [f"# {title}", "",
              "Generated from the field declarations (`fullasync/config/run.py`, `fullasync/config/trainer.py`); "
@@ -89,7 +94,7 @@ def render_markdown(config: Any, title: str = "Configuration reference") -> str:
     return "\n".join(lines)
 
 
-def config_with_file(config_type: type, path: Path) -> Any:
+def config_with_file(config_type: type[ConfigT], path: Path) -> ConfigT:
     """An instance of `config_type` with the values of a Hydra YAML config over its defaults (its `defaults`
     list and `hydra` node left out): what a `train.py` whose config file is `path` runs with."""
     from omegaconf import DictConfig, OmegaConf
@@ -99,11 +104,14 @@ def config_with_file(config_type: type, path: Path) -> Any:
         raise ValueError(f"{path} is not a Hydra config (a mapping of fields)")
     for key in ("defaults", "hydra"):
         values.pop(key, None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(config_type), values))
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(config_type), values))
+    if not isinstance(config, config_type):  # a structured config of a dataclass is made into an instance of it
+        raise TypeError(f"{path} did not make a {config_type.__name__} (OmegaConf gave {type(config).__name__})")
+    return config
 
 
-def exit_with_help_if_asked(argv: Sequence[str], config_type: type, usage: str, config_file: Path | None = None
-                            ) -> None:
+def exit_with_help_if_asked(argv: Sequence[str], config_type: type[DataclassInstance], usage: str,
+                            config_file: Path | None = None) -> None:
     """With --help (or -h) among `argv`: print every field of `config_type` after `usage` and exit 0 (defaults
     shown with `config_file`'s values over them, when given); else return. Hydra's own help stays --hydra-help."""
     if any(arg in HELP_FLAGS for arg in argv):

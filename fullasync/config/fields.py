@@ -16,7 +16,10 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 
@@ -39,7 +42,7 @@ def section(factory: Callable[[], T], help: str, *, resume_may_change: bool = Fa
     return dataclasses.field(default_factory=factory, metadata={HELP: help, RESUME_MAY_CHANGE: resume_may_change})
 
 
-def _metadata(config_type: type, name: str) -> Mapping[str, Any]:
+def _metadata(config_type: type, name: str) -> Mapping[str, object]:
     """The metadata of field `name`: the nearest declaration that has any (a subclass may redeclare a field with
     another default only, keeping the help and the resume rule of the class it extends)."""
     for klass in config_type.__mro__:
@@ -81,8 +84,10 @@ class ConfigSection:
     resume_may_change: bool
 
 
-def config_sections(config: Any, prefix: str = "", help: str = "", free: bool = False) -> Iterator[ConfigSection]:
+def config_sections(config: object, prefix: str = "", help: str = "", free: bool = False) -> Iterator[ConfigSection]:
     """Every section of the config instance `config`, the top level first, in declaration order."""
+    if not dataclasses.is_dataclass(config):  # as dataclasses.fields would refuse it
+        raise TypeError("must be called with a dataclass type or instance")
     yield ConfigSection(prefix, type(config), help, free)
     for declared in dataclasses.fields(config):
         value = getattr(config, declared.name)
@@ -92,8 +97,10 @@ def config_sections(config: Any, prefix: str = "", help: str = "", free: bool = 
                                        free or may_change_on_resume(type(config), declared.name))
 
 
-def config_fields(config: Any, prefix: str = "", free: bool = False) -> Iterator[ConfigField]:
+def config_fields(config: object, prefix: str = "", free: bool = False) -> Iterator[ConfigField]:
     """Every leaf field of the config instance `config` (sections walked in place), in declaration order."""
+    if not dataclasses.is_dataclass(config):  # as dataclasses.fields would refuse it
+        raise TypeError("must be called with a dataclass type or instance")
     config_type = type(config)
     for declared in dataclasses.fields(config):
         value = getattr(config, declared.name)
@@ -110,9 +117,10 @@ def _type_name(declared: object) -> str:
     return declared.__name__ if isinstance(declared, type) else str(declared)
 
 
-def shared_settings(section_value: Any, component_type: type) -> dict[str, Any]:
+def shared_settings(section_value: DataclassInstance, component_type: type[DataclassInstance]) -> dict[str, Any]:
     """The fields of `section_value` that `component_type` declares under the same name, with their values
-    (dicts and lists copied): how a component's config is made from its section with no field copied by hand."""
+    (dicts and lists copied): how a component's config is made from its section with no field copied by hand.
+    (`Any`: keyword arguments for `component_type`, each of the type both fields declare.)"""
     wanted = {f.name for f in dataclasses.fields(component_type)}
     return {f.name: copy.copy(getattr(section_value, f.name)) for f in dataclasses.fields(section_value)
             if f.name in wanted}

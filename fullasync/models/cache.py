@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 BUILD_MARKER = "fullasync_build.json"  # written last into a built dir: its presence means complete
 
@@ -25,7 +24,7 @@ def is_complete_build(directory: Path) -> bool:
     return (directory / BUILD_MARKER).is_file()
 
 
-def cached_build(target: Path, build_into: Callable[[Path], Mapping[str, Any]]) -> Path:
+def cached_build(target: Path, build_into: Callable[[Path], Mapping[str, object]]) -> Path:
     """`target`, built first by `build_into(empty_dir)` if not complete; its returned record becomes the marker."""
     if is_complete_build(target):
         return target

@@ -21,12 +21,16 @@ import hashlib
 import importlib.resources
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fullasync.config.checks import BUILTIN_CHAT_TEMPLATES
 from fullasync.contracts.tokenizer import Tokenizer, text
 from fullasync.models.cache import BUILD_MARKER, cached_build
 from fullasync.models.tiny import default_cache_root
+
+if TYPE_CHECKING:  # the client's parsers, as the caller makes them (`fullasync.launch.parts`)
+    from fullasync.client.reasoning import ReasoningSplitter
+    from fullasync.client.tool_parsers import ToolParser
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 OVERLAY_FORMAT = 1  # bump whenever the overlay's layout changes; part of its cache key
@@ -93,8 +97,8 @@ def renders_tools(tokenizer: Tokenizer) -> bool:
     return PROBE_TOOL["function"]["name"] in rendered
 
 
-def check_chat_setup(tokenizer: Tokenizer, tool_parser: Any, template_name: str = "the model's chat template",
-                     reasoning: Any = None) -> None:
+def check_chat_setup(tokenizer: Tokenizer, tool_parser: ToolParser, template_name: str = "the model's chat template",
+                     reasoning: ReasoningSplitter | None = None) -> None:
     """Fail with a message naming the fix when the template and the tool parser do not fit together.
 
     Checks: the template renders a plain conversation; if it shows the model its tools, it also
@@ -139,7 +143,7 @@ def check_chat_setup(tokenizer: Tokenizer, tool_parser: Any, template_name: str 
                          "model.chat_template=chatml-tools (Hermes format, read by tool_parser=hermes)")
 
 
-def _check_reasoning(tokenizer: Tokenizer, reasoning: Any, template_name: str) -> None:
+def _check_reasoning(tokenizer: Tokenizer, reasoning: ReasoningSplitter, template_name: str) -> None:
     """The reasoning parser reads back thinking written with its markers, and the thinking the template writes."""
     name = f"the reasoning parser {reasoning.name!r}"
     texts = [f"{reasoning.start or ''}probe thought{reasoning.end}Done."]

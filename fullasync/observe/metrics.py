@@ -12,7 +12,6 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import Logger, close_loggers, sample_rows
@@ -148,7 +147,7 @@ class MetricsSink:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")  # one file per run
 
-    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.path is not None:
             with self.path.open("a") as out:
                 out.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -164,7 +163,7 @@ class MetricsSink:
                 for logger in self.loggers:
                     logger.log_samples(step, rows)
 
-    def rewrite(self, history: Sequence[Mapping[str, Any]]) -> None:
+    def rewrite(self, history: Sequence[Mapping[str, float]]) -> None:
         """Start the JSONL file over with `history` (steps 1..N): a resumed run drops the steps after its checkpoint."""
         if self.path is not None:
             self.path.write_text("".join(json.dumps({"step": step, **metrics}) + "\n"

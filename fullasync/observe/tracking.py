@@ -27,10 +27,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from fullasync.config.checks import validate_logger_names
 from fullasync.errors import FullasyncError
+from fullasync.observe.samples import Record
 
 IDS_FILE = "tracking.json"  # under output_dir: {logger: run id}, read back by a resumed run
 OFFLINE_MODES = {"wandb": ("offline", "dryrun", "disabled"), "swanlab": ("offline", "local", "disabled")}
@@ -136,7 +137,7 @@ class Logger(Protocol):
 
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
-    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None: ...  # one row per model call
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None: ...  # one row per model call
 
     def close(self) -> None: ...
 
@@ -145,7 +146,7 @@ SAMPLE_COLUMNS = ("row_id", "episode", "call", "reward", "prompt", "completion",
                   "resumed")
 
 
-def sample_rows(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def sample_rows(records: Sequence[Record]) -> list[dict[str, object]]:
     """`RolloutSamples.record`s flattened to one table row per model call (columns `SAMPLE_COLUMNS`)."""
     return [{"row_id": record["row_id"], "episode": record["episode"], "call": index, "reward": record["reward"],
              "prompt": call["prompt"], "completion": call["completion"], "finish_reason": call["finish_reason"],
@@ -168,7 +169,7 @@ class WandbLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
 
-    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None:
         table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[row[c] for c in SAMPLE_COLUMNS] for row in rows])
         self._run.log({"rollouts": table}, step=step)
 
@@ -212,7 +213,7 @@ class MlflowLogger:
     def metric_key(self, key: str) -> str:
         return key.replace("/", ".") if self._file_store else key
 
-    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None:
         columns = {column: [row[column] for row in rows] for column in SAMPLE_COLUMNS}
         self._client.log_table(self.run_id, data=columns, artifact_file=f"rollouts/step_{step}.json")
 
@@ -235,7 +236,7 @@ class SwanlabLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self._run.log(dict(metrics), step=step)
 
-    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None:
         texts = [self._swanlab.Text(json.dumps(row, default=repr)) for row in rows]
         self._run.log({"rollouts": texts}, step=step)
 
@@ -257,7 +258,7 @@ class TensorboardLogger:
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, step)
 
-    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, object]]) -> None:
         self._writer.add_text("rollouts", "\n\n".join("    " + json.dumps(row, default=repr) for row in rows), step)
 
     def close(self) -> None:

@@ -62,6 +62,8 @@ class CustomGenerator:
     async def setup(self) -> None:
         """Called once before the first episode (start a sandbox pool, load tools, ...)."""
 
+    # `row: Any`: the user's dataset row, of the shape their own override declares (`row: dict[str, Any]`, ...);
+    # fullasync passes it through untouched (as `object`) and never reads it
     async def generate(self, episode: EpisodeContext, row: Any) -> float | Trajectory:
         raise NotImplementedError(f"{type(self).__name__}.generate(episode, row) must be implemented")
 
@@ -123,7 +125,7 @@ class FunctionGenerator(CustomGenerator):
     def __init__(self, rollout_fn: RolloutFunction) -> None:
         self.rollout_fn = rollout_fn
 
-    async def generate(self, episode: EpisodeContext, row: Any) -> float | Trajectory:
+    async def generate(self, episode: EpisodeContext, row: object) -> float | Trajectory:
         return await self.rollout_fn(episode.client, row)
 
 
@@ -144,7 +146,7 @@ def as_generator(rollout_fn: RolloutFn) -> CustomGenerator:
 
 
 async def run_harness(generator: CustomGenerator, episode_context: OpenEpisode | None, client: RolloutClient,
-                      row: Any) -> Any:
+                      row: object) -> float | Trajectory:
     """One episode of the harness on `client`, with the episode's context: `episode_context(client)` when the run
     opens episodes on a gateway, else the client only."""
     if episode_context is None:

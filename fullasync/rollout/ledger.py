@@ -19,7 +19,6 @@ import traceback
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from fullasync.client import RolloutClient
 from fullasync.errors import (
@@ -138,7 +137,7 @@ class RunningRow:
     """
 
     row_id: str
-    row: Any
+    row: object  # the user's dataset row, handed to the harness as it is
     finished: dict[int, Trajectory | None]  # episode index -> its trajectory (None: it failed)
     running: dict[int, RolloutClient] = field(default_factory=dict)  # episode index -> its client, while it runs
     task: asyncio.Task[None] | None = None  # the row's task, once admitted
@@ -212,7 +211,7 @@ class RowLedger:
             raise ValueError(f"row id {row_id!r} appears twice; row ids must be unique")
         return False
 
-    def add(self, row_id: str, row: Any) -> RunningRow:
+    def add(self, row_id: str, row: object) -> RunningRow:
         """The row starts running (with the episodes a checkpoint kept of it, if it had it running)."""
         record = RunningRow(row_id, row, dict(self._resumed.pop(row_id, {})))
         self.running[row_id] = record
@@ -253,7 +252,7 @@ class RowLedger:
 
     # -- accounts ----------------------------------------------------------------------------
 
-    def row_records(self) -> list[dict[str, Any]]:
+    def row_records(self) -> list[dict[str, object]]:
         """One record per row that stopped running in this process: its outcome and what it generated."""
         return [{"row_id": row_id, "outcome": self.outcomes[row_id].value, **asdict(size)}
                 for row_id, size in self.sizes.items() if row_id in self.outcomes]

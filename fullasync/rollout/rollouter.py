@@ -24,7 +24,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Protocol
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.config import RolloutSection
@@ -154,7 +154,7 @@ class Rollouter:
         await self.stop()
         await self.generator.teardown()
 
-    def start(self, rows: Iterable[tuple[str, Any]]) -> None:
+    def start(self, rows: Iterable[tuple[str, object]]) -> None:
         """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run."""
         self._task = asyncio.create_task(self._run(iter(rows)), name="rollouter")
 
@@ -295,7 +295,7 @@ class Rollouter:
 
     # -- internals ---------------------------------------------------------------------------
 
-    async def _run(self, rows: Iterator[tuple[str, Any]]) -> None:
+    async def _run(self, rows: Iterator[tuple[str, object]]) -> None:
         """The `rollouter` task: the dispatcher with the row tasks beside it; a crash of either is kept. When every
         row has ended the queue is closed: the trainer's read hands over the last groups without waiting for more."""
         try:
@@ -312,7 +312,7 @@ class Rollouter:
             self._crash = crash
             self._crashed.set()
 
-    async def _dispatch(self, rows: Iterator[tuple[str, Any]], row_tasks: asyncio.TaskGroup) -> None:
+    async def _dispatch(self, rows: Iterator[tuple[str, object]], row_tasks: asyncio.TaskGroup) -> None:
         """Admit rows in dataset order, each as soon as admission allows it, and start its task; a burst of
         admissions is spread out (`ADMISSION_BURST_EPISODES`)."""
         pacer = Pacer(ADMISSION_BURST_EPISODES, ADMISSION_REST_S)
@@ -397,12 +397,12 @@ class Rollouter:
             self.staleness.episode_done(share)
             self._wake.set()  # engine slots freed: another row may fit
 
-    async def run_harness(self, client: RolloutClient, row: Any) -> Any:
+    async def run_harness(self, client: RolloutClient, row: object) -> float | Trajectory:
         """One episode of the user's harness on `client` (a plain function, or a CustomGenerator)."""
         return await run_harness(self.generator, self.episode_context, client, row)
 
     async def _run_episode(self, row_id: str, index: int, client: RolloutClient,
-                           row: Any) -> tuple[Trajectory | None, FailureKind | None]:
+                           row: object) -> tuple[Trajectory | None, FailureKind | None]:
         """The harness's result as a trajectory, and the kind of its failure if it failed (counted): a failure the
         policy caused (`FailureKind.trained`) is the calls it made with `failure_reward`; any other is None."""
         try:
@@ -410,7 +410,7 @@ class Rollouter:
                 deadline = EpisodeDeadline(timeout)
                 client.episode.deadline_paused = deadline.suspended  # engine restarts do not count
                 with deadline.scope():
-                    result = await self.run_harness(client, row)
+                    result: object = await self.run_harness(client, row)  # the user's code: checked here
             if isinstance(result, (int, float)) and not isinstance(result, bool):
                 result = client.trajectory(float(result))
             if isinstance(result, Trajectory):

@@ -180,7 +180,7 @@ def _manifest(path: Path) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
-async def save(root: Path, *, save_trainer: Callable[[str], Awaitable[Any]], loop: LoopState, rollout: RolloutState,
+async def save(root: Path, *, save_trainer: Callable[[str], Awaitable[object]], loop: LoopState, rollout: RolloutState,
                groups: Iterable[TrajectoryGroup], fingerprint: Mapping[str, JsonValue], keep: int) -> SavedCheckpoint:
     """Write a checkpoint of step `loop.steps` atomically, then keep only the newest `keep` (0 = all)."""
     started = time.perf_counter()
@@ -283,13 +283,13 @@ def _write_json(path: Path, data: JsonValue) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def _write_lines(path: Path, items: Iterable[Any]) -> None:
+def _write_lines(path: Path, items: Iterable[object]) -> None:
     with path.open("w") as out:
         for item in items:
             out.write(json.dumps(item) + "\n")
 
 
-def _read_lines(path: Path) -> list[Any]:
+def _read_lines(path: Path) -> list[Any]:  # JSON as read (json.loads): checked by the readers of each line
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

@@ -90,6 +90,7 @@ class RunSettings:
     def from_config(cls, config: RunConfig) -> RunSettings:
         """Every field that names a setting, read from `config`; the rollouter's settings are the `rollout`
         section's fields that `RolloutSettings` declares."""
+        # Any: each value is read by its dotted path (getattr), of the type its field declares
         named: dict[str, Any] = {f.name: reduce(getattr, f.metadata["config"].split("."), config)
                                  for f in fields(cls) if "config" in f.metadata}
         return cls(rollout=RolloutSettings(**shared_settings(config.rollout, RolloutSettings)), **named)
@@ -120,8 +121,8 @@ class RunParts:
 class Run:
     """The components of one run; `execute(rows)` once."""
 
-    def __init__(self, parts: RunParts, settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
-                 checkpoints: CheckpointPolicy | None = None) -> None:
+    def __init__(self, parts: RunParts, settings: RunSettings, sink: MetricsSink,
+                 val_rows: Sequence[object] | None = None, checkpoints: CheckpointPolicy | None = None) -> None:
         self.rollouter, self.queue, self.gateway = parts.rollouter, parts.queue, parts.gateway
         self.weight_sync, self.trainer = parts.weight_sync, parts.trainer
         self.service = parts.rollouter.service
@@ -247,7 +248,7 @@ class Run:
         log.info("resumed from %s: step %d, weight version %d, %d queued groups, %d running rows continue",
                  saved.path, saved.loop.steps, saved.loop.version, len(saved.groups), len(saved.rollout.in_flight))
 
-    async def execute(self, rows: Iterable[tuple[str, Any]], resume: Checkpoint | None = None) -> LoopResult:
+    async def execute(self, rows: Iterable[tuple[str, object]], resume: Checkpoint | None = None) -> LoopResult:
         """Validate (nothing generating yet), generate and train, stop generating, account for every row.
 
         With `resume`, the run continues that checkpoint instead of validating first. A run that ends without error

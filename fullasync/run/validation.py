@@ -13,9 +13,8 @@ import itertools
 import logging
 import math
 import statistics
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.observe.logs import progress
@@ -23,7 +22,7 @@ from fullasync.types import Trajectory
 
 log = logging.getLogger("fullasync")
 
-RunHarness = Callable[[RolloutClient, Any], Awaitable[Any]]
+RunHarness = Callable[[RolloutClient, object], Awaitable[float | Trajectory]]  # one episode on a row
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class ValidationResult:
         return statistics.stdev(means) / math.sqrt(len(means))
 
 
-async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[Any], samples_per_row: int,
+async def evaluate(service: RolloutService, run_harness: RunHarness, rows: Sequence[object], samples_per_row: int,
                    episode_timeout_s: float, concurrency: int = 64) -> ValidationResult:
     """Mean reward of `samples_per_row` episodes per row (failures count 0 and are reported)."""
     limit = asyncio.Semaphore(concurrency)
@@ -51,7 +50,7 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: list[
     total = len(rows) * samples_per_row
     finished = 0
 
-    async def one(index: int, row: Any, sample: int) -> float:
+    async def one(index: int, row: object, sample: int) -> float:
         nonlocal finished
         async with limit:
             client = service.client(f"val-{index}-{sample}")

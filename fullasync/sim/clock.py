@@ -21,7 +21,7 @@ import selectors
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple
 
 from fullasync.infra.offload import RunsBlockingInline
 from fullasync.sim.loop_lag import LoopWork
@@ -40,13 +40,13 @@ class _VirtualSelector(selectors.BaseSelector):
         self._selector = selector
         self._loop = loop
 
-    def register(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
+    def register(self, fileobj: FileDescriptorLike, events: int, data: object = None) -> selectors.SelectorKey:
         return self._selector.register(fileobj, events, data)
 
     def unregister(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
         return self._selector.unregister(fileobj)
 
-    def modify(self, fileobj: FileDescriptorLike, events: int, data: Any = None) -> selectors.SelectorKey:
+    def modify(self, fileobj: FileDescriptorLike, events: int, data: object = None) -> selectors.SelectorKey:
         return self._selector.modify(fileobj, events, data)
 
     def get_key(self, fileobj: FileDescriptorLike) -> selectors.SelectorKey:
@@ -95,7 +95,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop, RunsBlockingInline):
         future.add_done_callback(self._executor_job_done)
         return future
 
-    def _executor_job_done(self, _: asyncio.Future[Any]) -> None:
+    def _executor_job_done(self, _: asyncio.Future[T]) -> None:
         self.executor_jobs -= 1
 
     def run_blocking_inline(self, function: Callable[..., T], *args: object) -> T:
@@ -119,7 +119,7 @@ class VirtualClockLoop(asyncio.SelectorEventLoop, RunsBlockingInline):
         return self.work
 
 
-def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def run_virtual(main: Callable[[], Coroutine[object, None, T]]) -> T:
     """Run `main()` to completion on a fresh `VirtualClockLoop`."""
     with asyncio.Runner(loop_factory=VirtualClockLoop) as runner:
         return runner.run(main())

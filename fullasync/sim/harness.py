@@ -26,15 +26,16 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from fullasync.client import ClientConfig, RolloutClient, RolloutService
 from fullasync.config import Mode, RunConfig
 from fullasync.contracts.engine import PauseMode
 from fullasync.infra.heap import settled_heap
 from fullasync.observe.metrics import MetricsSink
+from fullasync.rollout.generator import RolloutFunction
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 from fullasync.run.assemble import assemble
+from fullasync.run.result import LoopResult
 from fullasync.run.runner import RunSettings
 from fullasync.sim import peers
 from fullasync.sim.clock import VirtualClockLoop, run_virtual
@@ -56,14 +57,14 @@ class SimTokenizer:
     def __len__(self) -> int:
         return self.vocab_size
 
-    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return ""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [1] * max(1, len(text) // 4)
 
-    def apply_chat_template(self, conversation: list[Any], *, tools: list[Any] | None = None,
-                            add_generation_prompt: bool = False, tokenize: bool = False, **kwargs: Any) -> str:
+    def apply_chat_template(self, conversation: list[Mapping[str, object]], *, tools: list[object] | None = None,
+                            add_generation_prompt: bool = False, tokenize: bool = False, **kwargs: object) -> str:
         """The messages' contents one per line (a simulated chat is only ever measured, never read)."""
         return "\n".join(str(message.get("content") or "") for message in conversation)
 
@@ -198,12 +199,12 @@ def row_token(row_id: str) -> int:
     return 1000 + zlib.crc32(row_id.encode()) % 2**30
 
 
-def _rollout_fn(workload: Workload, counters: _Counters) -> Any:
+def _rollout_fn(workload: Workload, counters: _Counters) -> RolloutFunction:
     """The simulated agent: `workload.turns` calls, each extending the last call's context by its output
     and `observation_tokens` of tool output after `workload.tool_latency`; a deterministic 0/1 reward. A row's
     prompt is its own (its first token names the row: a prefix cache shares it between the row's samples only)."""
 
-    async def rollout_fn(client: RolloutClient, row: dict[str, Any]) -> float:
+    async def rollout_fn(client: RolloutClient, row: Mapping[str, float]) -> float:
         episode = client.episode.id
         counters.episodes_started += 1
         prompt = [row_token(episode.rsplit("/", 1)[0]), *[1] * (workload.prompt_tokens - 1)]
@@ -230,7 +231,7 @@ class _RecordingSink(MetricsSink):
         self.history: list[dict[str, float]] = []
         self._on_step = on_step
 
-    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
         self.history.append(dict(metrics))
         self._on_step(step)
 
@@ -312,7 +313,7 @@ async def _simulate(workload: Workload, spec: SimSpec) -> SimResult:
 
 def _window_result(workload: Workload, spec: SimSpec, first: _Mark, last: _Mark, window: list[dict[str, float]],
                    work: LoopWork | None, decoded: Mapping[str, int], *, gen_devices: int, train_devices: int,
-                   wall_s: float, cpu_s: float, loop_result: Any) -> SimResult:
+                   wall_s: float, cpu_s: float, loop_result: LoopResult) -> SimResult:
     """The run's measurements between two step marks."""
     dropped = last.dropped - first.dropped  # rows dropped as too stale inside the window
     sync = Mode(spec.run_config().mode) is Mode.SYNC

@@ -45,7 +45,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from fractions import Fraction
+from typing import TYPE_CHECKING, cast
 
 from fullasync.contracts.engine import PauseMode
 from fullasync.contracts.weights import WeightsPayload
@@ -53,6 +54,9 @@ from fullasync.rollout.staleness import StalenessManager
 from fullasync.run.queue import MessageQueue, QueueBatch
 from fullasync.types import TrajectoryGroup
 from fullasync.weights.sync import WeightPushTiming, WeightSync
+
+if TYPE_CHECKING:
+    from fullasync.run.runner import Run
 
 # -- queues ----------------------------------------------------------------------------------------
 
@@ -142,7 +146,7 @@ class BatchAdmission(StalenessManager):
         super()._admit()
         self.admitted += 1
 
-    def finish(self, produced_group: bool, running_share: Any = 1) -> None:
+    def finish(self, produced_group: bool, running_share: Fraction | int = 1) -> None:
         super().finish(produced_group, running_share)
         self.finished += 1
 
@@ -157,7 +161,7 @@ class SyncEvery:
         self.steps = 0
         self.syncs = 0
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:  # the rest of WeightSync's attributes, the wrapped one's
         return getattr(self.weight_sync, name)
 
     async def push(self, weights: WeightsPayload) -> WeightPushTiming:
@@ -192,11 +196,11 @@ class PeerPolicy:
         """The staleness bound the policy is configured for (versions), for the comparison table."""
         raise NotImplementedError
 
-    def components(self, run: Any, batch: int) -> tuple[StalenessManager, MessageQueue]:
+    def components(self, run: Run, batch: int) -> tuple[StalenessManager, MessageQueue]:
         raise NotImplementedError
 
 
-def _run_version(run: Any) -> Callable[[], int]:
+def _run_version(run: Run) -> Callable[[], int]:
     sync = run.weight_sync
     return lambda: sync.version - sync.start_version
 
@@ -224,7 +228,7 @@ class VerlFullyAsync(PeerPolicy):
     def bound(self) -> int:
         return math.ceil(self.staleness_threshold)
 
-    def components(self, run: Any, batch: int) -> tuple[StalenessManager, MessageQueue]:
+    def components(self, run: Run, batch: int) -> tuple[StalenessManager, MessageQueue]:
         """`batch`: rows per local update (R); the per-sync batch is R·T."""
         max_required = int(batch * (1 + self.staleness_threshold) * self.trigger_parameter_sync_step)
         queue = DropOldestQueue(max_required)
@@ -248,7 +252,7 @@ class AReaLAsync(PeerPolicy):
     def bound(self) -> int:
         return self.max_head_offpolicyness
 
-    def components(self, run: Any, batch: int) -> tuple[StalenessManager, MessageQueue]:
+    def components(self, run: Run, batch: int) -> tuple[StalenessManager, MessageQueue]:
         concurrent = self.max_concurrent_rollouts or batch
         admission = StalenessManager(self.max_head_offpolicyness, batch, concurrent, _run_version(run),
                                      count_running="rows")
@@ -267,7 +271,7 @@ class SkyRLFullyAsync(PeerPolicy):
     def bound(self) -> int:
         return self.max_staleness_steps
 
-    def components(self, run: Any, batch: int) -> tuple[StalenessManager, MessageQueue]:
+    def components(self, run: Run, batch: int) -> tuple[StalenessManager, MessageQueue]:
         buffer = batch * (self.max_staleness_steps + 1)
         workers = self.num_parallel_generation_workers or buffer
         if not batch <= workers <= buffer:
@@ -290,18 +294,19 @@ class OneStepOff(PeerPolicy):
     def bound(self) -> int:
         return 1
 
-    def components(self, run: Any, batch: int) -> tuple[StalenessManager, MessageQueue]:
+    def components(self, run: Run, batch: int) -> tuple[StalenessManager, MessageQueue]:
         return BatchAdmission(batch, _run_version(run)), FifoQueue(2 * batch)
 
 
-def install(run: Any, policy: PeerPolicy, batch: int) -> None:
+def install(run: Run, policy: PeerPolicy, batch: int) -> None:
     """Replace the admission rule, the queue and (verl, T > 1) the push cadence of an assembled `Run`.
 
     `assemble()` builds our components; it has no seam for others', so the swap happens here, before
     `run.execute`, on the simulator's runs only.
     """
     if policy.steps_per_sync > 1:
-        run.loop.weight_sync = SyncEvery(run.weight_sync, policy.steps_per_sync)
+        # a stand-in, not a subclass: the loop reads `version`, `restarts` and `push`, the first two delegated
+        run.loop.weight_sync = cast(WeightSync, SyncEvery(run.weight_sync, policy.steps_per_sync))
     admission, queue = policy.components(run, batch)
     run.rollouter.settings = replace(run.rollouter.settings, stop_stale_rows=False)  # they train those
     run.loop.batcher.settings = replace(run.loop.batcher.settings, bind_late=False)  # batches taken whole

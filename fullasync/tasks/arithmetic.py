@@ -11,10 +11,16 @@ import math
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 SYSTEM_PROMPT = "Answer with the number only."
-Row = dict[str, Any]  # id, question, answer (and, in the long-tail variant, whether to write a working-out)
+
+
+class Row(TypedDict):
+    id: str
+    question: str  # "a + b ="
+    answer: int
+    tail: NotRequired[bool]  # the long-tail variant: whether to write a working-out
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ def reward(text: str | None, answer: int) -> float:
     return 1.0 if (text or "").strip() == str(answer) else 0.0
 
 
+# `client: Any`: a RolloutClient, whose `create` types its reply as a completion or a stream (no overload on
+# `stream`), so a typed client would need a check of what this never asks for
 async def rollout_fn(client: Any, row: Row) -> float:
     """One episode: ask, read the number, score it."""
     response = await client.chat.completions.create(model="policy", messages=messages(row), max_tokens=4)
@@ -90,7 +98,7 @@ class LongTail:
         """The episode: ask; a training row's reply runs exactly 4 + L tokens (`ignore_eos`); score its answer."""
         rng = random.Random(self.seed)
 
-        async def rollout_fn(client: Any, row: Row) -> float:
+        async def rollout_fn(client: Any, row: Row) -> float:  # `client: Any`: as the module's rollout_fn
             tail = self.length(rng) if row.get("tail") else 0
             response = await client.chat.completions.create(model="policy", messages=messages(row),
                                                             max_tokens=4 + tail, ignore_eos=tail > 0)

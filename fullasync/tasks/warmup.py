@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from fullasync.models import TinyModelSpec, build_tiny_model, cached_build, default_cache_root, load_tokenizer
 from fullasync.models.tiny import VOCAB_MULTIPLE
@@ -31,7 +31,18 @@ from fullasync.tasks.arithmetic import FILLER, ArithmeticTask, messages
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import DataclassInstance
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    class WarmupBuild(DataclassInstance, Protocol):
+        """A warm-up spec: a dataclass whose `model` is the tiny model it starts from, with a cache key of its own."""
+
+        @property
+        def model(self) -> TinyModelSpec: ...
+
+        def key(self) -> str: ...
+
+SpecT = TypeVar("SpecT", bound="WarmupBuild")
 
 log = logging.getLogger("fullasync")
 
@@ -64,7 +75,7 @@ class LongTailWarmupSpec(WarmupSpec):
     filler_tokens: int = 4  # few: the loss of the warm-up stays on the answers (the run continues the pattern)
 
 
-def spec_key(build_format: int, spec: Any, *extra: object) -> str:
+def spec_key(build_format: int, spec: WarmupBuild, *extra: object) -> str:
     """Cache key of a warm-up spec (a dataclass with a `model` that has `key()`): its format, fields and model, and
     anything else the build reads (`extra`, e.g. the harness version whose prompt it copies)."""
     text = json.dumps([build_format, dataclasses.asdict(spec), spec.model.key(), *extra], sort_keys=True)
@@ -77,7 +88,7 @@ def build_warm_policy(spec: WarmupSpec = WarmupSpec(), cache_dir: Path | None = 
                               _train, cache_dir)
 
 
-def cached_warm_policy(name: str, spec: Any, train: Callable[[Any, Path, Path], None],
+def cached_warm_policy(name: str, spec: SpecT, train: Callable[[SpecT, Path, Path], None],
                        cache_dir: Path | None = None) -> Path:
     """`<cache>/models/<name>-<spec.key()>`: `train(spec, tiny_model_dir, out_dir)` run once on the tiny
     model of `spec.model` and cached (the built-in task's and the examples' warm-ups all use it)."""

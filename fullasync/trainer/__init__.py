@@ -16,7 +16,7 @@ May import: `contracts`, `config`, `infra`, `observe`, `weights`, `types`, `erro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fullasync.config import TrainerConfig
 
@@ -33,7 +33,7 @@ _LAZY = {
 __all__ = ["TrainBatch", "TrainerConfig", "VerlTrainer", "build_batch"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # the names above, imported on first use
     if name not in _LAZY:
         raise AttributeError(f"module 'fullasync.trainer' has no attribute {name!r}")
     import importlib

@@ -67,11 +67,17 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from fullasync.config.trainer import Correction, ProximalSource, TrainerConfig
+
+if TYPE_CHECKING:  # verl is imported on first use (module docstring)
+    from tensordict import TensorDict
+    from torch.autograd.function import BackwardCFunction
+    from torch.distributed import ProcessGroup
+    from verl.workers.config import ActorConfig
 
 TOKEN_LEVEL = frozenset({Correction.TOKEN_TIS, Correction.TOKEN_MASK, Correction.DECOUPLED, Correction.TOKEN_RS})
 SEQUENCE_LEVEL = frozenset({Correction.SEQ_TIS, Correction.SEQ_MASK})
@@ -290,7 +296,7 @@ class CorrectedPolicyLoss:
     statistics accumulate in `stats` until `drain()`. The loss is multiplied by `scale`.
     """
 
-    def __init__(self, config: TrainerConfig, actor_config: Any) -> None:
+    def __init__(self, config: TrainerConfig, actor_config: ActorConfig) -> None:
         from verl.workers.utils.losses import ppo_loss
 
         self.config = config
@@ -299,7 +305,8 @@ class CorrectedPolicyLoss:
         self.stats = CorrectionStats()
         self.scale = 1.0  # the loss is multiplied by this (a step in parts, `worker.StepPart.loss_scale`)
 
-    def __call__(self, model_output: dict[str, torch.Tensor], data: Any, dp_group: Any = None) -> tuple[Any, dict]:
+    def __call__(self, model_output: dict[str, torch.Tensor], data: TensorDict,
+                 dp_group: ProcessGroup | None = None) -> tuple[torch.Tensor, dict]:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
@@ -352,11 +359,11 @@ class _ScaleGradient(torch.autograd.Function):
     """The identity forward; backward multiplies the incoming gradient by `scale` (aligned to `values`)."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: BackwardCFunction, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(scale)
         return values.view_as(values)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: BackwardCFunction, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (scale,) = ctx.saved_tensors
         return grad * scale, None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -152,7 +151,7 @@ def micro_batch_keys(config: TrainerConfig, batch: TrainBatch) -> dict[str, bool
     return {"use_dynamic_bsz": True, "max_token_len_per_gpu": max(config.max_tokens_per_micro_batch, share)}
 
 
-def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: Any) -> TensorDict:
+def to_tensordict(batch: TrainBatch, temperature: float, extra: dict[str, torch.Tensor], **meta: object) -> TensorDict:
     """verl's no-padding TensorDict for `batch`; `extra` adds per-row tensors ((N, R) per token or (N,) per
     sequence), `meta` non-tensor keys."""
     tensors: dict[str, torch.Tensor | list] = {  # the type verl's get_tensordict takes

@@ -27,19 +27,22 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fullasync.weights.digests import digest, sampled_names
 from fullasync.weights.shm import BucketsAsData, TensorEntry, aligned, group_key
 
+if TYPE_CHECKING:
+    from torch.distributed import Store, Work
+
 DIGEST_BYTES = 32  # SHA-256
 JOINED, ABANDONED = "joined/", "abandoned"  # keys in the push's rendezvous store: a member's (+ rank), the root's
 ABANDON_LINGER_S = 5.0  # an abandoned push's store stays up this long for members on their way (they give up at once)
 JOIN_POLL_S = 0.005
 ABANDON_TIMEOUT_S = 30.0  # how long `abandon` knocks for a root that is only starting its push
-Loader = Callable[[list[tuple[str, torch.Tensor]]], Any]
+Loader = Callable[[list[tuple[str, torch.Tensor]]], object]  # what it returns is not read
 
 
 @dataclass(frozen=True)
@@ -131,21 +134,21 @@ class PushGroup:
 
         timeout = timedelta(seconds=plan.timeout_s)
         deadline = time.monotonic() + plan.timeout_s
-        listening: dict[str, Any] = {}
+        listen_fd: int | None = None  # None: the store opens its own socket (TCPStore's default)
         control = None
         if rank == 0:
             control = listen(plan.address, plan.control_port)  # `abandon` knocks here
-            listening["master_listen_fd"] = listen(plan.address, plan.port).detach()  # the store owns it from here
+            listen_fd = listen(plan.address, plan.port).detach()  # the store owns it from here
         else:
             # the store's client retries a refused connection only after a random delay of up to a tenth of its
             # timeout (seconds to minutes): a member that comes first waits for the root's port itself
             until_listening(plan.address, plan.port, deadline)
-        self._store: Any = dist.TCPStore(plan.address, plan.port, world_size=None, is_master=rank == 0,
-                                         timeout=timeout, wait_for_workers=False, **listening)
+        self._store: Store | None = dist.TCPStore(plan.address, plan.port, world_size=None, is_master=rank == 0,
+                                                  timeout=timeout, wait_for_workers=False, master_listen_fd=listen_fd)
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's way to pick the device
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address(plan.address, plan.port))]
         options._timeout = timeout
-        store: Any = dist.PrefixStore(f"fullasync-push-{plan.version}", self._store)
+        store = dist.PrefixStore(f"fullasync-push-{plan.version}", self._store)
         try:
             if control is not None:
                 _wait_for_members(store, plan, control, deadline)
@@ -153,12 +156,14 @@ class PushGroup:
                 raise PushAbandoned(f"weight version {plan.version}: the push was abandoned before this engine joined")
             else:
                 store.set(f"{JOINED}{rank}", "")
-            self._group: Any = dist.ProcessGroupGloo(store, rank, plan.world_size, options)  # broadcast: untyped
+            # Any: torch's stub of ProcessGroupGloo has neither this constructor (options) nor `broadcast`
+            self._group: Any = dist.ProcessGroupGloo(store, rank, plan.world_size, options)
         except BaseException as error:
             # drop the store's last references (the traceback keeps the frames it passed through): the root's then
             # stops listening, so the members waiting in the rendezvous fail at once
             traceback.clear_frames(error.__traceback__)
-            store = self._store = None
+            del store
+            self._store = None
             raise
         finally:
             if control is not None:
@@ -167,7 +172,7 @@ class PushGroup:
         self._options.rootRank = 0
         self._options.rootTensor = 0
 
-    def broadcast(self, buffer: torch.Tensor) -> Any:
+    def broadcast(self, buffer: torch.Tensor) -> Work:
         """Start broadcasting `buffer` from the root (filled there, overwritten elsewhere); wait on what it returns."""
         return self._group.broadcast([buffer], self._options)
 
@@ -184,7 +189,7 @@ class PushAbandoned(RuntimeError):
     """The push was given up before every member joined it (one of its engines failed first)."""
 
 
-def _wait_for_members(store: Any, plan: StreamPlan, control: socket.socket, deadline: float) -> None:
+def _wait_for_members(store: Store, plan: StreamPlan, control: socket.socket, deadline: float) -> None:
     """The root waits until every member has said it joined, or someone knocked on its control socket
     (`abandon`), or its timeout passed: a member that never comes does not hold the others in gloo's rendezvous."""
     members = [f"{JOINED}{rank}" for rank in range(1, plan.world_size)]
@@ -254,7 +259,7 @@ def send(plan: StreamPlan, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[
     expected = [entry for bucket in plan.buckets for entry in bucket]
     sampled = set(plan.sampled)
     digests: dict[str, str] = {}
-    on_the_wire: list[Any] = []  # the bucket being broadcast (its work holds the group): emptied on the way out
+    on_the_wire: list[Work] = []  # the bucket being broadcast (its work holds the group): emptied on the way out
     position = 0
     with PushGroup(plan, 0) as group:
         try:
