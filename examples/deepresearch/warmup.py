@@ -242,7 +242,19 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     (out_dir / "warmup.json").write_text(json.dumps({"heldout_copy_accuracy": accuracy,
-                                                     "seconds": time.monotonic() - started}) + "\n")
+                                                     "seconds": time.monotonic() - started,
+                                                     **built_on(out_dir / "model.safetensors")}) + "\n")
+
+
+def built_on(weights: Path) -> dict[str, object]:
+    """The weights' digest and what their bytes depend on: torch's version, its threads and the vector
+    instructions its CPU kernels chose (another CPU of the same kind may round differently)."""
+    import hashlib
+
+    import torch
+
+    return {"weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def copy_accuracy(model: Any, tokenizer: Any, rows: list[dict[str, Any]], spec: WarmupSpec) -> float:

@@ -21,7 +21,7 @@ import hashlib
 import importlib.resources
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fullasync.config.checks import BUILTIN_CHAT_TEMPLATES
 from fullasync.contracts.tokenizer import Tokenizer, text
@@ -29,6 +29,8 @@ from fullasync.models.cache import BUILD_MARKER, cached_build
 from fullasync.models.tiny import default_cache_root
 
 if TYPE_CHECKING:  # the client's parsers, as the caller makes them (`fullasync.launch.parts`)
+    from openai.types.chat import ChatCompletionFunctionToolParam
+
     from fullasync.client.reasoning import ReasoningSplitter
     from fullasync.client.tool_parsers import ToolParser
 
@@ -37,7 +39,7 @@ OVERLAY_FORMAT = 1  # bump whenever the overlay's layout changes; part of its ca
 _REPLACED = {TOKENIZER_CONFIG, "chat_template.jinja", "chat_template.json", BUILD_MARKER}
 
 # The conversation every template is checked with at start-up.
-PROBE_TOOL: dict[str, Any] = {"type": "function", "function": {
+PROBE_TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": "probe_lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}
 PROBE_ARGUMENTS = {"word": "ünïcode \"quoted\""}
