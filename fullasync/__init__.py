@@ -1,6 +1,6 @@
 """fullasync: agent-harness-agnostic, fully asynchronous RL post-training of LLMs.
 
-`AsyncAgentTrainer`, `RunConfig` and `CustomGenerator` are imported lazily so that `fullasync.types`
+`AsyncAgentTrainer`, `RunConfig`, `CustomGenerator` and `Evaluation` are imported lazily so that `fullasync.types`
 stays free of torch, vLLM and Ray.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["AsyncAgentTrainer", "CustomGenerator", "RunConfig"]
+__all__ = ["AsyncAgentTrainer", "CustomGenerator", "Evaluation", "RunConfig"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +21,10 @@ def __getattr__(name: str) -> Any:
         from fullasync.rollout.generator import CustomGenerator
 
         return CustomGenerator
+    if name == "Evaluation":
+        from fullasync.api import Evaluation
+
+        return Evaluation
     if name == "RunConfig":
         from fullasync.config import RunConfig
 

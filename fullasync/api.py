@@ -47,6 +47,8 @@ from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
 from fullasync.run.result import LoopResult
 from fullasync.run.runner import Run, RunSettings
+from fullasync.run.validation import Evaluation as Evaluation  # re-exported: `fullasync.Evaluation`
+from fullasync.run.validation import Evaluator
 from fullasync.types import JsonValue
 from fullasync.weights.transport import weight_transport
 
@@ -70,9 +72,11 @@ class AsyncAgentTrainer:
 
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
                  train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
-                 resume: str | None = None) -> None:
+                 resume: str | None = None, evaluate_fn: Evaluator | None = None) -> None:
         """`resume` overrides `config.resume`: "auto" (continue output_dir's newest checkpoint, if any), "never",
-        or a checkpoint directory."""
+        or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of your own, returning an
+        `Evaluation` (score, standard error, metrics), run before training, every `val_every` steps and after,
+        with training generation paused; in place of the mean reward of `rollout_fn` on `val_dataset`."""
         if resume is not None:
             config.resume = resume
         config.validate()
@@ -98,6 +102,7 @@ class AsyncAgentTrainer:
         if config.data.max_train_rows:
             self.train_rows = self.train_rows[:config.data.max_train_rows]
         self.val_rows = list(val) if val is not None else None
+        self.evaluate_fn = evaluate_fn
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
 
@@ -228,7 +233,8 @@ class AsyncAgentTrainer:
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.generator,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
-                                 checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer))
+                                 checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer),
+                                 evaluator=self.evaluate_fn)
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
@@ -274,6 +280,5 @@ def write_rows(path: Path, records: Iterable[Mapping[str, object]]) -> None:
 def write_result(path: Path, result: LoopResult) -> None:
     """The run's account as JSON: the summary, accuracy before/after, and what became of every row."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**result.summary(), "val_before": result.val_before, "val_after": result.val_after,
-                                "trained_rows_seen_twice": result.trained_rows_seen_twice,
+    path.write_text(json.dumps({**result.summary(), "trained_rows_seen_twice": result.trained_rows_seen_twice,
                                 "row_outcomes": result.row_outcomes}, indent=1))

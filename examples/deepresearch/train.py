@@ -8,8 +8,9 @@
     python -m examples.deepresearch.train --cfg job                        # print the merged config
     python -m examples.deepresearch.train --help                           # every field with its type, default and help
 
-Owns: wiring world, retrieval, agent and reward into `AsyncAgentTrainer`, the held-out evaluation
-before and after training (F1 with standard errors, on the same engines), and the run summary
+Owns: wiring world, retrieval, agent and reward into `AsyncAgentTrainer`, the held-out evaluation as the run's
+own (`evaluate_fn`: F1 with standard errors, on the same engines, before and after training and every `val_every`
+steps; so `result.json`, `validation.jsonl` and `fullasync report` show it), and the run summary
 (`<output_dir>/summary.json`: evaluations, wall time, turn and length distributions, episodes a
 weight push touched). Training itself is fullasync's.
 """
@@ -55,6 +56,13 @@ def policy_path(config: DeepResearchConfig) -> str:
     return str(path)
 
 
+def policy_built_on(path: str) -> dict[str, Any]:
+    """The warmed-up policy's record (its weights' digest, what their bytes depend on, its held-out copy
+    accuracy); empty for a model of the user's."""
+    record = Path(path) / "warmup.json"
+    return json.loads(record.read_text()) if record.exists() else {}
+
+
 async def open_retriever(config: DeepResearchConfig, corpus: Path) -> tuple[Any, Any]:
     """(retriever, server or None) for retrieval.mode."""
     from examples.deepresearch.data import load_corpus
@@ -77,14 +85,13 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     from examples.deepresearch.agent import DeepResearchAgent, DeepResearchGenerator
     from examples.deepresearch.data import load_questions
     from examples.deepresearch.episodes import EpisodeStats
-    from examples.deepresearch.evaluate import evaluate_on_service
+    from examples.deepresearch.evaluate import EvalReport, evaluate_on_service
     from examples.deepresearch.tools import ResearchTools
-    from fullasync.api import AsyncAgentTrainer
+    from fullasync.api import AsyncAgentTrainer, Evaluation
     from fullasync.client import RolloutService
     from fullasync.engines.vllm import launch_vllm_engines
     from fullasync.infra.runtime import init_ray
-    from fullasync.launch.parts import client_config, engine_config
-    from fullasync.models import load_tokenizer
+    from fullasync.launch.parts import engine_config
 
     started = time.monotonic()
     config.validate()
@@ -99,28 +106,33 @@ async def run(config: DeepResearchConfig) -> dict[str, Any]:
     tools = ResearchTools(retriever, config.agent.top_k, config.agent.tools)
     harness_type = DeepResearchAgent if config.harness == "function" else DeepResearchGenerator
     harness = harness_type(tools, config.agent, config.reward, on_episode=stats)
-    trainer = AsyncAgentTrainer(config, rollout_fn=harness, train_dataset=train_rows)
+    reports: list[EvalReport] = []
+
+    async def evaluate(service: RolloutService) -> Evaluation:
+        """The held-out F1 as the run's own evaluation: before training, every `val_every` steps, after."""
+        report = await evaluate_on_service(service, heldout_rows, tools, config.agent,
+                                           config.evaluation.samples_per_row, config.evaluation.concurrency)
+        when = "before training" if not reports else f"evaluation {len(reports) + 1}"
+        print(f"[deepresearch] held-out {when}: {report.line()}", flush=True)
+        reports.append(report)
+        return Evaluation(report.f1, report.f1_stderr, report.failed_episodes,
+                          {"exact_match": report.exact_match, "boxed_share": report.boxed_share,
+                           "single_turn_share": report.turns.get(1, 0) / max(report.episodes, 1)})
+
+    trainer = AsyncAgentTrainer(config, rollout_fn=harness, train_dataset=train_rows, evaluate_fn=evaluate)
     init_ray()
     engines = await launch_vllm_engines(engine_config(config, config.model.path), config.engine.num_engines)
     try:
-        service = RolloutService(engines, load_tokenizer(config.model.path), client_config(config))
-
-        async def evaluate(when: str):
-            report = await evaluate_on_service(service, heldout_rows, tools, config.agent,
-                                               config.evaluation.samples_per_row, config.evaluation.concurrency)
-            print(f"[deepresearch] held-out {when}: {report.line()}", flush=True)
-            return report
-
-        before = await evaluate("before training")
         result = await trainer.train_async(engines=engines)
-        after = await evaluate("after training")
     finally:
         await asyncio.gather(*(engine.shutdown() for engine in engines), return_exceptions=True)
         if server is not None:
             await server.stop()
         stats.close()
+    before, after = reports[0], reports[-1]
     summary = {
         "wall_s": time.monotonic() - started,
+        "policy": policy_built_on(config.model.path),
         **result.summary(),
         "heldout_before": asdict(before),
         "heldout_after": asdict(after),

@@ -143,7 +143,7 @@ def _report(argv: list[str]) -> int:
     import argparse
     from pathlib import Path
 
-    from fullasync.cli.report import ReportError, write_report
+    from fullasync.cli.report import ReportError, held_out_line, read_steps, read_validations, write_report
 
     parser = argparse.ArgumentParser(prog="fullasync report", description="a run's curves as PNG files and an "
                                      "HTML page, from its metrics.jsonl (and result.json)")
@@ -155,6 +155,7 @@ def _report(argv: list[str]) -> int:
     except ReportError as error:
         print(f"fullasync report: {error}", file=sys.stderr)
         return 2
+    print(f"fullasync report: {held_out_line(read_validations(args.output_dir), read_steps(args.output_dir))}")
     print(f"fullasync report: {page}")
     return 0
 

@@ -141,11 +141,13 @@ class MetricsSink:
         """`loggers`: open logger runs (closed by `close`); `rollout_samples`: where decoded episodes of some steps
         go (`fullasync.observe.samples`), and from there to the loggers as tables; None: nowhere."""
         self.path = path
+        self.validation_path = path.with_name("validation.jsonl") if path is not None else None
         self.loggers = list(loggers)
         self.rollout_samples = rollout_samples
-        if path is not None:
+        if path is not None and self.validation_path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("")  # one file per run
+            self.validation_path.write_text("")
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.path is not None:
@@ -153,6 +155,15 @@ class MetricsSink:
                 out.write(json.dumps({"step": step, **metrics}) + "\n")
         for logger in self.loggers:
             logger.log(metrics, step)
+
+    def validation(self, step: int, record: Mapping[str, float]) -> None:
+        """One held-out evaluation after `step` steps (0: before training) as a line of validation.jsonl, and to
+        the loggers as `val/<name>`."""
+        if self.validation_path is not None:
+            with self.validation_path.open("a") as out:
+                out.write(json.dumps({"step": step, **record}) + "\n")
+        for logger in self.loggers:
+            logger.log({f"val/{name}": value for name, value in record.items()}, step)
 
     def samples(self, step: int, groups: Sequence[TrajectoryGroup], trainer_version: int) -> None:
         """The step's episodes, decoded, when this step is one whose samples are kept."""
@@ -163,11 +174,15 @@ class MetricsSink:
                 for logger in self.loggers:
                     logger.log_samples(step, rows)
 
-    def rewrite(self, history: Sequence[Mapping[str, float]]) -> None:
-        """Start the JSONL file over with `history` (steps 1..N): a resumed run drops the steps after its checkpoint."""
+    def rewrite(self, history: Sequence[Mapping[str, float]], validations: Sequence[Mapping[str, float]] = ()) -> None:
+        """Start the JSONL files over with `history` (steps 1..N) and `validations` (each with its step): a resumed
+        run drops what came after its checkpoint."""
         if self.path is not None:
             self.path.write_text("".join(json.dumps({"step": step, **metrics}) + "\n"
                                          for step, metrics in enumerate(history, start=1)))
+        if self.validation_path is not None:
+            self.validation_path.write_text("".join(json.dumps({**record, "step": int(record["step"])}) + "\n"
+                                                    for record in validations))
 
     def close(self) -> None:
         close_loggers(self.loggers)

@@ -27,12 +27,14 @@ from fullasync.rollout.staleness import StalenessManager
 from fullasync.run.checkpoint import CheckpointPolicy
 from fullasync.run.queue import MessageQueue, RayGroupQueue
 from fullasync.run.runner import Run, RunParts, RunSettings
+from fullasync.run.validation import Evaluator
 from fullasync.weights.sync import WeightSync
 
 
 async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: RolloutService, rollout_fn: RolloutFn,
                    settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
-                   checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None) -> Run:
+                   checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None,
+                   evaluator: Evaluator | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
     travel (default: the object store, `weights/transport.py`)."""
     generator = as_generator(rollout_fn)
@@ -49,7 +51,8 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
                if generator.uses_gateway else None)
     rollouter = Rollouter(generator, service, queue, staleness, settings.rollout,
                           episode_context=episodes_on(gateway) if gateway is not None else None)
-    return Run(RunParts(rollouter, queue, weight_sync, trainer, gateway), settings, sink, val_rows, checkpoints)
+    return Run(RunParts(rollouter, queue, weight_sync, trainer, gateway), settings, sink, val_rows, checkpoints,
+               evaluator)
 
 
 async def serving_version(engines: Sequence[Engine]) -> int:

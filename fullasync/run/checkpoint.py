@@ -74,6 +74,7 @@ class LoopState:
     output_tokens: float = 0.0
     idle_s: float = 0.0
     history: list[dict[str, float]] = field(default_factory=list)
+    validations: list[dict[str, float]] = field(default_factory=list)  # LoopResult.validations
 
 
 @dataclass(frozen=True)

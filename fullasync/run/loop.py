@@ -103,7 +103,8 @@ class TrainingLoop(Generic[BatchT]):
                          trained_samples=r.trained_samples, train_wall_s=r.train_wall_s,
                          max_token_staleness=r.max_token_staleness, val_before=r.val_before,
                          val_failed_episodes=r.val_failed_episodes, output_tokens=self._tokens,
-                         idle_s=self.batcher.idle_s, history=[dict(step) for step in r.history])
+                         idle_s=self.batcher.idle_s, history=[dict(step) for step in r.history],
+                         validations=[dict(v) for v in r.validations])
 
     def restore(self, state: LoopState) -> None:
         """Continue counting from a checkpoint's loop state (steps, history, clocks)."""
@@ -111,6 +112,7 @@ class TrainingLoop(Generic[BatchT]):
         r.steps, r.trained_samples, r.train_wall_s = state.steps, state.trained_samples, state.train_wall_s
         r.max_token_staleness, r.val_before = state.max_token_staleness, state.val_before
         r.val_failed_episodes, r.history = state.val_failed_episodes, list(state.history)
+        r.validations = [dict(v) for v in state.validations]
         r.resumed_from_step = state.steps
         self._tokens, self.batcher.idle_s, self._checkpointed_step = state.output_tokens, state.idle_s, state.steps
 

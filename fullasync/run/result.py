@@ -20,6 +20,8 @@ class LoopResult:
     val_before: float | None = None
     val_after: float | None = None
     val_failed_episodes: int = 0  # validation episodes that raised or timed out (each scored 0), over the run
+    # every held-out evaluation: {"step": steps trained before it (0: before training), "score", "stderr", metrics}
+    validations: list[dict[str, float]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     row_outcomes: dict[str, str] = field(default_factory=dict)
     trained_rows_seen_twice: list[str] = field(default_factory=list)
@@ -59,4 +61,14 @@ class LoopResult:
             "interrupted": self.interrupted, "resumed_from_step": self.resumed_from_step,
             "failed_saves": self.failed_saves, "trainer_restarts": self.trainer_restarts,
             "trainer_restart_s": self.trainer_restart_s,
+            "val_before": self.val_before, "val_after": self.val_after, **self.val_stderrs(),
+            "validations": [dict(v) for v in self.validations],
         }
+
+    def val_stderrs(self) -> dict[str, JsonValue]:
+        """The standard errors of the first and the last evaluation (val_before's and val_after's)."""
+        if not self.validations:
+            return {}
+        first, last = self.validations[0], self.validations[-1]
+        return {"val_before_stderr": first.get("stderr") if first["step"] == 0 else None,
+                "val_after_stderr": last.get("stderr") if self.val_after is not None else None}

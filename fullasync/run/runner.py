@@ -37,7 +37,7 @@ from fullasync.run.healing import HealingTrainer
 from fullasync.run.loop import LoopHooks, LoopSettings, TrainingLoop
 from fullasync.run.queue import HAND_OVER_ORDERS, RayGroupQueue
 from fullasync.run.result import LoopResult
-from fullasync.run.validation import evaluate
+from fullasync.run.validation import Evaluator, evaluate
 from fullasync.types import TrajectoryGroup
 from fullasync.weights.sync import WeightSync
 
@@ -122,7 +122,9 @@ class Run:
     """The components of one run; `execute(rows)` once."""
 
     def __init__(self, parts: RunParts, settings: RunSettings, sink: MetricsSink,
-                 val_rows: Sequence[object] | None = None, checkpoints: CheckpointPolicy | None = None) -> None:
+                 val_rows: Sequence[object] | None = None, checkpoints: CheckpointPolicy | None = None,
+                 evaluator: Evaluator | None = None) -> None:
+        """`evaluator`: the held-out evaluation, in place of the harness's mean reward on `val_rows`."""
         self.rollouter, self.queue, self.gateway = parts.rollouter, parts.queue, parts.gateway
         self.weight_sync, self.trainer = parts.weight_sync, parts.trainer
         self.service = parts.rollouter.service
@@ -130,6 +132,7 @@ class Run:
         self.settings = settings
         self.sink = sink
         self.val_rows = list(val_rows) if val_rows else []
+        self.evaluator = evaluator
         self.checkpoints = checkpoints
         self.saved: list[SavedCheckpoint] = []  # the checkpoints this run wrote
         self._trainer_origin: Path | None = None  # the checkpoint a restarted trainer continues (None: the model)
@@ -140,7 +143,7 @@ class Run:
         batching = BatchSettings(settings.batch_size, settings.max_staleness, settings.bind_late)
         batcher: Batcher[object] = Batcher(self.queue, batching, self.rollouter.last_chance_rows)
         batcher.observe(self.rollouter)  # it hears of drops and of each batch taken
-        hooks = LoopHooks(validate=self.validate_paused if self.val_rows else None,
+        hooks = LoopHooks(validate=self.validate_paused if self.validates else None,
                           checkpoint=self.checkpoint if checkpoints is not None else None,
                           save_model=self.save_model if checkpoints is not None and checkpoints.hf_every else None,
                           more_stats=self.component_stats)
@@ -244,7 +247,7 @@ class Run:
         for group in saved.groups:
             await self.queue.put(group)
         self.rollouter.restore(saved.rollout)
-        self.sink.rewrite(saved.loop.history)
+        self.sink.rewrite(saved.loop.history, saved.loop.validations)
         log.info("resumed from %s: step %d, weight version %d, %d queued groups, %d running rows continue",
                  saved.path, saved.loop.steps, saved.loop.version, len(saved.groups), len(saved.rollout.in_flight))
 
@@ -264,7 +267,7 @@ class Run:
             await self.rollouter.open()
             if resume is not None:
                 await self.restore(resume)
-            elif self.val_rows:
+            elif self.validates:
                 result.val_before = await self.validate_paused()
             self.rollouter.start(rows)
             await self._train()
@@ -311,17 +314,29 @@ class Run:
                 raise failure.result()
         training.result()
 
+    @property
+    def validates(self) -> bool:
+        return bool(self.val_rows) or self.evaluator is not None
+
     async def validate_paused(self) -> float:
-        """Held-out score with training generation paused: stop admitting, let running rows finish, resume."""
+        """Held-out score with training generation paused: stop admitting, let running rows finish, resume. Each
+        evaluation is recorded (`LoopResult.validations`, validation.jsonl, the loggers' `val/*`)."""
         self.rollouter.pause_admission()
         try:
             await self.rollouter.wait_idle(VALIDATION_DRAIN_TIMEOUT_S)
-            outcome = await evaluate(self.service, self.rollouter.run_harness, self.val_rows,
-                                     self.settings.val_samples_per_row, self.settings.rollout.episode_timeout_s)
+            if self.evaluator is not None:
+                evaluation = await self.evaluator(self.service)
+            else:
+                evaluation = (await evaluate(self.service, self.rollouter.run_harness, self.val_rows,
+                                             self.settings.val_samples_per_row,
+                                             self.settings.rollout.episode_timeout_s)).evaluation()
         finally:
             self.rollouter.resume_admission()
-        self.loop.result.val_failed_episodes += outcome.failed
-        steps = self.loop.result.steps
-        when = "before training" if steps == 0 and self.loop.result.val_before is None else f"at step {steps}"
-        log.info("held-out accuracy %s: %.3f", when, outcome.score)
-        return outcome.score
+        result = self.loop.result
+        result.val_failed_episodes += evaluation.failed
+        steps = result.steps
+        result.validations.append({"step": float(steps), **evaluation.record()})
+        self.sink.validation(steps, evaluation.record())
+        when = "before training" if steps == 0 and result.val_before is None else f"at step {steps}"
+        log.info("held-out score %s: %.3f (± %.3f)", when, evaluation.score, evaluation.stderr)
+        return evaluation.score

@@ -13,8 +13,8 @@ import itertools
 import logging
 import math
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.observe.logs import progress
@@ -23,6 +23,28 @@ from fullasync.types import Trajectory
 log = logging.getLogger("fullasync")
 
 RunHarness = Callable[[RolloutClient, object], Awaitable[float | Trajectory]]  # one episode on a row
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A held-out evaluation as the run records it: the score (what `val_before` / `val_after` hold), its standard
+    error (nan: unknown), the episodes that failed, and any other numbers worth keeping beside it (`metrics`: in
+    validation.jsonl and to the loggers as `val/<name>`)."""
+
+    score: float
+    stderr: float = math.nan
+    failed: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, float]:
+        """As validation.jsonl writes it (no stderr when it is unknown)."""
+        known = {} if math.isnan(self.stderr) else {"stderr": self.stderr}
+        return {"score": self.score, **known, "failed": float(self.failed), **self.metrics}
+
+
+Evaluator = Callable[[RolloutService], Awaitable[Evaluation]]
+"""An evaluation of the user's own (`AsyncAgentTrainer(evaluate_fn=...)`): held-out episodes on the run's engines
+through `service.client(key)`, nothing recorded for training; the run calls it with training generation paused."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,9 @@ class ValidationResult:
         if len(means) < 2:
             return float("nan")
         return statistics.stdev(means) / math.sqrt(len(means))
+
+    def evaluation(self) -> Evaluation:
+        return Evaluation(self.score, self.stderr, self.failed, {"episodes": float(self.episodes)})
 
 
 async def evaluate(service: RolloutService, run_harness: RunHarness, rows: Sequence[object], samples_per_row: int,

@@ -4,6 +4,7 @@ through the gateway) and the retrieval service over HTTP, for a couple of steps.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,4 +42,9 @@ async def test_train_runs_the_gateway_harness_with_http_retrieval(ray_cluster, t
     assert summary["episodes"]["episodes"] >= 2 * 4
     assert summary["heldout_before"]["episodes"] == summary["heldout_after"]["episodes"] == 4
     assert (tmp_path / "run" / "summary.json").exists() and (tmp_path / "run" / "episodes.jsonl").exists()
+    # the held-out evaluation is the run's own: what the run's account and `fullasync report` read
+    assert (summary["val_before"], summary["val_after"]) == (summary["heldout_before"]["f1"],
+                                                             summary["heldout_after"]["f1"])
+    lines = (tmp_path / "run" / "validation.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 2]
     print(train.report(summary))

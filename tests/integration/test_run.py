@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 
 import pytest
 
@@ -24,6 +25,7 @@ from fullasync.rollout.staleness import StalenessManager
 from fullasync.run.assemble import assemble
 from fullasync.run.queue import MessageQueue, RayGroupQueue
 from fullasync.run.runner import Run, RunParts, RunSettings
+from fullasync.run.validation import Evaluation
 from fullasync.sim.clock import run_virtual
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
 from fullasync.sim.harness import SimTokenizer
@@ -195,6 +197,37 @@ def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp
     first_val_end = min(end for _, end in spans["val"])
     last_val_before = max(end for start, end in spans["val"] if start <= first_val_end)
     assert min(start for start, _ in spans["train"]) >= last_val_before  # "before" ran with nothing generating
+
+
+def test_an_evaluation_of_the_users_own_is_recorded_before_during_and_after_with_its_error(tmp_path):
+    async def main():
+        engines, trainer, service = simulated_parts()
+        calls: list[int] = []
+
+        async def evaluate_fn(served) -> Evaluation:
+            assert served is service
+            client = served.client(f"eval-{len(calls)}")
+            try:
+                await answer(client, {"length": 20})  # episodes on the run's engines, not trained
+            finally:
+                client.close()
+            calls.append(run.loop.result.steps)
+            return Evaluation(score=0.25 * len(calls), stderr=0.01 * len(calls), metrics={"exact_match": 0.5})
+
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=answer,
+                             settings=settings(total_steps=3, val_every=2), sink=MetricsSink(tmp_path / "m.jsonl"),
+                             evaluator=evaluate_fn)
+        return await run.execute(rows(40)), calls
+
+    result, calls = run_virtual(main)
+    assert calls == [0, 2, 3]  # before training, at step 2 (val_every), after the last step
+    assert (result.val_before, result.val_after) == (0.25, 0.75)
+    assert [v["step"] for v in result.validations] == [0, 2, 3]
+    written = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    assert written == [{"step": s, "score": 0.25 * n, "stderr": 0.01 * n, "failed": 0.0, "exact_match": 0.5}
+                       for n, s in enumerate([0, 2, 3], start=1)]
+    summary = result.summary()
+    assert summary["val_before_stderr"] == 0.01 and summary["val_after_stderr"] == 0.03
 
 
 def test_every_admitted_row_is_accounted_for_when_total_steps_ends_the_run(tmp_path):

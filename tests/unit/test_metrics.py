@@ -80,3 +80,17 @@ def test_rollout_samples_are_decoded_per_call_every_nth_step(tmp_path):
     assert [(c["versions"], c["staleness"], c["resumed"]) for c in episode["calls"]] == [([4, 5], 2, 1),
                                                                                          ([6, 6], 0, 0)]
     assert episode["calls"][1]["finish_reason"] == "length" and episode["calls"][1]["prompt_tokens"] == 5
+
+
+def test_held_out_evaluations_go_to_their_own_file_and_a_resumed_run_keeps_those_before_its_checkpoint(tmp_path):
+    sink = MetricsSink(tmp_path / "metrics.jsonl")
+    for step, score in ((0, 0.1), (2, 0.2), (4, 0.3)):
+        sink.validation(step, {"score": score, "stderr": 0.01})
+    lines = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    assert [(v["step"], v["score"]) for v in lines] == [(0, 0.1), (2, 0.2), (4, 0.3)]
+    resumed = MetricsSink(tmp_path / "metrics.jsonl")  # a new run in the same directory starts both files over
+    assert (tmp_path / "validation.jsonl").read_text() == ""
+    resumed.rewrite([{"reward/mean": 0.5}] * 3, [{"step": 0.0, "score": 0.1}, {"step": 2.0, "score": 0.2}])
+    lines = [json.loads(line) for line in (tmp_path / "validation.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 0, "score": 0.1}, {"step": 2, "score": 0.2}]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
