@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fullasync.cli.rollout_pages import write_rollout_pages
 from fullasync.errors import FullasyncError
@@ -26,7 +25,7 @@ class ReportError(FullasyncError, ValueError):
     """The directory holds no run to report on; the message says what was looked for."""
 
 
-def read_steps(output_dir: Path) -> list[dict[str, Any]]:
+def read_steps(output_dir: Path) -> list[dict[str, float]]:  # each line: the step and its metrics (MetricsSink)
     path = output_dir / "metrics.jsonl"
     if not path.exists():
         raise ReportError(f"{path} does not exist: pass the output_dir of a run (where metrics.jsonl is written)")
@@ -36,12 +35,12 @@ def read_steps(output_dir: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def _series(steps: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+def _series(steps: Sequence[Mapping[str, float]], key: str) -> tuple[list[float], list[float]]:
     points = [(s["step"], s[key]) for s in steps if key in s]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _figures(steps: Sequence[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+def _figures(steps: Sequence[Mapping[str, float]]) -> dict[str, list[tuple[str, str]]]:
     """Figure name -> the (metric key, label) lines it draws; only metrics the run has."""
     present = {key for step in steps for key in step}
     gaps = sorted((k for k in present if k.startswith("staleness/frac_gap_")), key=lambda k: int(k.rsplit("_", 1)[1]))
