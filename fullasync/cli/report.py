@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from fullasync.cli.rollout_pages import write_rollout_pages
 from fullasync.errors import FullasyncError
@@ -27,7 +26,7 @@ class ReportError(FullasyncError, ValueError):
     """The directory holds no run to report on; the message says what was looked for."""
 
 
-def read_steps(output_dir: Path) -> list[dict[str, Any]]:
+def read_steps(output_dir: Path) -> list[dict[str, float]]:  # each line: the step and its metrics (MetricsSink)
     path = output_dir / "metrics.jsonl"
     if not path.exists():
         raise ReportError(f"{path} does not exist: pass the output_dir of a run (where metrics.jsonl is written)")
@@ -37,7 +36,7 @@ def read_steps(output_dir: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def read_validations(output_dir: Path) -> list[dict[str, Any]]:
+def read_validations(output_dir: Path) -> list[dict[str, float]]:
     """The run's held-out evaluations (validation.jsonl; step 0: before training), oldest first."""
     path = output_dir / "validation.jsonl"
     if not path.exists():
@@ -45,13 +44,13 @@ def read_validations(output_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def held_out_line(validations: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]]) -> str:
+def held_out_line(validations: Sequence[Mapping[str, float]], steps: Sequence[Mapping[str, float]]) -> str:
     """What decides whether a run worked, in one line: the held-out score first and last with their standard
     errors, and whether it fell while the training reward rose."""
     if not validations:
         return "No held-out evaluation (pass val_dataset or evaluate_fn, or set data.val_dataset)."
 
-    def score(v: dict[str, Any]) -> str:
+    def score(v: Mapping[str, float]) -> str:
         return f"{v['score']:.3f}" + (f" ± {v['stderr']:.3f}" if "stderr" in v else "") + f" (step {v['step']})"
 
     first, last = validations[0], validations[-1]
@@ -68,12 +67,12 @@ def held_out_line(validations: Sequence[dict[str, Any]], steps: Sequence[dict[st
     return line + "."
 
 
-def _series(steps: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+def _series(steps: Sequence[Mapping[str, float]], key: str) -> tuple[list[float], list[float]]:
     points = [(s["step"], s[key]) for s in steps if key in s]
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _figures(steps: Sequence[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+def _figures(steps: Sequence[Mapping[str, float]]) -> dict[str, list[tuple[str, str]]]:
     """Figure name -> the (metric key, label) lines it draws; only metrics the run has."""
     present = {key for step in steps for key in step}
     gaps = sorted((k for k in present if k.startswith("staleness/frac_gap_")), key=lambda k: int(k.rsplit("_", 1)[1]))

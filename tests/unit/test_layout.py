@@ -15,7 +15,7 @@ PACKAGE = ROOT / "fullasync"
 MAX_MODULE_LINES = 500
 MAX_TOP_LEVEL_MODULES = 6  # besides __init__.py
 MAX_FUNCTION_LINES = 75  # a function's lines, its docstring and nested functions included; lower it as they go
-ANY_CEILING = 101  # `Any` names in fullasync/ (368 before the layout pass, 334 before typing); never raise it
+ANY_CEILING = 97  # `Any` names in fullasync/ (368 before the layout pass, 334 before typing); never raise it
 
 LEAVES = {"types", "errors"}
 BASE = LEAVES | {"contracts", "config"}
