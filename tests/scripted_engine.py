@@ -11,10 +11,34 @@ and this engine (client, gateway, parsers, templates) stays real."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from fullasync.contracts.engine import GenerateRequest, GenerateResult, Mortal, TokenDelta
 from fullasync.types import FinishReason
+
+
+def chat_tokenizer():
+    """SmolLM2's tokenizer with the chatml-tools template: prompts as a real chat template renders them."""
+    from fullasync.models import build_pretrained_model, load_tokenizer, with_chat_template
+
+    return load_tokenizer(with_chat_template(build_pretrained_model("smollm2-135m-instruct"), "chatml-tools"))
+
+
+@contextlib.asynccontextmanager
+async def scripted_gateway(tokenizer, max_model_len: int):
+    """A started gateway in front of one `ScriptedEngine` (model name `policy`): yields (gateway, engine)."""
+    from fullasync.client import ClientConfig, RolloutService
+    from fullasync.gateway import Gateway
+
+    engine = ScriptedEngine()
+    config = ClientConfig(model_name="policy", max_model_len=max_model_len)
+    gateway = Gateway(RolloutService([engine], tokenizer, config))
+    await gateway.start()
+    try:
+        yield gateway, engine
+    finally:
+        await gateway.stop()
 
 
 class ScriptedEngine(Mortal):
@@ -27,6 +51,7 @@ class ScriptedEngine(Mortal):
         self.weight_version = 0
         self.pushes: dict[int, int] = {}  # the call (0-based, counted by fresh requests) -> tokens before its push
         self.calls = 0
+        self.requests: list[GenerateRequest] = []  # every request it was sent, resubmissions included
 
     def push_after(self, call: int, tokens: int) -> None:
         self.pushes[call] = tokens
@@ -38,6 +63,7 @@ class ScriptedEngine(Mortal):
         return None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.requests.append(request)
         entry = self.script.pop(0)
         ids, stop = (entry, None) if isinstance(entry, list) else entry
         if (cut := self.pushes.pop(self.calls, None)) is not None and cut < len(ids):

@@ -96,17 +96,26 @@ def _token_texts(chat_tokens: ChatTokenizer, ids: list[int]) -> list[str]:
     return [chat_tokens.decode([i], skip_special_tokens=False) for i in ids]
 
 
-def chat_logprobs(chat_tokens: ChatTokenizer, generation: StitchedGeneration) -> ChoiceLogprobs:
-    tokens = _token_texts(chat_tokens, generation.output_ids)
+def _labels(chat_tokens: ChatTokenizer, ids: list[int], as_ids: bool) -> list[str]:
+    """Each token as its log-prob entry names it: its text, or `token_id:N` (vLLM's `return_tokens_as_token_ids`,
+    for clients that must map entries back to ids a text cannot name uniquely)."""
+    return [f"token_id:{i}" for i in ids] if as_ids else _token_texts(chat_tokens, ids)
+
+
+def chat_logprobs(chat_tokens: ChatTokenizer, generation: StitchedGeneration, as_ids: bool = False) -> ChoiceLogprobs:
+    ids = list(generation.output_ids)
     content = []
-    for i, (token, logprob) in enumerate(zip(tokens, generation.output_logprobs, strict=True)):
+    for i, (token, text, logprob) in enumerate(zip(_labels(chat_tokens, ids, as_ids), _token_texts(chat_tokens, ids),
+                                                   generation.output_logprobs, strict=True)):
         alternatives = generation.top_logprobs[i] if generation.top_logprobs else {}
+        others = list(alternatives)
         top = [
-            TopLogprob(token=text, logprob=lp, bytes=list(text.encode()))
-            for text, lp in zip(_token_texts(chat_tokens, list(alternatives)), alternatives.values(), strict=True)
+            TopLogprob(token=label, logprob=lp, bytes=list(other_text.encode()))
+            for label, other_text, lp in zip(_labels(chat_tokens, others, as_ids), _token_texts(chat_tokens, others),
+                                             alternatives.values(), strict=True)
         ]
         content.append(
-            ChatCompletionTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top)
+            ChatCompletionTokenLogprob(token=token, logprob=logprob, bytes=list(text.encode()), top_logprobs=top)
         )
     return ChoiceLogprobs(content=content)
 
@@ -165,19 +174,20 @@ def completion(
     generations: list[StitchedGeneration],
     with_logprobs: bool,
     token_ids: bool,
+    as_ids: bool = False,
 ) -> Completion:
     choices = []
     for index, generation in enumerate(generations):
         text = visible_text(chat_tokens, generation)
         logprobs = None
         if with_logprobs:
-            tokens = _token_texts(chat_tokens, generation.output_ids)
+            tokens = _labels(chat_tokens, generation.output_ids, as_ids)
             offsets, offset = [], 0
-            for token in tokens:
+            for token in _token_texts(chat_tokens, generation.output_ids):
                 offsets.append(offset)
                 offset += len(token)
             top = [
-                dict(zip(_token_texts(chat_tokens, list(alt)), alt.values(), strict=True))
+                dict(zip(_labels(chat_tokens, list(alt), as_ids), alt.values(), strict=True))
                 for alt in generation.top_logprobs
             ] or None
             logprobs = Logprobs(

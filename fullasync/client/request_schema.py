@@ -16,9 +16,12 @@ The rule for fields (also in the README):
   constrained `tool_choice` wins over `response_format` / `structured_outputs` for that call (the OpenAI Agents
   SDK sends both), `max_completion_tokens` over `max_tokens`;
 - accepted and ignored on purpose, with one warning per field and process: `IGNORED` — provider
-  bookkeeping (`user`, `metadata`, `store`, `session_id`, ...) and hints a plain policy cannot honour
-  (`reasoning_effort`, `verbosity`); SDK transport options (`timeout`,
-  `extra_headers`, `extra_query`) are ignored silently;
+  bookkeeping (`user`, `metadata`, `store`, `session_id`, ...), hints a plain policy cannot honour
+  (`reasoning_effort`, `verbosity`), and vLLM's extras that mean nothing here (`VLLM_IGNORED`): `cache_salt` (the
+  engines serve one run: no other tenant to hide a prefix from), `priority` and `request_id` (the run schedules
+  and names calls by episode), `skip_special_tokens` and `spaces_between_special_tokens` (an answer's text is
+  parsed for tool calls and reasoning without special tokens; the exact ids come back with `return_token_ids`);
+  SDK transport options (`timeout`, `extra_headers`, `extra_query`) are ignored silently;
 - accepted only at their neutral value: `NEUTRAL` (penalties and `logit_bias` would change the
   sampling distribution in a way the trainer's log-probs do not reproduce);
 - anything else: 400 naming the field.
@@ -30,7 +33,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,43 +46,46 @@ MAX_N = 128  # choices per request (OpenAI's limit)
 MAX_STOP = 16  # stop strings per request
 
 VLLM_EXTRAS = frozenset({"return_token_ids", "ignore_eos", "top_k", "min_p", "structured_outputs",
-                         "chat_template_kwargs"})
+                         "chat_template_kwargs", "return_tokens_as_token_ids", "stop_token_ids"})
+# vLLM's extras that mean nothing here (the module docstring says why each is ignored)
+VLLM_IGNORED = frozenset({"cache_salt", "priority", "request_id", "skip_special_tokens",
+                          "spaces_between_special_tokens"})
 IGNORED = frozenset({"user", "metadata", "store", "session_id", "service_tier", "prompt_cache_key",
-                     "safety_identifier", "reasoning_effort", "verbosity"})
+                     "safety_identifier", "reasoning_effort", "verbosity"}) | VLLM_IGNORED
 TRANSPORT = frozenset({"timeout", "extra_headers", "extra_query"})
 NEUTRAL: JSON = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {}}
-_EXTRA_BODY_KEYS = VLLM_EXTRAS | NEUTRAL.keys()
+_EXTRA_BODY_KEYS = VLLM_EXTRAS | VLLM_IGNORED | NEUTRAL.keys()
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = Field(None, description="true or false")
     continuous_usage_stats: bool | None = Field(None, description="true or false (ignored)")
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(Strict):
     regex: str | None = Field(None, description="a regular expression")
     json_schema: JSON | str | None = Field(None, alias="json", description="a JSON schema object")
     choice: list[str] | None = Field(None, min_length=1, description="a non-empty list of strings")
     json_object: bool | None = Field(None, description="true")
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     name: str = Field(description="a string")
     schema_: JSON | None = Field(None, alias="schema", description="a JSON schema object")
     description: str | None = None
     strict: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"] = Field(description="'text', 'json_object' or 'json_schema'")
     json_schema: JsonSchemaFormat | None = Field(None, description="{'name': ..., 'schema': {...}}")
 
 
-class SamplingRequest(_Strict):
+class SamplingRequest(Strict):
     """Fields common to chat and text completions, with their allowed values as descriptions."""
 
     model: str = Field(description="the served model name")
@@ -95,6 +101,10 @@ class SamplingRequest(_Strict):
     stream: bool | None = Field(None, description="true or false")
     stream_options: StreamOptions | None = Field(None, description="{'include_usage': true|false}")
     return_token_ids: bool | None = Field(None, description="true or false")
+    return_tokens_as_token_ids: bool | None = Field(None, description="true or false (log-prob entries name tokens "
+                                                                      "'token_id:N')")
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = Field(
+        None, description="a list of token ids")
     ignore_eos: bool | None = Field(None, description="true or false")
     structured_outputs: StructuredOutputs | None = Field(
         None, description="one of {'regex': str}, {'json': schema}, {'choice': [str, ...]}, {'json_object': true}")
@@ -106,11 +116,11 @@ class SamplingRequest(_Strict):
     logit_bias: dict[str, float] | None = Field(None, description="empty (logit_bias is not supported)")
 
 
-class NamedFunction(_Strict):
+class NamedFunction(Strict):
     name: str = Field(min_length=1, description="a function name")
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"] = Field(description="'function'")
     function: NamedFunction = Field(description="{'name': ...}")
 
@@ -155,7 +165,7 @@ class Parsed(Generic[Schema]):
 _PLAIN = frozenset({int, float, bool, type(None)})
 
 
-def _check_text(value: object, where: str) -> None:
+def check_text(value: object, where: str) -> None:
     """Every string must be valid Unicode text (JSON lets a lone surrogate through, tokenizers choke on it)."""
     found = _bad_text(value)
     if found is None:
@@ -235,7 +245,8 @@ def _loc_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def _explain(error: ValidationError, schema: type[SamplingRequest]) -> InvalidRequestError:
+def explain(error: ValidationError, schema: type[BaseModel]) -> InvalidRequestError:
+    """A schema's violation as one error naming the field and what it allows (its description)."""
     issues = error.errors()
     extras = sorted({_loc_path(issue["loc"]) for issue in issues if issue["type"] == "extra_forbidden"})
     if extras and len(extras) == len(issues):
@@ -247,17 +258,32 @@ def _explain(error: ValidationError, schema: type[SamplingRequest]) -> InvalidRe
     path = _loc_path(issue["loc"])
     if issue["type"] == "missing":
         return InvalidRequestError(f"'{path}' is required", param=field)
-    info = schema.model_fields.get(field or "")
-    allowed = f"; {field} must be {info.description}" if info is not None and info.description else ""
+    allowed = _allowed(schema, issue["loc"])
     got = repr(issue.get("input"))
     got = got if len(got) <= 80 else got[:77] + "..."
     return InvalidRequestError(f"invalid '{path}': {issue['msg'].lower()} (got {got}){allowed}", param=field)
 
 
+def _allowed(schema: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """What the innermost described field on `loc` allows (`; sampling_params.top_p must be ...`), or ""."""
+    model: type[BaseModel] | None = schema
+    said, names = "", list[str]()
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            break
+        info = model.model_fields[part]
+        names.append(part)
+        if info.description:
+            said = f"; {'.'.join(names)} must be {info.description}"
+        inner = info.annotation
+        model = inner if isinstance(inner, type) and issubclass(inner, Strict) else None
+    return said
+
+
 def _parse(schema: type[Schema], fields: Mapping[str, object]) -> Parsed[Schema]:
     merged = _merge(fields)
     try:
-        _check_text(merged, "")
+        check_text(merged, "")
     except RecursionError:
         raise InvalidRequestError("the request nests objects or lists too deeply") from None
     ignored = tuple(sorted(set(merged) & IGNORED))
@@ -266,14 +292,15 @@ def _parse(schema: type[Schema], fields: Mapping[str, object]) -> Parsed[Schema]
     try:
         request = schema.model_validate(merged)
     except ValidationError as error:
-        raise _explain(error, schema) from None
-    _check_neutral(request)
-    _check_stop(request.stop)
-    _check_structured(request)
+        raise explain(error, schema) from None
+    check_neutral(request)
+    check_stop(request.stop)
+    check_structured(request)
     return Parsed(request, ignored)
 
 
-def _check_neutral(request: SamplingRequest) -> None:
+def check_neutral(request: BaseModel) -> None:
+    """Penalties and `logit_bias` only at their neutral values (`NEUTRAL`)."""
     for name, neutral in NEUTRAL.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
@@ -282,14 +309,14 @@ def _check_neutral(request: SamplingRequest) -> None:
                 f"trainer's log-probs do not reproduce; leave it unset or at {neutral!r}", param=name)
 
 
-def _check_stop(stop: str | list[str] | None) -> None:
+def check_stop(stop: str | list[str] | None) -> None:
     stops = [stop] if isinstance(stop, str) else list(stop or ())
     if len(stops) > MAX_STOP or not all(stops):
         raise InvalidRequestError(f"stop must be a non-empty string or a list of at most {MAX_STOP} non-empty "
                                   f"strings, got {stop!r}", param="stop")
 
 
-def _check_structured(request: SamplingRequest) -> None:
+def check_structured(request: SamplingRequest) -> None:
     given = request.structured_outputs
     if given is not None:
         kinds = [name for name in ("regex", "json_schema", "choice", "json_object") if getattr(given, name)]

@@ -25,7 +25,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import chat_answers
@@ -39,6 +38,7 @@ from fullasync.client.continuation import (
 )
 from fullasync.client.dialects.anthropic_messages import MessagesEndpoint
 from fullasync.client.dialects.openai_responses import ResponsesEndpoint
+from fullasync.client.dialects.token_in import TokensEndpoint
 from fullasync.client.dialects.turns import Handles
 from fullasync.client.episode import Episode, HeldCalls
 from fullasync.client.messages import echoes_turn, normalize_messages, normalize_tools, same_assistant_turn
@@ -48,10 +48,10 @@ from fullasync.client.request_schema import (
     SamplingRequest,
     Schema,
     parse_chat,
-    parse_completion,
     structured_output,
 )
-from fullasync.client.streaming import TokenStream, chat_stream, completion_stream
+from fullasync.client.streaming import TokenStream, chat_stream
+from fullasync.client.text_completions import TextCompletions
 from fullasync.client.tool_parsers import constrained_choice, make_tool_parser, tool_choice_schema
 from fullasync.client.wire_types import JSON, ChatMessage, ConstrainedChoice, Tool, json_schema
 from fullasync.config import EngineSection, ModelSection, RolloutSection
@@ -59,7 +59,7 @@ from fullasync.contracts.engine import Engine, SamplingOptions, StructuredSpec
 from fullasync.contracts.tokenizer import Tokenizer
 from fullasync.engines.router import EngineRouter
 from fullasync.errors import CONTEXT_LENGTH_EXCEEDED, FailureKind, InvalidRequestError, PolicyOutputError
-from fullasync.types import FinishReason, ModelCall, Trajectory
+from fullasync.types import ModelCall, Trajectory
 
 log = logging.getLogger("fullasync")
 
@@ -87,8 +87,8 @@ class ClientConfig:
 
 
 @dataclass
-class _Request:
-    """A validated call, ready to generate."""
+class CallRequest:
+    """A validated call, ready to generate (`RolloutClient.prepare`)."""
 
     prompt_ids: list[int]
     max_tokens: int
@@ -96,6 +96,7 @@ class _Request:
     sampling: SamplingOptions
     with_logprobs: bool
     token_ids: bool
+    tokens_as_ids: bool = False  # log-prob entries name tokens `token_id:N` (vLLM's return_tokens_as_token_ids)
 
 
 class RolloutService:
@@ -165,8 +166,8 @@ class RolloutClient:
         return _Chat(self)
 
     @property
-    def completions(self) -> _Completions:
-        return _Completions(self)
+    def completions(self) -> TextCompletions:
+        return TextCompletions(self)
 
     @property
     def responses(self) -> ResponsesEndpoint:
@@ -177,6 +178,11 @@ class RolloutClient:
     def messages(self) -> MessagesEndpoint:
         """Anthropic Messages over the chat path (`fullasync.client.dialects.anthropic_messages`)."""
         return MessagesEndpoint(self)
+
+    @property
+    def tokens(self) -> TokensEndpoint:
+        """vLLM's token-in calls: `generate`, `tokenize`, `detokenize` (`fullasync.client.dialects.token_in`)."""
+        return TokensEndpoint(self)
 
     def trajectory(self, reward: float, metadata: Mapping[str, object] | None = None) -> Trajectory:
         """The episode's recorded calls (`Episode.settled_calls`) as a `Trajectory` with `reward`."""
@@ -238,7 +244,7 @@ class RolloutClient:
         held = _HELD.get()
         return held if held is not None and held.episode is self.episode else None
 
-    def _remember(self, turns: list[TurnState] | None = None,
+    def remember(self, turns: list[TurnState] | None = None,
                   last_completion: tuple[str, tuple[int, ...]] | None = None) -> None:
         """What a later call may extend (the chat turns, the completion text); held while the call is."""
         target: HeldCalls | Episode = self._held() or self.episode
@@ -252,11 +258,11 @@ class RolloutClient:
         """Forget the episode's engine binding (its recorded calls stay readable)."""
         self.service.router.release(self.episode.id)
 
-    # -- shared steps -------------------------------------------------------------------------
+    # -- the steps every dialect's call takes: prepare (check, build), sample (or sample_stream), record --------
 
-    def _prepare(self, prompt_ids: list[int], request: SamplingRequest, *, max_tokens: int | None,
+    def prepare(self, prompt_ids: list[int], request: SamplingRequest, *, max_tokens: int | None,
                  num_top_logprobs: int, with_logprobs: bool, prompt_field: str,
-                 structured: tuple[str, StructuredSpec] | None = None) -> _Request:
+                 structured: tuple[str, StructuredSpec] | None = None) -> CallRequest:
         """Check the limits that depend on tokens and engines, then build the engine-side request."""
         self.episode.went_on(prompt_ids)
         config = self.service.config
@@ -273,6 +279,9 @@ class RolloutClient:
         if max(prompt_ids) >= self.service.vocab_size:
             raise InvalidRequestError(f"token id {max(prompt_ids)} is outside the vocabulary (ids must be in "
                                       f"[0, {self.service.vocab_size}))", param=prompt_field)
+        if request.stop_token_ids and max(request.stop_token_ids) >= self.service.vocab_size:
+            raise InvalidRequestError(f"stop token id {max(request.stop_token_ids)} is outside the vocabulary (ids "
+                                      f"must be in [0, {self.service.vocab_size}))", param="stop_token_ids")
         if num_top_logprobs > config.max_top_logprobs:
             raise InvalidRequestError(f"at most {config.max_top_logprobs} top log-probs per token can be returned, "
                                       f"got {num_top_logprobs}", param="top_logprobs")
@@ -282,21 +291,23 @@ class RolloutClient:
             top_k=request.top_k or 0,
             min_p=request.min_p or 0.0,
             stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
             ignore_eos=bool(request.ignore_eos),
             seed=request.seed,
             num_top_logprobs=num_top_logprobs,
             structured=structured or structured_output(request),
         )
-        return _Request(
+        return CallRequest(
             prompt_ids=prompt_ids,
             max_tokens=max_tokens or context - length,
             n=request.n,
             sampling=sampling,
             with_logprobs=with_logprobs,
             token_ids=bool(request.return_token_ids),
+            tokens_as_ids=bool(request.return_tokens_as_token_ids),
         )
 
-    async def _generate(self, request: _Request) -> list[StitchedGeneration]:
+    async def sample(self, request: CallRequest) -> list[StitchedGeneration]:
         service = self.service
         call_id = next(service.call_ids)  # request ids carry the episode's id, so a counter makes them unique
         generations = (
@@ -307,7 +318,7 @@ class RolloutClient:
             return [await next(generations)]
         return list(await asyncio.gather(*generations))
 
-    def _record(self, prompt_ids: list[int], generation: StitchedGeneration) -> None:
+    def record(self, prompt_ids: list[int], generation: StitchedGeneration) -> None:
         versions, weight_versions = tuple(generation.output_versions), tuple(generation.output_weight_versions)
         held = self._held()
         self.episode.fault = None
@@ -336,27 +347,27 @@ class RolloutClient:
             template_kwargs=tuple(sorted(answers.template_kwargs.items())),
         )
 
-    def _resumable(self, request: _Request, request_id: str) -> ResumableCall:
+    def _resumable(self, request: CallRequest, request_id: str) -> ResumableCall:
         config = self.service.config
         return ResumableCall(self.service.router, self.episode.id, request_id, request.prompt_ids, request.max_tokens,
                              request.sampling, config.resume_timeout_s, config.restart_wait_s,
                              on_versions=self.episode.note_versions, infra=self.episode.infra_hooks(),
                              priority=self.episode.priority)
 
-    def _stream(self, request: _Request) -> TokenStream:
+    def sample_stream(self, request: CallRequest) -> TokenStream:
         call = self._resumable(request, f"{self.episode.id}-{next(self.service.call_ids)}")
         return stream_with_resume(call, interval=self.service.config.stream_interval)
 
-    def _chat_stream(self, request: _Request, messages: list[ChatMessage], answers: AnswerFormat,
+    def _chat_stream(self, request: CallRequest, messages: list[ChatMessage], answers: AnswerFormat,
                      model: str, with_logprobs: bool, include_usage: bool) -> AsyncIterator[ChatCompletionChunk]:
         def on_done(generation: StitchedGeneration, answer: Answer) -> None:
-            self._record(request.prompt_ids, generation)
-            self._remember(turns=[self._turn(messages, answers, request.prompt_ids, generation, answer)])
+            self.record(request.prompt_ids, generation)
+            self.remember(turns=[self._turn(messages, answers, request.prompt_ids, generation, answer)])
 
         return chat_stream(
-            self._stream(request), answers=answers, model=model, prompt_ids=request.prompt_ids,
+            self.sample_stream(request), answers=answers, model=model, prompt_ids=request.prompt_ids,
             stop=request.sampling.stop, with_logprobs=with_logprobs, token_ids=request.token_ids,
-            include_usage=include_usage, on_done=on_done,
+            tokens_as_ids=request.tokens_as_ids, include_usage=include_usage, on_done=on_done,
         )
 
     def _chat_prompt_ids(self, messages: list[ChatMessage], tools: list[Tool] | None,
@@ -406,7 +417,7 @@ class _ChatCompletions:
         calls_only = None if constrained is None else (  # the output is the calls' JSON, with no free whitespace
             "compact_json",
             json_schema(tool_choice_schema(constrained, tool_list or (), asked.parallel_tool_calls is not False)))
-        request = client._prepare(
+        request = client.prepare(
             client._chat_prompt_ids(normalized, tool_list, kwargs), asked,
             max_tokens=asked.max_completion_tokens if asked.max_completion_tokens is not None else asked.max_tokens,
             num_top_logprobs=(asked.top_logprobs or 0) if logprobs else 0, with_logprobs=logprobs,
@@ -416,11 +427,12 @@ class _ChatCompletions:
         if asked.stream:
             include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
             return client._chat_stream(request, normalized, answers, model, logprobs, include_usage)
-        generations = await client._generate(request)
+        generations = await client.sample(request)
         choices, turns = [], []
         for index, generation in enumerate(generations):
             answer = answers.answer(answers.visible_text(generation))
-            logprob_obj = chat_answers.chat_logprobs(service.chat_tokens, generation) if logprobs else None
+            logprob_obj = (chat_answers.chat_logprobs(service.chat_tokens, generation, request.tokens_as_ids)
+                           if logprobs else None)
             choices.append(
                 chat_answers.chat_choice(index, answer.content, chat_answers.tool_call_objects(answer.calls),
                                          generation, logprob_obj, request.token_ids, answer.reasoning)
@@ -428,63 +440,11 @@ class _ChatCompletions:
             turns.append(client._turn(normalized, answers, request.prompt_ids, generation, answer))
         response = chat_answers.chat_completion(model, request.prompt_ids, choices, generations, request.token_ids)
         for generation in generations:
-            client._record(request.prompt_ids, generation)
-        client._remember(turns=turns)
+            client.record(request.prompt_ids, generation)
+        client.remember(turns=turns)
         return response
 
 
 class _Chat:
     def __init__(self, client: RolloutClient) -> None:
         self.completions = _ChatCompletions(client)
-
-
-class _Completions:
-    def __init__(self, client: RolloutClient) -> None:
-        self._client = client
-
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, list):
-            return list(prompt)
-        chat_tokens = self._client.service.chat_tokens
-        last = self._client.episode.last_completion
-        if last is not None and prompt.startswith(last[0]):
-            rest = prompt[len(last[0]) :]
-            return list(last[1]) + (chat_tokens.encode(rest) if rest else [])
-        return chat_tokens.encode(prompt)
-
-    async def create(self, **fields: object) -> Completion | AsyncIterator[Completion]:
-        """`openai.AsyncOpenAI().completions.create`: the fields and their allowed values are
-        `request_schema.CompletionRequest`'s; vLLM extras may come at the top level or in `extra_body`."""
-        with self._client.noting_faults():
-            return await self._create(fields)
-
-    async def _create(self, fields: JSON) -> Completion | AsyncIterator[Completion]:
-        client, service = self._client, self._client.service
-        asked = service.accept(parse_completion(fields))
-        prompt, model, logprobs = asked.prompt, asked.model, asked.logprobs
-        if isinstance(prompt, list) and min(prompt) < 0:
-            raise InvalidRequestError(f"token ids must be >= 0, got {min(prompt)}", param="prompt")
-        request = client._prepare(
-            self._prompt_ids(prompt), asked, max_tokens=asked.max_tokens, num_top_logprobs=logprobs or 0,
-            with_logprobs=logprobs is not None, prompt_field="prompt",
-        )
-        include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
-        if asked.stream:
-            return completion_stream(
-                client._stream(request), chat_tokens=service.chat_tokens, model=model, prompt_ids=request.prompt_ids,
-                stop=request.sampling.stop, token_ids=request.token_ids, include_usage=include_usage,
-                on_done=lambda generation: client._record(request.prompt_ids, generation),
-            )
-        generations = await client._generate(request)
-        response = chat_answers.completion(
-            service.chat_tokens, model, request.prompt_ids, generations, request.with_logprobs, request.token_ids
-        )
-        for generation in generations:
-            client._record(request.prompt_ids, generation)
-        first = generations[0]
-        raw_text = service.chat_tokens.decode(first.output_ids, skip_special_tokens=False)
-        extendable = first.finish_reason is FinishReason.LENGTH and raw_text == response.choices[0].text
-        if isinstance(prompt, str) and extendable:
-            # only an output whose text is exactly its ids can be extended by text later
-            client._remember(last_completion=(prompt + raw_text, tuple(request.prompt_ids) + tuple(first.output_ids)))
-        return response

@@ -135,7 +135,7 @@ def _delta(reasoning: str = "", content: str | None = "") -> ChoiceDelta:
 
 async def chat_stream(stream: TokenStream, *, answers: AnswerFormat, model: str, prompt_ids: list[int],
                       stop: tuple[str, ...], with_logprobs: bool, token_ids: bool, include_usage: bool,
-                      on_done: Callable[[StitchedGeneration, Answer], None],
+                      on_done: Callable[[StitchedGeneration, Answer], None], tokens_as_ids: bool = False,
                       ) -> AsyncIterator[ChatCompletionChunk]:
     """Chunks of one streamed chat completion; `on_done(generation, answer)` records it."""
     chunk_id, created = chat_answers.response_id("chatcmpl"), int(time.time())
@@ -152,7 +152,7 @@ async def chat_stream(stream: TokenStream, *, answers: AnswerFormat, model: str,
         if with_logprobs:
             part = StitchedGeneration(output_ids=list(item.output_ids), output_logprobs=list(item.output_logprobs),
                                       top_logprobs=list(item.top_logprobs))
-            logprobs = ChoiceLogprobs(content=chat_answers.chat_logprobs(chat_tokens, part).content)
+            logprobs = ChoiceLogprobs(content=chat_answers.chat_logprobs(chat_tokens, part, tokens_as_ids).content)
         reasoning, content = answers.partial(text)
         reasoning, content = reasoning_sent.more(reasoning), content_sent.more(content)
         if reasoning or content or logprobs is not None or token_ids:

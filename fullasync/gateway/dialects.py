@@ -1,7 +1,8 @@
 """The dialects the gateway speaks, each a row of one table: which client endpoint serves it, its error shape, and
 how its streamed events go on the wire.
 
-Owns: `Dialect` and `DIALECTS` (chat completions, completions, the OpenAI Responses API, Anthropic Messages). The
+Owns: `Dialect` and `DIALECTS` (chat completions, completions, the OpenAI Responses API, Anthropic Messages, vLLM's
+token-in generate). The
 routes are one code path over this table (`routes.py`); the translation of each dialect into the chat path lives in
 the client (`fullasync.client.dialects`), so in-process harnesses get the same.
 Does not own: routing, delivery, or any translation.
@@ -76,6 +77,13 @@ COMPLETIONS = Dialect("completions", lambda client: client.completions.create, e
                       lambda chunk: sse(_chunk_json(chunk)), sse, sse("[DONE]"))
 RESPONSES = Dialect("responses", lambda client: client.responses.create, error_body, named_event,
                     _responses_stream_error, b"")
+def _generate_event(chunk: BaseModel) -> bytes:
+    """A streamed generate chunk as vLLM writes one: `prompt_token_ids` only where it is set (the first chunk)."""
+    unset = {"prompt_token_ids"} if getattr(chunk, "prompt_token_ids", None) is None else None
+    return sse(chunk.model_dump_json(exclude=unset))
+
+
 MESSAGES = Dialect("messages", lambda client: client.messages.create, anthropic_error_body, named_event,
                    lambda body: f"event: error\ndata: {json.dumps(body)}\n\n".encode(), b"")
-DIALECTS = {dialect.name: dialect for dialect in (CHAT, COMPLETIONS, RESPONSES, MESSAGES)}
+GENERATE = Dialect("generate", lambda client: client.tokens.generate, error_body, _generate_event, sse, sse("[DONE]"))
+DIALECTS = {dialect.name: dialect for dialect in (CHAT, COMPLETIONS, RESPONSES, MESSAGES, GENERATE)}

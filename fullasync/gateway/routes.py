@@ -2,9 +2,11 @@
 recorded only when its answer reached the harness; identical retries join it), answer or stream.
 
 One code path serves every dialect (`dialects.DIALECTS`: chat completions, completions, the Responses API,
-Anthropic Messages). Every answer that is not a completion is the dialect's JSON error body (OpenAI's, or
-Anthropic's on the `/messages` routes): unknown episodes (404), malformed bodies (400), engine faults (503) and our
-own bugs (500, logged); unknown routes (404) and wrong methods (405) answer OpenAI-style.
+Anthropic Messages, vLLM's token-in generate); the calls that generate nothing (Anthropic's token count, vLLM's
+`/tokenize` and `/detokenize`) answer from the episode's client and record nothing. Every answer that is not a
+completion is the dialect's JSON error body (OpenAI's, or Anthropic's on the `/messages` routes): unknown episodes
+(404), malformed bodies (400), engine faults (503) and our own bugs (500, logged); unknown routes (404) and wrong
+methods (405) answer OpenAI-style.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from starlette.types import Receive, Scope, Send
 from fullasync.client.dialects.turns import Fields
 from fullasync.errors import InvalidRequestError
 from fullasync.gateway.delivery import Deliveries, Production
-from fullasync.gateway.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Answered, Dialect
+from fullasync.gateway.dialects import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES, Answered, Dialect
 from fullasync.gateway.http import Connection, connection_of
 
 if TYPE_CHECKING:
+    from fullasync.client import RolloutClient
     from fullasync.gateway.server import Gateway, GatewayEpisode
 
 log = logging.getLogger("fullasync")
@@ -38,7 +41,9 @@ CLIENT_CLOSED = 499  # nginx's status for a request whose client went away befor
 
 ROUTES_HELP = ("POST /sessions/{key}/v1/chat/completions, POST /sessions/{key}/v1/completions, "
                "POST /sessions/{key}/v1/responses, POST /sessions/{key}/v1/messages, "
-               "POST /sessions/{key}/v1/messages/count_tokens, GET /sessions/{key}/v1/models, GET /v1/models")
+               "POST /sessions/{key}/v1/messages/count_tokens, POST /sessions/{key}/inference/v1/generate, "
+               "POST /sessions/{key}/tokenize, POST /sessions/{key}/detokenize, GET /sessions/{key}/v1/models, "
+               "GET /v1/models")
 
 
 def _error(message: str, status: int, param: str | None = None, code: str | None = None,
@@ -223,17 +228,23 @@ class _Routes:
                     production.add(piece)
         return produce
 
-    async def count_tokens(self, request: Request) -> Response:
-        """Anthropic's token count of a request (nothing generated, nothing recorded)."""
-        received = await self.read(request, MESSAGES)
-        if isinstance(received, Response):
-            return received
-        episode, _, body = received
-        try:
-            return JSONResponse(await episode.client.messages.count_tokens(**body))
-        except InvalidRequestError as error:
-            error_json, status = MESSAGES.error_of(error)
-            return JSONResponse(error_json, status_code=status)
+    def uncounted(self, dialect: Dialect, call: Callable[[RolloutClient], Callable[..., Awaitable[object]]]
+                  ) -> Callable[[Request], Awaitable[Response]]:
+        """A route that generates and records nothing (a token count, a tokenization): the client's answer."""
+        async def endpoint(request: Request) -> Response:
+            received = await self.read(request, dialect)
+            if isinstance(received, Response):
+                return received
+            episode, _, body = received
+            try:
+                answer = await call(episode.client)(**body)
+            except InvalidRequestError as error:
+                error_json, status = dialect.error_of(error)
+                return JSONResponse(error_json, status_code=status)
+            if isinstance(answer, BaseModel):
+                return Response(_json(answer), media_type="application/json")
+            return JSONResponse(answer)
+        return endpoint
 
     async def session_models(self, request: Request) -> Response:
         try:
@@ -254,7 +265,13 @@ def build_app(gateway: Gateway) -> Starlette:
             Route("/sessions/{key}/v1/completions", routes.completion(COMPLETIONS), methods=["POST"]),
             Route("/sessions/{key}/v1/responses", routes.completion(RESPONSES), methods=["POST"]),
             Route("/sessions/{key}/v1/messages", routes.completion(MESSAGES), methods=["POST"]),
-            Route("/sessions/{key}/v1/messages/count_tokens", routes.count_tokens, methods=["POST"]),
+            Route("/sessions/{key}/v1/messages/count_tokens",
+                  routes.uncounted(MESSAGES, lambda client: client.messages.count_tokens), methods=["POST"]),
+            Route("/sessions/{key}/inference/v1/generate", routes.completion(GENERATE), methods=["POST"]),
+            Route("/sessions/{key}/tokenize", routes.uncounted(CHAT, lambda client: client.tokens.tokenize),
+                  methods=["POST"]),
+            Route("/sessions/{key}/detokenize", routes.uncounted(CHAT, lambda client: client.tokens.detokenize),
+                  methods=["POST"]),
             Route("/sessions/{key}/v1/models", routes.session_models, methods=["GET"]),
             Route("/v1/models", routes.models, methods=["GET"]),
         ],

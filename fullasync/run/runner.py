@@ -338,5 +338,6 @@ class Run:
         result.validations.append({"step": float(steps), **evaluation.record()})
         self.sink.validation(steps, evaluation.record())
         when = "before training" if steps == 0 and result.val_before is None else f"at step {steps}"
-        log.info("held-out score %s: %.3f (± %.3f)", when, evaluation.score, evaluation.stderr)
+        measure = "accuracy" if self.evaluator is None else "score"  # the built-in measure: the share of rewards won
+        log.info("held-out %s %s: %.3f (± %.3f)", measure, when, evaluation.score, evaluation.stderr)
         return evaluation.score

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 
 import pytest
 
@@ -169,7 +170,7 @@ def test_an_engine_declared_dead_without_restarts_ends_the_run_at_once_naming_it
     assert version < 500
 
 
-def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp_path):
+def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp_path, caplog):
     async def main():
         engines, trainer, service = simulated_parts()
         loop = asyncio.get_running_loop()
@@ -190,8 +191,11 @@ def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp
         result = await run.execute(rows(40))
         return result, spans
 
-    result, spans = run_virtual(main)
+    with caplog.at_level(logging.INFO, logger="fullasync"):
+        result, spans = run_virtual(main)
     assert result.steps == 3 and result.val_before is not None and result.val_after is not None
+    # the start-up line a user reads (and `fullasync train` on a terminal shows) names the built-in measure
+    assert f"held-out accuracy before training: {result.val_before:.3f} (± " in caplog.text
     assert result.val_failed_episodes == 3  # once per validation: before, at step 2, after
     assert "val/accuracy" in result.history[1]
     first_val_end = min(end for _, end in spans["val"])
@@ -199,7 +203,7 @@ def test_validation_runs_with_nothing_generating_and_reports_failed_episodes(tmp
     assert min(start for start, _ in spans["train"]) >= last_val_before  # "before" ran with nothing generating
 
 
-def test_an_evaluation_of_the_users_own_is_recorded_before_during_and_after_with_its_error(tmp_path):
+def test_an_evaluation_of_the_users_own_is_recorded_before_during_and_after_with_its_error(tmp_path, caplog):
     async def main():
         engines, trainer, service = simulated_parts()
         calls: list[int] = []
@@ -219,7 +223,9 @@ def test_an_evaluation_of_the_users_own_is_recorded_before_during_and_after_with
                              evaluator=evaluate_fn)
         return await run.execute(rows(40)), calls
 
-    result, calls = run_virtual(main)
+    with caplog.at_level(logging.INFO, logger="fullasync"):
+        result, calls = run_virtual(main)
+    assert "held-out score before training: 0.250 (± 0.010)" in caplog.text  # the user's own score, not "accuracy"
     assert calls == [0, 2, 3]  # before training, at step 2 (val_every), after the last step
     assert (result.val_before, result.val_after) == (0.25, 0.75)
     assert [v["step"] for v in result.validations] == [0, 2, 3]

@@ -13,12 +13,11 @@ import anthropic
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from scripted_engine import ScriptedEngine, assert_one_exact_sequence
+from scripted_engine import ScriptedEngine, assert_one_exact_sequence, chat_tokenizer, scripted_gateway
 from scripted_engine import script_texts as script
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.gateway import Gateway
-from fullasync.models import build_pretrained_model, load_tokenizer, with_chat_template
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
 ANSWER = "The answer is 7."
@@ -28,17 +27,13 @@ FUNCTION = {"name": "add", "description": "Add two integers.", "parameters": {
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer(with_chat_template(build_pretrained_model("smollm2-135m-instruct"), "chatml-tools"))
+    return chat_tokenizer()
 
 
 @pytest.fixture
 async def served(tokenizer):
-    engine = ScriptedEngine()
-    service = RolloutService([engine], tokenizer, ClientConfig(model_name="policy", max_model_len=4096))
-    gateway = Gateway(service)
-    await gateway.start()
-    yield gateway, engine, tokenizer
-    await gateway.stop()
+    async with scripted_gateway(tokenizer, max_model_len=4096) as (gateway, engine):
+        yield gateway, engine, tokenizer
 
 
 @pytest.mark.parametrize("stream", [False, True])
