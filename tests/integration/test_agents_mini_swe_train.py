@@ -28,6 +28,7 @@ class RecordingMiniSwe(RecordsWeightVersions, ScriptedMiniSwe):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_a_fully_async_run_trains_on_mini_swe_agent_episodes_with_pushes_mid_episode(engine, tiny_model_path,
                                                                                           tmp_path):
     generator = RecordingMiniSwe(dataclasses.replace(CONFIG, step_limit=4))

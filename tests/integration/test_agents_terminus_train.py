@@ -29,6 +29,7 @@ class RecordingTerminus(RecordsWeightVersions, ScriptedTerminus):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_a_fully_async_run_trains_on_terminus_episodes_with_pushes_mid_episode(engine, tiny_model_path, tmp_path):
     generator = RecordingTerminus(dataclasses.replace(CONFIG, max_turns=2))
     train = [{**row, "long": index % 2 == 1} for index, row in enumerate(rows("train")[:6])]

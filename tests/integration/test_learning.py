@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from browser import Elements, render
 from mlflow.tracking import MlflowClient
 
@@ -21,6 +22,8 @@ from fullasync.config.checks import LOGGERS
 MARGIN = 0.15
 
 
+@pytest.mark.slow
+@pytest.mark.learning
 async def test_fully_async_partial_rollout_raises_held_out_accuracy(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -24,7 +24,7 @@ from fullasync.config import (
     TrainerConfig,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 CALLS = 42
 CONTEXT = 20_000

@@ -29,7 +29,7 @@ from fullasync.trainer import TrainerConfig, VerlTrainer
 from fullasync.types import Trajectory, TrajectoryGroup
 from fullasync.weights.sync import WeightSync
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "Add two integers.",

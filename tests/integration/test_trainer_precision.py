@@ -94,6 +94,7 @@ async def test_bf16_mixed_precision_computes_in_bf16_on_fp32_master_weights(ray_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_smollm2_in_bf16_vllm_and_trainer_agree_and_two_steps_push(ray_cluster):
     from test_real_model_engine import sampled_groups
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "cpu-lock.txt"
