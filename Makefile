@@ -148,18 +148,19 @@ test: setup setup-terminus setup-containers setup-browser setup-coding-agents
 test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents
 	$(PY) -m pytest -q
 
-# The long tests (kill-and-resume, two-node cluster, real-model runs); CI runs them after `make test`.
+# The long tests (kill-and-resume, rank kills, push storms, bring-your-own); CI runs them after `make test`.
 test-slow: setup setup-terminus setup-containers
 	$(PY) -m pytest -m "slow and not learning and not extended" -q
 
 # The slow end-to-end checks past CI's budget (the real 135M model's runs, the 17k-token episode, the harness
-# training runs, the wheel in a fresh environment): what they cross, faster tests cover piece by piece; run them
+# training runs, the wheel in a fresh environment and the GPU lock resolved, the chaos soak, the two-node cluster,
+# the tensor-parallel push, doctor's stack check, export, the deepresearch example's train.py): what they cross, faster tests cover piece by piece; run them
 # before a release and after changing what they cross.
 .PHONY: test-extended
 test-extended: setup setup-terminus setup-containers
 	$(PY) -m pytest -m extended -q
 
-# The chaos soak's short form alone (bench/chaos.py, three minutes; also part of test-slow): faults at random times
+# The chaos soak's short form alone (bench/chaos.py, three minutes; also part of test-extended): faults at random times
 # on the real stack.
 .PHONY: test-soak
 test-soak: setup

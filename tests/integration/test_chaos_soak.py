@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.soak]  # in `make test-slow`; alone: `make test-soak`
+pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.extended]  # `make test-soak`, `make test-extended`
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 

@@ -31,6 +31,7 @@ def test_command_line_overrides_reach_run_and_example_sections():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_train_runs_the_gateway_harness_with_http_retrieval(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("FULLASYNC_CACHE_DIR", str(tmp_path / "cache"))
     config, train = load_config(

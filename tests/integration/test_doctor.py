@@ -50,6 +50,7 @@ def test_doctor_gpu_on_a_machine_without_one_fails_at_cuda_and_skips_what_needs_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_doctor_stack_runs_an_engine_a_train_step_and_a_checked_push_here(tmp_path):
     done = doctor({"FULLASYNC_CACHE_DIR": str(tmp_path / "cache")}, "--stack")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -32,6 +32,7 @@ def log_probs(directory: Path, ids: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_an_exported_step_checkpoint_is_the_policy_the_run_trained(ray_cluster, tmp_path):
     config = RunConfig(total_steps=2, val_samples_per_row=1, save_checkpoint=True, output_dir=str(tmp_path / "run"),
                        checkpoint=CheckpointSection(every=2, save_hf_every=1))

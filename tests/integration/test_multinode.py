@@ -99,6 +99,7 @@ async def test_a_resource_no_node_offers_fails_at_once_naming_it(ray_cluster, ti
 # -- the two-node run ------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.cluster
 def test_engine_and_trainer_on_two_nodes_train_and_push_weights(tmp_path):
     report_path = tmp_path / "report.json"

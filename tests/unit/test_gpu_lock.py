@@ -39,6 +39,7 @@ def test_the_gpu_lock_is_the_cpu_lock_with_the_gpu_builds():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_pip_resolves_the_gpu_lock_to_exactly_itself():
     done = subprocess.run([sys.executable, str(REQUIREMENTS / "gpu_lock.py"), "check"], capture_output=True,
                           text=True, timeout=900, check=False)
