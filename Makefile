@@ -57,6 +57,16 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 	$(HARBOR_VENV)/bin/pip install --quiet --no-deps -r requirements/harbor-lock.txt
 	touch $(HARBOR_STAMP)
 
+# The environments' packages that share .venv (data.task=reasoning_gym:...): requirements/environments-lock.txt,
+# resolver-free after the device's lock (~30 s the first time: three source builds; nothing after, the stamp).
+ENVIRONMENTS_STAMP := $(VENV)/.fullasync-environments
+.PHONY: setup-environments
+setup-environments: $(ENVIRONMENTS_STAMP)
+
+$(ENVIRONMENTS_STAMP): $(STAMP) requirements/environments-lock.txt
+	$(PIP) install --quiet --no-deps -r requirements/environments-lock.txt
+	touch $(ENVIRONMENTS_STAMP)
+
 # Containers for SWE and terminal tasks (SWE-bench-style rows): rootful podman with runc, configured for this machine
 # kind in /etc/containers/containers.conf, and the base images built from Debian's mirror (nothing is pulled).
 # Needs root (apt); idempotent: about a minute the first time, about a second after (containers/setup.sh).
@@ -142,14 +152,14 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus setup-containers setup-browser setup-coding-agents
+test: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents
+test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, rank kills, push storms, bring-your-own); CI runs them after `make test`.
-test-slow: setup setup-terminus setup-containers
+test-slow: setup setup-terminus setup-containers setup-environments
 	$(PY) -m pytest -m "slow and not learning and not extended" -q
 
 # The slow end-to-end checks past CI's budget (the real 135M model's runs, the 17k-token episode, the harness
@@ -157,7 +167,7 @@ test-slow: setup setup-terminus setup-containers
 # the tensor-parallel push, doctor's stack check, export, the deepresearch example's train.py): what they cross, faster tests cover piece by piece; run them
 # before a release and after changing what they cross.
 .PHONY: test-extended
-test-extended: setup setup-terminus setup-containers
+test-extended: setup setup-terminus setup-containers setup-environments
 	$(PY) -m pytest -m extended -q
 
 # The chaos soak's short form alone (bench/chaos.py, three minutes; also part of test-extended): faults at random times
@@ -169,7 +179,7 @@ test-soak: setup
 # The learning runs (the built-in task's 60 steps, ~2.5 min; the harness examples trained and evaluated held out
 # before and after: ~17 and ~23 min here), kept out of CI's time budget; run them before changing an example's defaults.
 .PHONY: test-learning
-test-learning: setup setup-terminus setup-containers
+test-learning: setup setup-terminus setup-containers setup-environments
 	$(PY) -m pytest -m learning -q
 
 clean-venv:

@@ -49,6 +49,7 @@ from fullasync.run.result import LoopResult
 from fullasync.run.runner import Run, RunSettings
 from fullasync.run.validation import Evaluation as Evaluation  # re-exported: `fullasync.Evaluation`
 from fullasync.run.validation import Evaluator
+from fullasync.tasks.catalog import built_task
 from fullasync.types import JsonValue
 from fullasync.weights.transport import weight_transport
 
@@ -108,14 +109,8 @@ class AsyncAgentTrainer:
 
     @staticmethod
     def _task_defaults(config: RunConfig) -> tuple[RolloutFn | None, Iterable[object] | None, Iterable[object] | None]:
-        if config.data.task == "arithmetic":
-            from fullasync.tasks import arithmetic
-
-            task = arithmetic.ArithmeticTask()
-            return arithmetic.rollout_fn, task.rows("train"), task.rows("val")
-        if config.data.task:
-            raise ValueError(f"data.task={config.data.task!r} is not a built-in task; use 'arithmetic' or ''")
-        return None, None, None
+        task = built_task(config)
+        return (None, None, None) if task is None else (task.rollout_fn, task.train_rows, task.val_rows)
 
     def model_path(self) -> str:
         """The directory engines and trainer load (`resolve_model_path`), its chat template checked against the

@@ -15,6 +15,7 @@ import enum
 import itertools
 import math
 import operator
+import re
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -234,6 +235,17 @@ class _SequenceBuilder:
             versions=tuple(self.versions),
             prompt_length=self.prompt_length,
         )
+
+
+TASK_NAME = re.compile(r"[\w.:/-]{1,64}")  # a task's name: no spaces, at most 64 characters
+
+
+def row_task(row: object) -> str | None:
+    """The task a dataset row names in its `task` field, which splits a step's rewards and the held-out score by
+    task (a mixture's generators, a dataset's task column); None: no such field, or one that is not a name (a
+    task's instruction text, say)."""
+    task = row.get("task") if isinstance(row, Mapping) else None
+    return task if isinstance(task, str) and TASK_NAME.fullmatch(task) else None
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,13 @@ class RolloutSection:
 
 @dataclass
 class DataSection:
-    task: str = setting("arithmetic", "built-in task providing data and rollout_fn; \"\" when both are given below")
+    task: str = setting("arithmetic", "built-in task providing data and rollout_fn: arithmetic, "
+                        "reasoning_gym:<generator>[*weight][+<generator>...] or reasoning_gym:<composite.yaml> "
+                        "(reasoning-gym's generators and scorers; make setup-environments); \"\" when both are "
+                        "given below")
+    task_rows: int = setting(1000, "training rows a generated task (reasoning_gym:...) makes (a composite YAML's "
+                             "size replaces it)")
+    task_val_rows: int = setting(100, "held-out rows a generated task makes, none of them a training question")
     rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
     train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
                                  "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "

@@ -19,10 +19,29 @@ from fullasync.types import TrajectoryGroup
 
 
 def reward_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """The step's mean reward and its spread; per task too (`reward/task/<name>`) where rows name one (`row_task`)."""
     rewards = [r for g in groups for r in g.rewards]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    return {"reward/mean": mean, "reward/std": std}
+    by_task: dict[str, list[float]] = {}
+    for group in groups:
+        if isinstance(task := group.metadata.get("task"), str):
+            by_task.setdefault(task, []).extend(group.rewards)
+    return {"reward/mean": mean, "reward/std": std,
+            **{f"{TASK_REWARD}{task}": sum(values) / len(values) for task, values in sorted(by_task.items())}}
+
+
+TASK_REWARD = "reward/task/"  # a task's mean reward in the step (`reward/task/<name>`)
+TASKS_SHOWN = 6  # tasks the step line names (the metrics keep every one)
+
+
+def _tasks(metrics: Mapping[str, float]) -> str:
+    tasks = [(key.removeprefix(TASK_REWARD), value) for key, value in metrics.items() if key.startswith(TASK_REWARD)]
+    if not tasks:
+        return ""
+    shown = " ".join(f"{name} {value:.2f}" for name, value in tasks[:TASKS_SHOWN])
+    more = f" +{len(tasks) - TASKS_SHOWN} more" if len(tasks) > TASKS_SHOWN else ""
+    return f" ({shown}{more})"
 
 
 HARNESS_METRICS_KEY = "harness_metrics"  # Trajectory.metadata key of the observations `RolloutClient.log` made
@@ -116,7 +135,7 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
     kv_waits = metrics.get("kv/waits")
     kv = f" | kv waits {kv_waits:.0f} now {metrics.get('kv/episodes_waiting', 0.0):.0f}" if kv_waits else ""
     return (
-        f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')} | staleness mean "
+        f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')}{_tasks(metrics)} | staleness mean "
         f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} "
         f"ahead {get('rollout/lead_batches', '.2f')}{late} | "
         f"samples/s {get('perf/samples_per_s', '.1f')} | tok/s {get('perf/tokens_per_s', '.0f')} | "

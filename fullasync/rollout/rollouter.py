@@ -37,7 +37,7 @@ from fullasync.rollout.generator import OpenEpisode, RolloutFn, as_generator, ru
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
-from fullasync.types import Trajectory, TrajectoryGroup
+from fullasync.types import Trajectory, TrajectoryGroup, row_task
 
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
 # loop iteration and hold every engine reply and gateway request behind them; the dispatcher starts at most this
@@ -367,8 +367,10 @@ class Rollouter:
             return RowOutcome.FAILED
         if self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
             return RowOutcome.FILTERED
+        task = row_task(record.row)
         group = TrajectoryGroup(row_id=record.row_id, trajectories=tuple(trajectories),
-                                metadata={"failed_episodes": self.settings.n - len(trajectories)})
+                                metadata={"failed_episodes": self.settings.n - len(trajectories),
+                                          **({"task": task} if task else {})})
         await self.queue.put(group)
         return RowOutcome.QUEUED
 

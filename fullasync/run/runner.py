@@ -339,5 +339,8 @@ class Run:
         self.sink.validation(steps, evaluation.record())
         when = "before training" if steps == 0 and result.val_before is None else f"at step {steps}"
         measure = "accuracy" if self.evaluator is None else "score"  # the built-in measure: the share of rewards won
-        log.info("held-out %s %s: %.3f (± %.3f)", measure, when, evaluation.score, evaluation.stderr)
+        tasks = " ".join(f"{name.removeprefix('task/')} {value:.3f}" for name, value in evaluation.metrics.items()
+                         if name.startswith("task/"))
+        log.info("held-out %s %s: %.3f (± %.3f)%s", measure, when, evaluation.score, evaluation.stderr,
+                 f" ({tasks})" if tasks else "")
         return evaluation.score

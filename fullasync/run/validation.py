@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.observe.logs import progress
-from fullasync.types import Trajectory
+from fullasync.types import Trajectory, row_task
 
 log = logging.getLogger("fullasync")
 
@@ -54,6 +54,7 @@ class ValidationResult:
     failed: int  # episodes that raised or timed out
     first_error: str | None  # "row <index>: <error>" of the first failure, for the report
     row_rewards: tuple[tuple[float, ...], ...] = ()  # per row, its episodes' rewards (failed ones 0)
+    row_tasks: tuple[str | None, ...] = ()  # per row, the task it names (`row_task`)
 
     @property
     def stderr(self) -> float:
@@ -63,8 +64,17 @@ class ValidationResult:
             return float("nan")
         return statistics.stdev(means) / math.sqrt(len(means))
 
+    def task_scores(self) -> dict[str, float]:
+        """The score of each task the rows name, as `task/<name>` (nothing when no row names one)."""
+        by_task: dict[str, list[float]] = {}
+        for task, rewards in zip(self.row_tasks, self.row_rewards, strict=False):  # () when rows name none
+            if task is not None:
+                by_task.setdefault(task, []).extend(rewards)
+        return {f"task/{task}": sum(values) / len(values) for task, values in sorted(by_task.items()) if values}
+
     def evaluation(self) -> Evaluation:
-        return Evaluation(self.score, self.stderr, self.failed, {"episodes": float(self.episodes)})
+        return Evaluation(self.score, self.stderr, self.failed, {"episodes": float(self.episodes),
+                                                                 **self.task_scores()})
 
 
 async def evaluate(service: RolloutService, run_harness: RunHarness, rows: Sequence[object], samples_per_row: int,
@@ -100,7 +110,7 @@ async def evaluate(service: RolloutService, run_harness: RunHarness, rows: Seque
     )
     per_row = tuple(tuple(rewards[i * samples_per_row:(i + 1) * samples_per_row]) for i in range(len(rows)))
     result = ValidationResult(sum(rewards) / len(rewards), len(rewards), len(failures),
-                              failures[0] if failures else None, per_row)
+                              failures[0] if failures else None, per_row, tuple(row_task(row) for row in rows))
     if failures:
         log.warning("validation: %d of %d episodes failed (scored 0); first: %s", result.failed, result.episodes,
                     result.first_error)

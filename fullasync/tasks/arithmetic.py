@@ -11,7 +11,9 @@ import math
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
+
+from fullasync.tasks.chat import reply_text
 
 SYSTEM_PROMPT = "Answer with the number only."
 
@@ -53,12 +55,9 @@ def reward(text: str | None, answer: int) -> float:
     return 1.0 if (text or "").strip() == str(answer) else 0.0
 
 
-# `client: Any`: a RolloutClient, whose `create` types its reply as a completion or a stream (no overload on
-# `stream`), so a typed client would need a check of what this never asks for
-async def rollout_fn(client: Any, row: Row) -> float:
+async def rollout_fn(client: object, row: Row) -> float:
     """One episode: ask, read the number, score it."""
-    response = await client.chat.completions.create(model="policy", messages=messages(row), max_tokens=4)
-    return reward(response.choices[0].message.content, row["answer"])
+    return reward(await reply_text(client, "policy", messages(row), max_tokens=4), row["answer"])
 
 
 FILLER = "~"  # the long-tail variant's working-out token (one token of the tiny tokenizer)
@@ -98,10 +97,9 @@ class LongTail:
         """The episode: ask; a training row's reply runs exactly 4 + L tokens (`ignore_eos`); score its answer."""
         rng = random.Random(self.seed)
 
-        async def rollout_fn(client: Any, row: Row) -> float:  # `client: Any`: as the module's rollout_fn
+        async def rollout_fn(client: object, row: Row) -> float:
             tail = self.length(rng) if row.get("tail") else 0
-            response = await client.chat.completions.create(model="policy", messages=messages(row),
-                                                            max_tokens=4 + tail, ignore_eos=tail > 0)
-            return reward(answer_text(response.choices[0].message.content), row["answer"])
+            text = await reply_text(client, "policy", messages(row), max_tokens=4 + tail, ignore_eos=tail > 0)
+            return reward(answer_text(text), row["answer"])
 
         return rollout_fn

@@ -256,6 +256,34 @@ def test_every_admitted_row_is_accounted_for_when_total_steps_ends_the_run(tmp_p
     assert set(result.outcomes) <= {"trained", "queued", "unfinished"}
 
 
+def test_the_tasks_rows_name_split_each_steps_rewards_and_the_held_out_score(tmp_path, caplog):
+    """A mixture's rows name their task: each step's metrics and line, and each held-out line, give its reward."""
+    async def main():
+        engines, trainer, service = simulated_parts()
+
+        async def harness(client, row) -> float:
+            await answer(client, row)
+            return 1.0 if row["task"] == "easy" else float(client.episode.id.endswith("/0"))
+
+        mixed = ((f"row-{i}", {"length": 20, "task": "easy" if i % 2 else "hard"}) for i in range(40))
+        run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=harness,
+                             settings=settings(total_steps=3, batch_size=4), sink=MetricsSink(tmp_path / "m.jsonl"),
+                             val_rows=[{"length": 20, "task": "easy"}, {"length": 20, "task": "hard"}])
+        return await run.execute(mixed)
+
+    with caplog.at_level(logging.INFO, logger="fullasync"):
+        result = run_virtual(main)
+    steps = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert len(steps) == 3
+    for step in steps:
+        tasks = {key: value for key, value in step.items() if key.startswith("reward/task/")}
+        assert tasks.get("reward/task/easy", 1.0) == 1.0 and tasks.get("reward/task/hard", 0.5) == 0.5 and tasks
+    assert "reward/task/hard" in json.dumps(steps)
+    assert "(easy 1.00 hard 0.50) | staleness" in caplog.text  # the step line names them
+    assert result.validations[0]["task/easy"] == 1.0 and result.validations[0]["task/hard"] == 0.0  # ids val-*
+    assert "held-out accuracy before training: 0.500 (± 0.500) (easy 1.000 hard 0.000)" in caplog.text
+
+
 def test_a_run_tunes_the_garbage_collector_and_gives_it_back_even_when_it_fails():
     before = gc.get_threshold()
     with pytest.raises(RuntimeError, match="the run failed"):
