@@ -156,6 +156,8 @@ class DataSection:
     task_rows: int = setting(1000, "training rows a generated task (reasoning_gym:...) makes (a composite YAML's "
                              "size replaces it)")
     task_val_rows: int = setting(100, "held-out rows a generated task makes, none of them a training question")
+    task_prompt: str = setting("default", "a generated task's system prompt: the name of one of reasoning-gym's "
+                               "(default, direct, simple, DeepSeekZero, chain_of_draft) or the text itself")
     rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
     train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
                                  "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "

@@ -36,7 +36,7 @@ def built_task(config: RunConfig) -> BuiltTask | None:
 
         generated = reasoning_gym.ReasoningGymTask(reasoning_gym.parse_spec(name.removeprefix("reasoning_gym:")),
                                                    config.data.task_rows, config.data.task_val_rows,
-                                                   model=config.model.served_name)
+                                                   model=config.model.served_name, prompt=config.data.task_prompt)
         return BuiltTask(generated.rollout_fn, generated.rows("train"), generated.rows("val"))
     raise ValueError(f"data.task={name!r} is not a task; use {' | '.join(FAMILIES)}, or '' with data.rollout_fn "
                      "and data.train_dataset")

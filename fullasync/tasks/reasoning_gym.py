@@ -2,9 +2,10 @@
 
 Owns: reading the spec (one generator, a weighted mixture, or reasoning-gym's own composite YAML), the training and
 held-out rows (generated offline from fixed seeds; a held-out question is never one of the training questions), the
-prompt (reasoning-gym's default system prompt: think, then the answer in `<answer>` tags) and the reward (the
-generator's own `score_answer` on the extracted answer). Each row names its generator in `task`, which splits the
-step's rewards and the held-out score by task. reasoning-gym is optional (`make setup-environments`).
+prompt (one of reasoning-gym's system prompts, by default `default`: think, then the answer in `<answer>` tags) and
+the reward (the generator's own `score_answer` on the extracted answer). Each row names its generator in `task`,
+which splits the step's rewards and the held-out score by task. reasoning-gym is optional (`make
+setup-environments`).
 """
 
 from __future__ import annotations
@@ -120,12 +121,17 @@ class ReasoningGymTask:
     """A spec's rows and its rollout function. Rows: `{"id", "task", "question", "answer"}`; the generator's entry
     behind each (what its scorer reads) stays here, so rows are plain JSON."""
 
-    def __init__(self, spec: Spec, train_rows: int, val_rows: int, model: str = "policy") -> None:
+    def __init__(self, spec: Spec, train_rows: int, val_rows: int, model: str = "policy",
+                 prompt: str = "default") -> None:
+        """`prompt`: the name of one of reasoning-gym's system prompts (`SYSTEM_PROMPTS`), or the prompt's text."""
         if train_rows < 1 or val_rows < 0:
             raise ValueError(f"data.task_rows={train_rows} must be >= 1 and data.task_val_rows={val_rows} >= 0")
         self.spec = spec
         self.model = model
-        self.system_prompt: str = _library().utils.SYSTEM_PROMPTS["default"]
+        self.system_prompt: str = _library().utils.SYSTEM_PROMPTS.get(prompt, prompt)
+        if not self.system_prompt.strip():
+            raise ValueError("data.task_prompt is empty: name one of reasoning-gym's system prompts "
+                             f"({', '.join(_library().utils.SYSTEM_PROMPTS)}) or give its text")
         self.train_size = spec.size or train_rows
         self.train = self._dataset(self.train_size, spec.seed)
         self.entries: dict[str, Entry] = {}

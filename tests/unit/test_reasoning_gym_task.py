@@ -114,15 +114,25 @@ async def test_an_episode_asks_under_reasoning_gyms_prompt_and_is_scored_through
 def test_data_task_builds_the_rows_and_names_the_served_model():
     config = RunConfig()
     config.data.task, config.data.task_rows, config.data.task_val_rows = "reasoning_gym:leg_counting", 12, 4
-    config.model.served_name = "mine"
+    config.model.served_name, config.data.task_prompt = "mine", "simple"
     built = built_task(config)
     assert built is not None and len(built.train_rows) == 12 and len(built.val_rows) == 4
     assert built.rollout_fn.__self__.model == "mine"
+    assert built.rollout_fn.__self__.system_prompt.startswith("You are a helpful assistant")
     config.data.task = "reasoning-gym:leg_counting"
     with pytest.raises(ValueError, match="is not a task; use arithmetic | reasoning_gym:"):
         built_task(config)
     config.data.task = ""
     assert built_task(config) is None
+
+
+def test_the_system_prompt_is_one_of_reasoning_gyms_by_name_or_the_users_text():
+    spec = reasoning_gym.parse_spec("leg_counting")
+    direct = reasoning_gym.ReasoningGymTask(spec, 2, 0, prompt="direct").system_prompt
+    assert direct.startswith("Answer the question directly") and "<answer>" in direct
+    assert reasoning_gym.ReasoningGymTask(spec, 2, 0, prompt="Reply in tags.").system_prompt == "Reply in tags."
+    with pytest.raises(ValueError, match="data.task_prompt is empty: name one of .*direct"):
+        reasoning_gym.ReasoningGymTask(spec, 2, 0, prompt=" ")
 
 
 def _group(task: str | None, *rewards: float) -> TrajectoryGroup:
