@@ -43,7 +43,21 @@ ROUTES_HELP = ("POST /sessions/{key}/v1/chat/completions, POST /sessions/{key}/v
                "POST /sessions/{key}/v1/responses, POST /sessions/{key}/v1/messages, "
                "POST /sessions/{key}/v1/messages/count_tokens, POST /sessions/{key}/inference/v1/generate, "
                "POST /sessions/{key}/tokenize, POST /sessions/{key}/detokenize, GET /sessions/{key}/v1/models, "
-               "GET /v1/models")
+               "GET /v1/models; and each POST route without /sessions/{key}, the episode named by the "
+               "X-Session-ID header")
+SESSION_HEADER = "x-session-id"  # names the episode on the run-wide routes (verifiers' clients send X-Session-ID)
+
+
+def _episode_key(request: Request) -> str:
+    """The episode a request names: the key in its path (`/sessions/{key}/...`), else in its X-Session-ID header
+    (the run-wide routes: one base URL, one HTTP client, for every episode of a run)."""
+    key = request.path_params.get("key")
+    if key is None:
+        key = request.headers.get(SESSION_HEADER, "").strip()
+        if not key:
+            raise LookupError("no episode named: on the run-wide routes (/v1/...) send the header X-Session-ID: "
+                              "<the episode's key> (GatewayEpisode.api_key), or use the episode's own base URL")
+    return str(key)
 
 
 def _error(message: str, status: int, param: str | None = None, code: str | None = None,
@@ -155,7 +169,7 @@ class _Routes:
     async def read(self, request: Request, dialect: Dialect) -> tuple[GatewayEpisode, bytes, Fields] | Response:
         """The episode and the body of a request, or the dialect's error answer."""
         try:
-            episode = self.gateway.lookup(request.path_params["key"])
+            episode = self.gateway.lookup(_episode_key(request))
         except LookupError as error:
             return _error(str(error), 404, code="episode_not_found", dialect=dialect)
         try:
@@ -168,11 +182,11 @@ class _Routes:
         return episode, raw, body
 
     async def answer(self, request: Request, dialect: Dialect) -> Response:
-        key = request.path_params["key"]
         received = await self.read(request, dialect)
         if isinstance(received, Response):
             return received
         episode, raw, body = received
+        key = episode.api_key
         stream = bool(body.get("stream"))
         request_key = Deliveries.request_key(dialect.name, raw, stream, request.headers.get("idempotency-key"))
         production = self.gateway.deliveries.production(key, episode.client, request_key,
@@ -259,19 +273,20 @@ class _Routes:
 
 def build_app(gateway: Gateway) -> Starlette:
     routes = _Routes(gateway)
+    episode_routes = [  # each under /sessions/{key} (an episode's base URL) and at the root (X-Session-ID names it)
+        ("/v1/chat/completions", routes.completion(CHAT)),
+        ("/v1/completions", routes.completion(COMPLETIONS)),
+        ("/v1/responses", routes.completion(RESPONSES)),
+        ("/v1/messages", routes.completion(MESSAGES)),
+        ("/v1/messages/count_tokens", routes.uncounted(MESSAGES, lambda client: client.messages.count_tokens)),
+        ("/inference/v1/generate", routes.completion(GENERATE)),
+        ("/tokenize", routes.uncounted(CHAT, lambda client: client.tokens.tokenize)),
+        ("/detokenize", routes.uncounted(CHAT, lambda client: client.tokens.detokenize)),
+    ]
     return Starlette(
         routes=[
-            Route("/sessions/{key}/v1/chat/completions", routes.completion(CHAT), methods=["POST"]),
-            Route("/sessions/{key}/v1/completions", routes.completion(COMPLETIONS), methods=["POST"]),
-            Route("/sessions/{key}/v1/responses", routes.completion(RESPONSES), methods=["POST"]),
-            Route("/sessions/{key}/v1/messages", routes.completion(MESSAGES), methods=["POST"]),
-            Route("/sessions/{key}/v1/messages/count_tokens",
-                  routes.uncounted(MESSAGES, lambda client: client.messages.count_tokens), methods=["POST"]),
-            Route("/sessions/{key}/inference/v1/generate", routes.completion(GENERATE), methods=["POST"]),
-            Route("/sessions/{key}/tokenize", routes.uncounted(CHAT, lambda client: client.tokens.tokenize),
-                  methods=["POST"]),
-            Route("/sessions/{key}/detokenize", routes.uncounted(CHAT, lambda client: client.tokens.detokenize),
-                  methods=["POST"]),
+            *(Route(prefix + path, endpoint, methods=["POST"]) for prefix in ("/sessions/{key}", "")
+              for path, endpoint in episode_routes),
             Route("/sessions/{key}/v1/models", routes.session_models, methods=["GET"]),
             Route("/v1/models", routes.models, methods=["GET"]),
         ],

@@ -58,6 +58,12 @@ class Gateway:
     def url(self) -> str:
         return http_url(self.host, self.port)
 
+    @property
+    def run_base_url(self) -> str:
+        """The one base URL for every episode of the run: each request names its episode in the X-Session-ID
+        header (its `GatewayEpisode.api_key`), so a harness keeps one HTTP client for the whole run."""
+        return f"{self.url}/v1"
+
     async def start(self) -> None:
         self._http = ServedApp(build_app(self), "gateway", self.host, self.port, timeout_keep_alive=30)
         await self._http.start()
