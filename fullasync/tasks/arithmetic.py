@@ -55,9 +55,15 @@ def reward(text: str | None, answer: int) -> float:
     return 1.0 if (text or "").strip() == str(answer) else 0.0
 
 
-async def rollout_fn(client: object, row: Row) -> float:
-    """One episode: ask, read the number, score it."""
-    return reward(await reply_text(client, "policy", messages(row), max_tokens=4), row["answer"])
+def rollout_for(model: str) -> Callable[[object, Row], Coroutine[None, None, float]]:
+    """The episode asking `model` (the run's `model.served_name`): ask, read the number, score it."""
+    async def rollout_fn(client: object, row: Row) -> float:
+        return reward(await reply_text(client, model, messages(row), max_tokens=4), row["answer"])
+
+    return rollout_fn
+
+
+rollout_fn = rollout_for("policy")  # the episode against the default served name
 
 
 FILLER = "~"  # the long-tail variant's working-out token (one token of the tiny tokenizer)

@@ -30,7 +30,7 @@ def built_task(config: RunConfig) -> BuiltTask | None:
         from fullasync.tasks import arithmetic
 
         task = arithmetic.ArithmeticTask()
-        return BuiltTask(arithmetic.rollout_fn, task.rows("train"), task.rows("val"))
+        return BuiltTask(arithmetic.rollout_for(config.model.served_name), task.rows("train"), task.rows("val"))
     if name.startswith("reasoning_gym:"):
         from fullasync.tasks import reasoning_gym
 

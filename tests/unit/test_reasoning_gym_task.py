@@ -3,7 +3,8 @@
 The spec (one generator, a weighted mixture, reasoning-gym's composite YAML) and its refusals; the rows (fixed,
 plain JSON, held-out questions never training ones, the mixture's shares); the episode through the real client
 (SmolLM2's tokenizer, a scripted engine) scored by the generator's own scorer; and the per-task split of the step's
-rewards, the step line and the held-out score.
+rewards, the step line and the held-out score. And the built-in arithmetic task, which `data.task` builds in the same
+place, asking the model by the run's served name.
 """
 
 from __future__ import annotations
@@ -133,6 +134,21 @@ def test_the_system_prompt_is_one_of_reasoning_gyms_by_name_or_the_users_text():
     assert reasoning_gym.ReasoningGymTask(spec, 2, 0, prompt="Reply in tags.").system_prompt == "Reply in tags."
     with pytest.raises(ValueError, match="data.task_prompt is empty: name one of .*direct"):
         reasoning_gym.ReasoningGymTask(spec, 2, 0, prompt=" ")
+
+
+async def test_the_built_in_arithmetic_task_asks_the_model_by_its_served_name():
+    tokenizer = chat_tokenizer()
+    engine = ScriptedEngine()
+    service = RolloutService([engine], tokenizer, ClientConfig(model_name="mine", max_model_len=512))
+    config = RunConfig()
+    config.model.served_name = "mine"
+    built = built_task(config)
+    assert built is not None
+    row = built.val_rows[0]
+    script_texts(engine, tokenizer, str(row["answer"]))
+    client = service.client()
+    assert await built.rollout_fn(client, row) == 1.0  # "policy" would be an unknown model here
+    client.close()
 
 
 def _group(task: str | None, *rewards: float) -> TrajectoryGroup:
