@@ -10,7 +10,7 @@ import bisect
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from fullasync.observe.samples import RolloutSamples
@@ -23,25 +23,32 @@ def reward_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     rewards = [r for g in groups for r in g.rewards]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    by_task: dict[str, list[float]] = {}
-    for group in groups:
-        if isinstance(task := group.metadata.get("task"), str):
-            by_task.setdefault(task, []).extend(group.rewards)
-    return {"reward/mean": mean, "reward/std": std,
-            **{f"{TASK_REWARD}{task}": sum(values) / len(values) for task, values in sorted(by_task.items())}}
+    tasks = task_means(((group.metadata.get("task"), group.rewards) for group in groups), TASK_REWARD)
+    return {"reward/mean": mean, "reward/std": std, **tasks}
 
 
 TASK_REWARD = "reward/task/"  # a task's mean reward in the step (`reward/task/<name>`)
 TASKS_SHOWN = 6  # tasks the step line names (the metrics keep every one)
 
 
-def _tasks(metrics: Mapping[str, float]) -> str:
-    tasks = [(key.removeprefix(TASK_REWARD), value) for key, value in metrics.items() if key.startswith(TASK_REWARD)]
+def task_means(rewards: Iterable[tuple[object, Sequence[float]]], prefix: str) -> dict[str, float]:
+    """The mean reward of each task named beside its rewards (a group's, a held-out row's), as `<prefix><name>`
+    in name order; rewards beside no name (None) count for no task."""
+    by_task: dict[str, list[float]] = {}
+    for task, values in rewards:
+        if isinstance(task, str):
+            by_task.setdefault(task, []).extend(values)
+    return {f"{prefix}{task}": sum(values) / len(values) for task, values in sorted(by_task.items()) if values}
+
+
+def task_summary(metrics: Mapping[str, float], prefix: str, spec: str = ".2f", shown: int = TASKS_SHOWN) -> str:
+    """` (name value name value …)` of the `<prefix><name>` metrics, the first `shown` of them; "" when none."""
+    tasks = [(key.removeprefix(prefix), value) for key, value in metrics.items() if key.startswith(prefix)]
     if not tasks:
         return ""
-    shown = " ".join(f"{name} {value:.2f}" for name, value in tasks[:TASKS_SHOWN])
-    more = f" +{len(tasks) - TASKS_SHOWN} more" if len(tasks) > TASKS_SHOWN else ""
-    return f" ({shown}{more})"
+    named = " ".join(f"{name} {value:{spec}}" for name, value in tasks[:shown])
+    more = f" +{len(tasks) - shown} more" if len(tasks) > shown else ""
+    return f" ({named}{more})"
 
 
 HARNESS_METRICS_KEY = "harness_metrics"  # Trajectory.metadata key of the observations `RolloutClient.log` made
@@ -133,9 +140,10 @@ def format_line(step: int, metrics: Mapping[str, float]) -> str:
     restarts = metrics.get("trainer/restarts")
     healed = f" | trainer restarts {restarts:.0f}" if restarts else ""
     kv_waits = metrics.get("kv/waits")
+    tasks = task_summary(metrics, TASK_REWARD)
     kv = f" | kv waits {kv_waits:.0f} now {metrics.get('kv/episodes_waiting', 0.0):.0f}" if kv_waits else ""
     return (
-        f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')}{_tasks(metrics)} | staleness mean "
+        f"step {step:>4}{of} | reward {get('reward/mean')} ± {get('reward/std')}{tasks} | staleness mean "
         f"{get('staleness/mean', '.2f')} max {get('staleness/max', '.0f')} | queue {get('queue/size', '.0f')} "
         f"ahead {get('rollout/lead_batches', '.2f')}{late} | "
         f"samples/s {get('perf/samples_per_s', '.1f')} | tok/s {get('perf/tokens_per_s', '.0f')} | "

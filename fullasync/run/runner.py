@@ -26,7 +26,7 @@ from fullasync.config import EngineSection, RolloutSection, RunConfig, shared_se
 from fullasync.contracts.engine import PauseMode
 from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.gateway import Gateway
-from fullasync.observe.metrics import MetricsSink
+from fullasync.observe.metrics import MetricsSink, task_summary
 from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
 from fullasync.rollout.staleness import GENERATE_AHEAD, RUNNING_COUNTS
 from fullasync.run import checkpoint
@@ -37,7 +37,7 @@ from fullasync.run.healing import HealingTrainer
 from fullasync.run.loop import LoopHooks, LoopSettings, TrainingLoop
 from fullasync.run.queue import HAND_OVER_ORDERS, RayGroupQueue
 from fullasync.run.result import LoopResult
-from fullasync.run.validation import Evaluator, evaluate
+from fullasync.run.validation import TASK_SCORE, Evaluator, evaluate
 from fullasync.types import TrajectoryGroup
 from fullasync.weights.sync import WeightSync
 
@@ -339,8 +339,6 @@ class Run:
         self.sink.validation(steps, evaluation.record())
         when = "before training" if steps == 0 and result.val_before is None else f"at step {steps}"
         measure = "accuracy" if self.evaluator is None else "score"  # the built-in measure: the share of rewards won
-        tasks = " ".join(f"{name.removeprefix('task/')} {value:.3f}" for name, value in evaluation.metrics.items()
-                         if name.startswith("task/"))
-        log.info("held-out %s %s: %.3f (± %.3f)%s", measure, when, evaluation.score, evaluation.stderr,
-                 f" ({tasks})" if tasks else "")
+        tasks = task_summary(evaluation.metrics, TASK_SCORE, ".3f", shown=len(evaluation.metrics))
+        log.info("held-out %s %s: %.3f (± %.3f)%s", measure, when, evaluation.score, evaluation.stderr, tasks)
         return evaluation.score

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 from fullasync.client import RolloutClient, RolloutService
 from fullasync.observe.logs import progress
+from fullasync.observe.metrics import task_means
 from fullasync.types import Trajectory, row_task
 
 log = logging.getLogger("fullasync")
 
+TASK_SCORE = "task/"  # a task's held-out score in `Evaluation.metrics` (`task/<name>`; `val/task/<name>` logged)
 RunHarness = Callable[[RolloutClient, object], Awaitable[float | Trajectory]]  # one episode on a row
 
 
@@ -64,17 +66,10 @@ class ValidationResult:
             return float("nan")
         return statistics.stdev(means) / math.sqrt(len(means))
 
-    def task_scores(self) -> dict[str, float]:
-        """The score of each task the rows name, as `task/<name>` (nothing when no row names one)."""
-        by_task: dict[str, list[float]] = {}
-        for task, rewards in zip(self.row_tasks, self.row_rewards, strict=False):  # () when rows name none
-            if task is not None:
-                by_task.setdefault(task, []).extend(rewards)
-        return {f"task/{task}": sum(values) / len(values) for task, values in sorted(by_task.items()) if values}
-
     def evaluation(self) -> Evaluation:
-        return Evaluation(self.score, self.stderr, self.failed, {"episodes": float(self.episodes),
-                                                                 **self.task_scores()})
+        """With the score of each task the rows name, as `task/<name>` (`row_task`)."""
+        tasks = task_means(zip(self.row_tasks, self.row_rewards, strict=False), TASK_SCORE)  # () when none name one
+        return Evaluation(self.score, self.stderr, self.failed, {"episodes": float(self.episodes), **tasks})
 
 
 async def evaluate(service: RolloutService, run_harness: RunHarness, rows: Sequence[object], samples_per_row: int,

@@ -132,15 +132,14 @@ class ReasoningGymTask:
         if not self.system_prompt.strip():
             raise ValueError("data.task_prompt is empty: name one of reasoning-gym's system prompts "
                              f"({', '.join(_library().utils.SYSTEM_PROMPTS)}) or give its text")
-        self.train_size = spec.size or train_rows
-        self.train = self._dataset(self.train_size, spec.seed)
+        train_size = spec.size or train_rows
+        self.train = self._dataset(train_size, spec.seed)  # its scorers score every row (dispatched by generator)
         self.entries: dict[str, Entry] = {}
-        self._rows = {"train": self._collect("train", self.train, self.train_size, set()),
+        self._rows = {"train": self._collect("train", self.train, train_size, set()),
                       "val": []}
         if val_rows:
             seen = {row["question"] for row in self._rows["train"]}
             candidates = self._dataset(4 * val_rows, spec.seed + VAL_OFFSET)
-            self.val = candidates
             self._rows["val"] = self._collect("val", candidates, val_rows, seen)
 
     def _dataset(self, size: int, seed: int) -> Dataset:
