@@ -6,10 +6,11 @@ Owns: `CodexConfig` (a frozen dataclass, also a Hydra structured config; each fi
 URL with `wire_api = "responses"` and the key in an environment variable, no retries, no websockets; approvals never
 asked; the sandbox mode; web search, analytics, feedback, OpenTelemetry export, history, bundled skills and the
 features that add tools or reach the network (apps, plugins, goals, image generation, browser and computer use, view
-image, hooks) off), the command line (`codex_command`: `codex exec --json --ephemeral --strict-config`, the prompt on
-stdin), the environment (`codex_environment`: a private HOME and CODEX_HOME, nothing of the caller's), and
-`run_codex`, one run to a `CodingAgentRun`. Codex 0.169 sends no output-token cap in its requests (it has no setting
-for one): the gateway's own limit is the budget. With this configuration it makes no connection but to the gateway
+image, hooks) off; sub-agents on request), the command line (`codex_command`: `codex exec --json --ephemeral
+--strict-config`, the prompt on stdin), the environment (`codex_environment`: a private HOME and CODEX_HOME,
+nothing of the caller's), and `run_codex`, one run to a `CodingAgentRun`. Codex 0.169 sends no output-token cap in
+its requests (it has no setting for one): the context, or `rollout.max_answer_tokens`, is the budget (Codex ends a
+turn whose answer was cut there as failed). With this configuration it makes no connection but to the gateway
 (checked in a network namespace holding only loopback; see tests/fixtures/coding_agents/README.md). Does not own:
 the gateway, recording, rewards or training — this runs the CLI, nothing more.
 
@@ -50,6 +51,9 @@ class CodexConfig:
     # Codex's own sandbox for the commands it runs; the episode's isolation is the sandbox or container it runs in
     sandbox_mode: str = "danger-full-access"
     features_off: list[str] = field(default_factory=lambda: list(FEATURES_OFF))  # [features] <name> = false
+    # Codex's sub-agent tools (the multi_agent_v1 namespace: spawn_agent, wait_agent, send_input, ...); each
+    # sub-agent is a context of its own and trains as a lineage of its own
+    sub_agents: bool = False
     model_context_window: int = 0  # the context Codex assumes it has (compaction, truncation); 0 = its default
     auto_compact_token_limit: int = 0  # model_auto_compact_token_limit; 0 = Codex's default
     tool_output_token_limit: int = 2000  # tokens of one tool output kept in the conversation
@@ -94,7 +98,7 @@ def codex_config(config: CodexConfig, episode: CodingAgentEpisode) -> dict[str, 
     settings.update({
         "analytics": {"enabled": False}, "feedback": {"enabled": False},
         "otel": {"exporter": "none", "trace_exporter": "none", "metrics_exporter": "none", "log_user_prompt": False},
-        "history": {"persistence": "none"}, "agents": {"enabled": False},
+        "history": {"persistence": "none"}, "agents": {"enabled": config.sub_agents},
         "skills": {"include_instructions": False, "bundled": {"enabled": False}},
         "features": dict.fromkeys(config.features_off, False),
     })

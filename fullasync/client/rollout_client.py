@@ -76,6 +76,7 @@ class ClientConfig:
     max_model_len: int = EngineSection.max_model_len  # the engines' context length (prompt + output)
     resume_timeout_s: float = RolloutSection.resume_timeout_s
     stream_interval: int = RolloutSection.stream_interval  # streamed calls: new tokens per chunk after the first
+    max_answer_tokens: int = RolloutSection.max_answer_tokens  # every answer's cap; 0 = max_tokens and the context
     tool_parser: str = ModelSection.tool_parser
     reasoning_parser: str = ModelSection.reasoning_parser  # "" = none: thinking text stays in `content`
     max_top_logprobs: int = EngineSection.max_logprobs  # the engines' max_logprobs
@@ -267,6 +268,8 @@ class RolloutClient:
         self.episode.went_on(prompt_ids)
         config = self.service.config
         context, length = config.max_model_len, len(prompt_ids)
+        if config.max_answer_tokens and max_tokens is not None:
+            max_tokens = min(max_tokens, config.max_answer_tokens)  # lowered before the context is checked
         if length >= context or max_tokens is not None and length + max_tokens > context:
             asked = (f"your {prompt_field} resulted in {length} tokens" if max_tokens is None else
                      f"you requested {length + max_tokens} tokens ({length} in the {prompt_field}, {max_tokens} in "
@@ -299,7 +302,7 @@ class RolloutClient:
         )
         return CallRequest(
             prompt_ids=prompt_ids,
-            max_tokens=max_tokens or context - length,
+            max_tokens=max_tokens or min(context - length, config.max_answer_tokens or context),
             n=request.n,
             sampling=sampling,
             with_logprobs=with_logprobs,

@@ -123,6 +123,10 @@ class RolloutSection:
     filter_zero_variance: bool = setting(False, "drop groups whose rewards are all equal (counted as filtered)")
     resume_timeout_s: float = setting(300.0, "how long an interrupted generation waits for the engines to resume",
                                       resume_may_change=True)
+    max_answer_tokens: int = setting(0, "every model call's answer ends after at most this many tokens (finish "
+                                     "reason length), whatever max_tokens the harness asks for (Claude Code asks "
+                                     "32,000, Codex sends none); 0 = only the call's max_tokens and the context bound "
+                                     "it", resume_may_change=True)
     stream_interval: int = setting(8, "streamed calls: after the first chunk, send new tokens once at least this "
                                    "many are there (vLLM's --stream-interval; 1 = every engine delta): fewer SSE "
                                    "events for a harness's SDK to parse, coarser streaming", resume_may_change=True)
@@ -311,8 +315,9 @@ class RunConfig:
         for name in ("n", "batch_size", "max_running_rows", "stream_interval"):
             if getattr(self.rollout, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 1")
-        if self.rollout.infra_retries < 0:
-            raise ValueError(f"rollout.infra_retries={self.rollout.infra_retries} must be >= 0")
+        for name in ("infra_retries", "max_answer_tokens"):
+            if getattr(self.rollout, name) < 0:
+                raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be >= 0")
         for name in ("episode_timeout_s", "resume_timeout_s"):
             if getattr(self.rollout, name) <= 0:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be > 0")

@@ -59,7 +59,7 @@ def client_config(config: RunConfig) -> ClientConfig:
         reasoning_parser=config.model.reasoning_parser,
         max_model_len=engine.max_model_len, max_top_logprobs=engine.max_logprobs,
         resume_timeout_s=config.rollout.resume_timeout_s, stream_interval=config.rollout.stream_interval,
-        kv_routing=config.rollout.kv_routing,
+        kv_routing=config.rollout.kv_routing, max_answer_tokens=config.rollout.max_answer_tokens,
         restart_wait_s=engine.start_timeout_s + RESTART_GRACE_S if engine.restart_on_failure else 0.0,
     )
 

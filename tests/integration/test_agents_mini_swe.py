@@ -99,6 +99,7 @@ async def test_an_oracle_policy_solves_the_task_and_a_no_op_policy_does_not(gate
             await generator.teardown()
 
 
+@pytest.mark.slow  # CI's slow tier: waits out a 30 s timeout
 async def test_a_hanging_harness_is_killed_at_the_timeout_with_every_process_it_started(gateway, tmp_path):
     generator = ScriptedMiniSwe(MiniSweConfig(**{**CONFIG.__dict__, "episode_timeout_s": 30.0}))
     await generator.setup()

@@ -12,7 +12,8 @@ import pytest
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.trainer import TrainerConfig, VerlTrainer
 
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
+pytestmark = [pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split"),
+              pytest.mark.slow]  # CI's slow tier: an engine and a trainer of their own
 
 
 async def test_engines_and_trainer_run_on_the_cores_given_to_each(ray_cluster, tiny_model_path):

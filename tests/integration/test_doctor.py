@@ -31,6 +31,7 @@ def test_doctor_passes_here_and_reports_every_check(tmp_path):
     assert done.stdout.strip().endswith("all checks passed")
 
 
+@pytest.mark.slow  # CI's slow tier: a doctor process each
 def test_doctor_fails_and_says_how_to_fix_an_unusable_cache(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -40,6 +41,7 @@ def test_doctor_fails_and_says_how_to_fix_an_unusable_cache(tmp_path):
     assert done.stdout.strip().endswith("1 check(s) failed")
 
 
+@pytest.mark.slow  # CI's slow tier: a doctor process each
 def test_doctor_gpu_on_a_machine_without_one_fails_at_cuda_and_skips_what_needs_it(tmp_path):
     done = doctor({"FULLASYNC_CACHE_DIR": str(tmp_path / "cache")}, "--gpu")
     assert done.returncode == 1, done.stdout + done.stderr

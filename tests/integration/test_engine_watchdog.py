@@ -19,6 +19,8 @@ from fullasync.errors import EngineDiedError, InvalidRequestError
 
 STALL_TIMEOUT_S = 6.0
 
+pytestmark = pytest.mark.slow  # CI's slow tier: a second engine, wedged and declared dead
+
 
 def smuggled_seed_request(request_id: str) -> GenerateRequest:
     sampling = SamplingOptions()

@@ -32,6 +32,8 @@ CONTEXT = 8192
 TOLERANCE = max(VLLMEngineConfig.starved_interruptions, 1)
 GIVE_UP = TOLERANCE + 3  # a counter this high: the rule is broken, stop pushing
 
+pytestmark = pytest.mark.slow  # CI's slow tier: an 8k-context engine of its own
+
 
 @pytest.fixture(scope="module")
 async def long_engine(ray_cluster):

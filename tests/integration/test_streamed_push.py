@@ -128,6 +128,7 @@ async def test_a_planned_engine_that_fails_before_joining_ends_the_broadcast_at_
     assert compared > 0 and wrong == []
 
 
+@pytest.mark.slow  # CI's slow tier: a second engine start after the kill
 async def test_an_engine_killed_after_a_streamed_push_restarts_serving_the_trainers_weights(stack):
     import ray
 

@@ -85,6 +85,7 @@ async def test_a_sequence_longer_than_the_token_budget_gets_a_pass_alone(ray_clu
     assert torch.isfinite(logprobs[batch.response_mask.bool()]).all()
 
 
+@pytest.mark.slow  # CI's slow tier: two trainers on 1,300-token sequences
 async def test_chunked_logprobs_equal_a_plain_forward_and_make_the_same_update(ray_cluster, tiny_model_path):
     groups = long_groups([(900, 400), (200, 30)])  # 1,300 positions: three 512-position chunks
     full = await one_step(tiny_model_path, groups, micro_batch_size=2)
@@ -96,6 +97,7 @@ async def test_chunked_logprobs_equal_a_plain_forward_and_make_the_same_update(r
     assert_same_update(full, chunked)  # entropy_coeff > 0: the entropy's chunked backward counts too
 
 
+@pytest.mark.slow  # CI's slow tier: three trainers
 async def test_two_ranks_sharing_each_sequence_make_the_update_of_one_rank(ray_cluster, tiny_model_path):
     # 2 heads, 1 kv head: the kv head is repeated per rank. Passes of 3 sequences (500, 497 and 65 tokens, then
     # 62, 97, 94): each rank's half of a pass ends inside a sequence, whose later tokens attend across the ranks.

@@ -251,6 +251,7 @@ async def test_an_out_of_process_harness_is_trained_on(stack, tmp_path):
     assert all(step["rollout/samples"] == 4 and step["rollout/output_tokens"] > 0 for step in result.history)
 
 
+@pytest.mark.slow  # CI's slow tier: an engine restart
 async def test_an_engine_killed_mid_run_is_restarted_and_no_row_is_lost(stack, tmp_path):
     """With a 2 s episode timeout: the wait for the restart (tens of seconds) is not the episodes' time, and an
     infrastructure failure a harness reports (InfraError) runs the episode again; no row fails."""
@@ -304,6 +305,7 @@ class HangingHarness(CustomGenerator):
         return await arithmetic.rollout_fn(episode.client, row) + (0.1 if episode.episode_id.endswith("/0") else 0.0)
 
 
+@pytest.mark.slow  # CI's slow tier: waits out a timeout
 async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_process(stack, tmp_path):
     engines, trainer = stack
     rows = arithmetic.ArithmeticTask().rows("train")[:8]

@@ -82,6 +82,9 @@ def test_codex_config_toml_has_the_gateway_provider_and_everything_else_off(tmp_
     assert toml["skills"]["bundled"]["enabled"] is False and toml["model_context_window"] == 8192
     assert toml["features"]["plugins"] is False and toml["features"]["unified_exec"] is False  # merged, not replaced
     assert toml["model_verbosity"] == "low"
+    assert toml["agents"]["enabled"] is False  # sub-agents only when asked for
+    with_sub_agents = tomllib.loads(to_toml(codex_config(CodexConfig(sub_agents=True), _episode(tmp_path))))
+    assert with_sub_agents["agents"]["enabled"] is True
 
 
 def test_toml_strings_survive_quotes_newlines_and_emoji():

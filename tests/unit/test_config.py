@@ -28,7 +28,8 @@ CONFIGS = (RunConfig, *EXAMPLES)
 RESUME_MAY_CHANGE = (
     "total_steps", "bind_late", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint",
     "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
-    "rollout.resume_timeout_s", "rollout.stream_interval", "rollout.join_identical_requests", "rollout.infra_retries",
+    "rollout.resume_timeout_s", "rollout.max_answer_tokens", "rollout.stream_interval",
+    "rollout.join_identical_requests", "rollout.infra_retries",
     "rollout.kv_routing",
     "rollout.gateway_host", "rollout.cpus",
     "trainer.start_timeout_s", "trainer.call_timeout_s", "trainer.worker_threads", "trainer.weight_transport",
