@@ -147,7 +147,7 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 	touch $(DOCS_STAMP)
 
 # Tiers (tests/unit, tests/integration; markers in pyproject.toml): `test-unit` is the inner loop (no Ray, vLLM
-# or verl; under 90 s), `test` everything but the slow tests, `test-slow` those. pytest exits 5 (a failure
+# or verl; ~3 min here), `test` everything but the slow tests, `test-slow` those. pytest exits 5 (a failure
 # here) when a selection is empty.
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q

@@ -249,6 +249,7 @@ async def test_an_answer_left_unread_in_a_reset_connection_leaves_the_record_one
     gateway.close_episode(episode)
 
 
+@pytest.mark.slow  # CI's slow tier: ~25 s
 async def test_an_sdk_retry_after_its_answer_was_read_and_the_connection_closed_gets_that_answer(gateway):
     """The openai SDK's timer fires as the answer comes in: the answer was read off the socket and thrown away, the
     connection closed cleanly, and the SDK retries saying so (`x-stainless-retry-count: 1`). The retry gets that

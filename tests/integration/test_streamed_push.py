@@ -21,6 +21,8 @@ from fullasync.weights.transport import StreamTransport, weight_transport
 
 TOLERANCE = 1e-4
 
+pytestmark = pytest.mark.slow  # CI's slow tier: a trainer of two ranks and an engine of its own
+
 
 @pytest.fixture(scope="module")
 async def stack(ray_cluster, tiny_model_path):

@@ -199,7 +199,8 @@ async def test_two_ranks_with_reference_kl_and_rollout_logprobs(ray_cluster, tin
         await trainer.shutdown()
 
 
-@pytest.mark.parametrize(("loss_agg_mode", "num_workers"), [("token-mean", 2), ("seq-mean-token-sum", 1)])
+@pytest.mark.parametrize(("loss_agg_mode", "num_workers"), [("token-mean", 2), pytest.param(
+    "seq-mean-token-sum", 1, marks=pytest.mark.slow)])  # the second in CI's slow tier
 async def test_a_batch_taken_in_two_parts_makes_the_same_update_as_taken_whole(ray_cluster, tiny_model_path, tmp_path,
                                                                                loss_agg_mode, num_workers):
     """The loop binds a step's last groups late (`TrainingLoop._late_places`): the trainer works through the first
@@ -240,7 +241,8 @@ async def test_a_batch_taken_in_two_parts_makes_the_same_update_as_taken_whole(r
         await trainer.shutdown()
 
 
-@pytest.mark.parametrize("micro_batches", [{"micro_batch_size": 1}, {"max_tokens_per_micro_batch": 16}])
+@pytest.mark.parametrize("micro_batches", [{"micro_batch_size": 1}, pytest.param(
+    {"max_tokens_per_micro_batch": 16}, marks=pytest.mark.slow)])  # the second in CI's slow tier
 async def test_an_episode_of_three_lineages_makes_the_update_of_one_in_a_seq_mean_loss(ray_cluster, tiny_model_path,
                                                                                       tmp_path, micro_batches):
     """The same sequence three times in one episode (three lineages; one micro-batch each, or two 7-token

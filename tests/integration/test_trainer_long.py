@@ -22,6 +22,8 @@ from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
 
 LR = 1e-2
 
+pytestmark = pytest.mark.slow  # CI's slow tier: a trainer per setting on long sequences
+
 
 def long_groups(lengths: list[tuple[int, int]], seed: int = 0) -> list[TrajectoryGroup]:
     """Groups of two single-call trajectories of a (prompt, response) length from `lengths` (the second response 3

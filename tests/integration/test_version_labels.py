@@ -66,7 +66,8 @@ async def test_a_request_held_by_a_keep_push_carries_the_version_that_computed_i
 FAST = StormSettings(min_tokens=200, max_tokens=400, max_pushes=15)  # 48 calls; ~15 s each
 
 
-@pytest.mark.parametrize("mode", [PauseMode.ABORT, PauseMode.RECOMPUTE, PauseMode.KEEP])
+@pytest.mark.parametrize("mode", [PauseMode.ABORT, pytest.param(PauseMode.RECOMPUTE, marks=pytest.mark.slow),
+                                  pytest.param(PauseMode.KEEP, marks=pytest.mark.slow)])  # CI's slow tier
 async def test_a_push_storm_leaves_every_token_labelled_true(engine, policy, tokenizer, mode):
     """Long calls of every kind under dense pushes; then a deliberately mislabelled token is caught."""
     result = await run_storm(engine, policy, tokenizer, dataclasses.replace(FAST, mode=mode))

@@ -127,6 +127,7 @@ async def small_bucket_engine(ray_cluster, tiny_model_path):
     await engine.shutdown()
 
 
+@pytest.mark.slow  # CI's slow tier: an engine of its own (small buckets)
 async def test_bucketed_push_serves_exactly_the_sent_weights_in_one_round_trip(small_bucket_engine, tiny_model_path,
                                                                                tokenizer):
     engine = small_bucket_engine
@@ -196,6 +197,7 @@ class BreaksOffOnce(ObjectStoreTransport):
         return await super().update_weights(engine, version, mode)
 
 
+@pytest.mark.slow  # CI's slow tier: an engine of its own (small buckets)
 async def test_a_push_cut_mid_transfer_is_retried_and_the_engine_serves_exactly_what_was_pushed(
         small_bucket_engine, tiny_model_path, tokenizer):
     engine = small_bucket_engine
