@@ -11,8 +11,8 @@ the engine path under the CLIs' prompts, not an agent at work (tests/integration
 tools with the suite's scripted engine). Answers are capped at `--answer-tokens` (rollout.max_answer_tokens): Codex
 asks for no cap and Claude Code for 32,000 tokens, and both CLIs end a run whose answer was cut at the cap as an
 error of their own (Claude Code: terminal_reason api_error, max_output_tokens; Codex: turn.failed, "Incomplete
-response"): the calls are recorded all the same. Needs `make setup-coding-agents`. Asserts nothing; prints one line
-per CLI.
+response"): the calls are recorded all the same. Needs `make setup-coding-agents`. Asserts only that no answer
+passed the cap; prints one line per CLI.
 
     .venv/bin/python bench/coding_agents_real_engine.py [--episodes 4] [--answer-tokens 32] [--cli codex]
 """
@@ -104,7 +104,7 @@ async def run_cli(cli: str, gateway: Gateway, episodes: int, answer_tokens: int,
         resumes += sum(call.num_resumes for call in calls)
         assert all(len(call.output_ids) <= answer_tokens for call in calls)
     statuses = dict(sorted((Counter(gateway.answered) - answered_before).items()))
-    return {"cli": cli, "finished": finished, "episodes": episodes, "statuses": statuses, "recorded_ok": received_ok,
+    return {"finished": finished, "episodes": episodes, "statuses": statuses, "recorded_ok": received_ok,
             "calls": len(prompts), "prompt_tokens": (min(prompts, default=0), max(prompts, default=0)),
             "seconds_per_call": statistics.mean(seconds), "resumes": resumes, "ends": dict(ends)}
 

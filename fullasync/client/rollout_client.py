@@ -268,8 +268,9 @@ class RolloutClient:
         self.episode.went_on(prompt_ids)
         config = self.service.config
         context, length = config.max_model_len, len(prompt_ids)
-        if config.max_answer_tokens and max_tokens is not None:
-            max_tokens = min(max_tokens, config.max_answer_tokens)  # lowered before the context is checked
+        cap = config.max_answer_tokens or context
+        if max_tokens is not None:
+            max_tokens = min(max_tokens, cap)  # lowered before the context is checked
         if length >= context or max_tokens is not None and length + max_tokens > context:
             asked = (f"your {prompt_field} resulted in {length} tokens" if max_tokens is None else
                      f"you requested {length + max_tokens} tokens ({length} in the {prompt_field}, {max_tokens} in "
@@ -302,7 +303,7 @@ class RolloutClient:
         )
         return CallRequest(
             prompt_ids=prompt_ids,
-            max_tokens=max_tokens or min(context - length, config.max_answer_tokens or context),
+            max_tokens=max_tokens or min(context - length, cap),
             n=request.n,
             sampling=sampling,
             with_logprobs=with_logprobs,
