@@ -40,7 +40,7 @@ from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
 from fullasync.presets import builtin_values_warning, weights_bytes
-from fullasync.rollout.generator import as_generator
+from fullasync.rollout.generator import GroupRewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import checkpoint
 from fullasync.run.assemble import assemble
@@ -73,11 +73,15 @@ class AsyncAgentTrainer:
 
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
                  train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
-                 resume: str | None = None, evaluate_fn: Evaluator | None = None) -> None:
-        """`resume` overrides `config.resume`: "auto" (continue output_dir's newest checkpoint, if any), "never",
-        or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of your own, returning an
-        `Evaluation` (score, standard error, metrics), run before training, every `val_every` steps and after,
-        with training generation paused; in place of the mean reward of `rollout_fn` on `val_dataset`."""
+                 resume: str | None = None, evaluate_fn: Evaluator | None = None,
+                 group_reward_fn: GroupRewardFunction | None = None) -> None:
+        """`group_reward_fn(row, trajectories)`: the rewards of a row's episodes scored together, one per trajectory
+        in episode order, in place of those `rollout_fn` returned (`CustomGenerator.group_rewards`; or set
+        `data.group_reward_fn`). `resume` overrides `config.resume`: "auto" (continue output_dir's newest
+        checkpoint, if any), "never", or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of
+        your own, returning an `Evaluation` (score, standard error, metrics), run before training, every
+        `val_every` steps and after, with training generation paused; in place of the mean reward of `rollout_fn`
+        on `val_dataset`."""
         if resume is not None:
             config.resume = resume
         config.validate()
@@ -92,7 +96,10 @@ class AsyncAgentTrainer:
                              "or package.module:name), "
                              "or data.task=arithmetic")
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
-        self.generator = as_generator(self.rollout_fn)  # refuses a non-async function here, before anything starts
+        group_reward_fn = group_reward_fn or (resolve_dotted(config.data.group_reward_fn, "data.group_reward_fn")
+                                              if config.data.group_reward_fn else None)
+        # refuses a non-async function here, before anything starts
+        self.generator = as_generator(self.rollout_fn, group_reward_fn)
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
         if train is None:

@@ -163,6 +163,9 @@ class DataSection:
     task_prompt: str = setting("default", "a generated task's system prompt: the name of one of reasoning-gym's "
                                "(default, direct, simple, DeepSeekZero, chain_of_draft) or the text itself")
     rollout_fn: str = setting("", "dotted path `pkg.module:function` of `async def rollout_fn(client, row)`")
+    group_reward_fn: str = setting("", "dotted path of `async def group_reward_fn(row, trajectories)`: the rewards "
+                                   "of a row's episodes scored together, one per trajectory in order, in place of "
+                                   "those its episodes returned (\"\" = each keeps its own)")
     train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
                                  "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "
                                  "org/name[:config][@split], or package.module:function (fullasync.data)")

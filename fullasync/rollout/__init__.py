@@ -3,6 +3,7 @@
 - `rollouter.py`: `Rollouter` (admission, the row tasks, the zero-variance filter, stopping rows grown too
   stale); `staleness.py`: `StalenessManager`, admission as a ceiling on staleness; `ledger.py`: what became
   of every row; `generator.py`: a plain `rollout_fn` wrapped as a generator once (`as_generator`);
+  `group_rewards.py`: a row's episodes scored together before its group is queued;
   `deadline.py`: an episode's timeout; `processes.py`: a harness's process tree, ended with it; `state.py`:
   what a checkpoint keeps of the rollout side.
 

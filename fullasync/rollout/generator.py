@@ -30,7 +30,7 @@ import inspect
 import os
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +69,19 @@ class CustomGenerator:
 
     async def teardown(self) -> None:
         """Called once after the last episode, also when the run fails."""
+
+    async def group_rewards(self, row: object, trajectories: Sequence[Trajectory]) -> Sequence[float] | None:
+        """The rewards of a row's episodes scored together (a group reward function, a judge ranking the answers),
+        one per trajectory in episode order; called once every episode of the row has ended, before its group is
+        queued. None (this default): each keeps the reward its episode returned. A raise or a timeout
+        (`rollout.episode_timeout_s`) is an infrastructure failure: tried again up to `rollout.infra_retries`
+        times, then the row fails (counted), never scored 0."""
+        return None
+
+    @property
+    def scores_groups(self) -> bool:
+        """True when a subclass scores whole groups (overrides `group_rewards`)."""
+        return type(self).group_rewards is not CustomGenerator.group_rewards
 
 
 @dataclass(frozen=True)
@@ -117,28 +130,52 @@ async def run_process(*argv: str, cwd: str | None = None, env: Mapping[str, str]
 
 RolloutFunction = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]]  # async def rollout_fn(client, row)
 RolloutFn = RolloutFunction | CustomGenerator
+# async def group_reward_fn(row, trajectories) -> one reward per trajectory, in order
+GroupRewardFunction = Callable[[object, Sequence[Trajectory]], Awaitable[Sequence[float]]]
 
 
 class FunctionGenerator(CustomGenerator):
-    """A plain `async def rollout_fn(client, row)` as a generator (`as_generator`): no set-up, no gateway."""
+    """A plain `async def rollout_fn(client, row)` as a generator (`as_generator`): no set-up, no gateway; with
+    `group_reward_fn`, its rows' groups are scored by it (`CustomGenerator.group_rewards`)."""
 
-    def __init__(self, rollout_fn: RolloutFunction) -> None:
+    def __init__(self, rollout_fn: RolloutFunction, group_reward_fn: GroupRewardFunction | None = None) -> None:
         self.rollout_fn = rollout_fn
+        self.group_reward_fn = group_reward_fn
 
     async def generate(self, episode: EpisodeContext, row: object) -> float | Trajectory:
         return await self.rollout_fn(episode.client, row)
 
+    async def group_rewards(self, row: object, trajectories: Sequence[Trajectory]) -> Sequence[float] | None:
+        return None if self.group_reward_fn is None else await self.group_reward_fn(row, trajectories)
 
-def as_generator(rollout_fn: RolloutFn) -> CustomGenerator:
+    @property
+    def scores_groups(self) -> bool:
+        return self.group_reward_fn is not None
+
+
+def _is_async(function: object) -> bool:
+    return inspect.iscoroutinefunction(function) or callable(function) and inspect.iscoroutinefunction(
+        type(function).__call__)
+
+
+def as_generator(rollout_fn: RolloutFn, group_reward_fn: GroupRewardFunction | None = None) -> CustomGenerator:
     """The user's harness as a `CustomGenerator` (a plain function wrapped once, where a run or an evaluation is
-    assembled); refuses at once what would fail every episode later."""
+    assembled, with `group_reward_fn` if given); refuses at once what would fail every episode later."""
+    if group_reward_fn is not None and not _is_async(group_reward_fn):
+        raise TypeError(f"group_reward_fn {group_reward_fn!r} is not an async function: define it as "
+                        "`async def group_reward_fn(row, trajectories)` returning one reward per trajectory")
     if isinstance(rollout_fn, CustomGenerator):
         if not inspect.iscoroutinefunction(rollout_fn.generate):
             raise TypeError(f"{type(rollout_fn).__name__}.generate must be `async def generate(self, episode, row)`")
+        if group_reward_fn is not None:
+            raise TypeError(f"group_reward_fn with a CustomGenerator ({type(rollout_fn).__name__}): override its "
+                            "`async def group_rewards(self, row, trajectories)` instead")
+        if rollout_fn.scores_groups and not inspect.iscoroutinefunction(rollout_fn.group_rewards):
+            raise TypeError(f"{type(rollout_fn).__name__}.group_rewards must be "
+                            "`async def group_rewards(self, row, trajectories)`")
         return rollout_fn
-    if inspect.iscoroutinefunction(rollout_fn) or callable(rollout_fn) and inspect.iscoroutinefunction(
-            type(rollout_fn).__call__):
-        return FunctionGenerator(rollout_fn)
+    if _is_async(rollout_fn):
+        return FunctionGenerator(rollout_fn, group_reward_fn)
     raise TypeError(
         f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` "
         "and `await` the client's calls (or pass a fullasync.CustomGenerator)"

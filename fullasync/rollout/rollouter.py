@@ -34,6 +34,7 @@ from fullasync.infra.offload import Pacer
 from fullasync.observe.metrics import HARNESS_METRICS_KEY
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import OpenEpisode, RolloutFn, as_generator, run_harness
+from fullasync.rollout.group_rewards import group_scored
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
@@ -365,6 +366,11 @@ class Rollouter:
         trajectories = [t for _, t in sorted(record.finished.items(), key=lambda item: item[0]) if t is not None]
         if not trajectories:
             return RowOutcome.FAILED
+        scored = await group_scored(self.generator, record.row_id, record.row, trajectories,
+                                    self.settings.episode_timeout_s, self.settings.infra_retries, self.ledger.failures)
+        if scored is None:
+            return RowOutcome.FAILED
+        trajectories = list(scored)
         if self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
             return RowOutcome.FILTERED
         task = row_task(record.row)

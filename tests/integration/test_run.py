@@ -21,6 +21,7 @@ from fullasync.contracts.run import GroupQueue, Trainer
 from fullasync.errors import EngineDiedError
 from fullasync.infra.heap import GC_THRESHOLDS, settled_heap
 from fullasync.observe.metrics import MetricsSink
+from fullasync.rollout.generator import as_generator
 from fullasync.rollout.rollouter import RolloutCrashedError, Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.run.assemble import assemble
@@ -101,6 +102,60 @@ def test_a_sync_rollout_fn_is_refused_at_start_up():
 
     with pytest.raises(TypeError, match="not an async function: define it as `async def rollout_fn"):
         AsyncAgentTrainer(RunConfig(data=DataSection(task="")), rollout_fn=rollout_fn, train_dataset=[{"q": 1}])
+
+
+def test_the_trainer_takes_a_group_reward_fn_by_argument_or_by_its_dotted_path(tmp_path, monkeypatch):
+    async def ranked(row, trajectories):
+        return [0.0] * len(trajectories)
+
+    (tmp_path / "my_scorer.py").write_text("async def score(row, trajectories):\n"
+                                           "    return [0.0] * len(trajectories)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trainer = AsyncAgentTrainer(RunConfig(), rollout_fn=answer, train_dataset=[{"length": 1}],
+                                group_reward_fn=ranked)
+    assert trainer.generator.scores_groups and trainer.generator.group_reward_fn is ranked
+    config = RunConfig()
+    config.data.group_reward_fn = "my_scorer:score"
+    trainer = AsyncAgentTrainer(config, rollout_fn=answer, train_dataset=[{"length": 1}])
+    assert trainer.generator.scores_groups and trainer.generator.group_reward_fn.__module__ == "my_scorer"
+    config.data.group_reward_fn = "my_scorer:no_such_function"
+    with pytest.raises(ValueError, match="data.group_reward_fn='my_scorer:no_such_function' could not be resolved"):
+        AsyncAgentTrainer(config, rollout_fn=answer, train_dataset=[{"length": 1}])
+
+
+class TrainerThatKeepsRewards(SimulatedTrainer):
+    """Edge fake: the simulator's trainer, keeping the rewards of every group it trained, by row."""
+
+    def __init__(self) -> None:
+        super().__init__(TrainCost(1e-3, 0.5), 1)
+        self.rewards: dict[str, list[float]] = {}
+
+    def build_batch(self, groups):
+        for group in groups:
+            self.rewards[group.row_id] = [t.reward for t in group.trajectories]
+        return super().build_batch(groups)
+
+
+def test_group_rewards_reach_the_trainer_in_the_groups_order(tmp_path):
+    async def by_index(client, row) -> float:
+        await answer(client, row)
+        return float(client.episode.id.split("/")[1])
+
+    async def reversed_ranks(row, trajectories):
+        return [10.0 * (len(trajectories) - 1 - t.reward) for t in trajectories]
+
+    async def main() -> tuple[TrainerThatKeepsRewards, object]:
+        engines, _, service = simulated_parts()
+        trainer = TrainerThatKeepsRewards()
+        rollout = RolloutSettings(n=3, max_running_rows=4, episode_timeout_s=1e6)
+        run = await assemble(engines=engines, trainer=trainer, service=service,
+                             rollout_fn=as_generator(by_index, reversed_ranks),
+                             settings=settings(total_steps=3, rollout=rollout), sink=MetricsSink(tmp_path / "m.jsonl"))
+        return trainer, await run.execute(rows(40))
+
+    trainer, result = run_virtual(main)
+    assert result.steps == 3 and len(trainer.rewards) >= 6
+    assert all(rewards == [20.0, 10.0, 0.0] for rewards in trainer.rewards.values())  # the episodes' order
 
 
 class QueueThatFailsFor(MessageQueue):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sim_rollouts import rows_through_a_rollouter
 
-from fullasync.client import ClientConfig, RolloutService
 from fullasync.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     EngineDiedError,
@@ -20,14 +20,7 @@ from fullasync.errors import (
     PolicyOutputError,
 )
 from fullasync.rollout.ledger import failure_kind
-from fullasync.rollout.rollouter import Rollouter, RolloutSettings, RowOutcome
-from fullasync.rollout.staleness import StalenessManager
-from fullasync.run.queue import MessageQueue
-from fullasync.sim.clock import run_virtual
-from fullasync.sim.engine import DecodeCost, SimulatedEngine
-from fullasync.sim.harness import SimTokenizer
-
-COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
+from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 
 
 @pytest.mark.parametrize(("error", "fault", "kind"), [
@@ -47,18 +40,9 @@ def test_each_failure_has_a_kind(error, fault, kind):
 
 def run_rows(rollout_fn, settings: RolloutSettings, count: int = 3):
     """`count` rows through a real rollouter on a simulated engine; the queued groups and the report."""
-    async def main():
-        service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(),
-                                 ClientConfig(model_name="policy", max_model_len=4096))
-        queue = MessageQueue(1000)
-        rollouter = Rollouter(rollout_fn, service, queue, StalenessManager(100, 2, 8, version=lambda: 0), settings)
-        rollouter.start((f"row-{i}", {"i": i}) for i in range(count))
-        while not rollouter.exhausted:
-            await asyncio.sleep(0.01)
-        rollouter.check()
-        return await queue.snapshot(), rollouter.report()
-
-    return run_virtual(main)
+    rollouter, groups = rows_through_a_rollouter(rollout_fn, settings,
+                                                 ((f"row-{i}", {"i": i}) for i in range(count)))
+    return groups, rollouter.report()
 
 
 async def one_call(client) -> None:
