@@ -57,6 +57,21 @@ $(HARBOR_STAMP): requirements/harbor-lock.txt
 	$(HARBOR_VENV)/bin/pip install --quiet --no-deps -r requirements/harbor-lock.txt
 	touch $(HARBOR_STAMP)
 
+# verifiers environments (data.task=verifiers:<id>) run in an interpreter of their own (.venv-verifiers): the Hub's
+# environments pin verifiers 0.3.1, which needs mcp<2 (the project's lock has 2.3.0). Resolver-free from
+# requirements/verifiers-legacy-lock.txt (~100 s the first time, ~860 MB); install an environment's package into it
+# (.venv-verifiers/bin/pip install ...). VERIFIERS_PYTHON=/path/to/python3.11 overrides the interpreter it is made from.
+VERIFIERS_VENV := .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.fullasync-installed
+VERIFIERS_PYTHON ?= $(PYTHON)
+.PHONY: setup-verifiers
+setup-verifiers: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): requirements/verifiers-legacy-lock.txt
+	test -x $(VERIFIERS_VENV)/bin/python || $(VERIFIERS_PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/pip install --quiet --no-deps -r requirements/verifiers-legacy-lock.txt
+	touch $(VERIFIERS_STAMP)
+
 # The environments' packages that share .venv (data.task=reasoning_gym:...): requirements/environments-lock.txt,
 # resolver-free after the device's lock (~30 s the first time: three source builds; nothing after, the stamp).
 ENVIRONMENTS_STAMP := $(VENV)/.fullasync-environments
@@ -152,14 +167,14 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments
+test: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments
+test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, rank kills, push storms, bring-your-own); CI runs them after `make test`.
-test-slow: setup setup-terminus setup-containers setup-environments
+test-slow: setup setup-terminus setup-containers setup-environments setup-verifiers
 	$(PY) -m pytest -m "slow and not learning and not extended" -q
 
 # The slow end-to-end checks past CI's budget (the real 135M model's runs, the 17k-token episode, the harness
@@ -167,7 +182,7 @@ test-slow: setup setup-terminus setup-containers setup-environments
 # the tensor-parallel push, doctor's stack check, export, the deepresearch example's train.py): what they cross, faster tests cover piece by piece; run them
 # before a release and after changing what they cross.
 .PHONY: test-extended
-test-extended: setup setup-terminus setup-containers setup-environments
+test-extended: setup setup-terminus setup-containers setup-environments setup-verifiers
 	$(PY) -m pytest -m extended -q
 
 # The chaos soak's short form alone (bench/chaos.py, three minutes; also part of test-extended): faults at random times
@@ -179,7 +194,7 @@ test-soak: setup
 # The learning runs (the built-in task's 60 steps, ~2.5 min; the harness examples trained and evaluated held out
 # before and after: ~17 and ~23 min here), kept out of CI's time budget; run them before changing an example's defaults.
 .PHONY: test-learning
-test-learning: setup setup-terminus setup-containers setup-environments
+test-learning: setup setup-terminus setup-containers setup-environments setup-verifiers
 	$(PY) -m pytest -m learning -q
 
 clean-venv:

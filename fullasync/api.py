@@ -40,7 +40,7 @@ from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
 from fullasync.presets import builtin_values_warning, weights_bytes
-from fullasync.rollout.generator import GroupRewardFunction, as_generator
+from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import checkpoint
 from fullasync.run.assemble import assemble
@@ -117,7 +117,11 @@ class AsyncAgentTrainer:
     @staticmethod
     def _task_defaults(config: RunConfig) -> tuple[RolloutFn | None, Iterable[object] | None, Iterable[object] | None]:
         task = built_task(config)
-        return (None, None, None) if task is None else (task.rollout_fn, task.train_rows, task.val_rows)
+        if task is None:
+            return None, None, None
+        if not isinstance(task.rollout_fn, CustomGenerator) and not callable(task.rollout_fn):
+            raise TypeError(f"data.task={config.data.task!r} gave no harness: {task.rollout_fn!r}")
+        return cast(RolloutFn, task.rollout_fn), task.train_rows, task.val_rows
 
     def model_path(self) -> str:
         """The directory engines and trainer load (`resolve_model_path`), its chat template checked against the

@@ -26,12 +26,13 @@ def chat_tokenizer():
 
 
 @contextlib.asynccontextmanager
-async def scripted_gateway(tokenizer, max_model_len: int):
-    """A started gateway in front of one `ScriptedEngine` (model name `policy`): yields (gateway, engine)."""
+async def scripted_gateway(tokenizer, max_model_len: int, engine: ScriptedEngine | None = None):
+    """A started gateway in front of one `ScriptedEngine` (`engine`, else a new one; model name `policy`): yields
+    (gateway, engine)."""
     from fullasync.client import ClientConfig, RolloutService
     from fullasync.gateway import Gateway
 
-    engine = ScriptedEngine()
+    engine = engine if engine is not None else ScriptedEngine()
     config = ClientConfig(model_name="policy", max_model_len=max_model_len)
     gateway = Gateway(RolloutService([engine], tokenizer, config))
     await gateway.start()

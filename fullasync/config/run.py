@@ -155,8 +155,11 @@ class RolloutSection:
 class DataSection:
     task: str = setting("arithmetic", "built-in task providing data and rollout_fn: arithmetic, "
                         "reasoning_gym:<generator>[*weight][+<generator>...] or reasoning_gym:<composite.yaml> "
-                        "(reasoning-gym's generators and scorers; make setup-environments); \"\" when both are "
-                        "given below")
+                        "(reasoning-gym's generators and scorers; make setup-environments), verifiers:<environment "
+                        "id> (its own dataset, loop and rubric; make setup-verifiers); \"\" when both are given "
+                        "below")
+    task_args: dict[str, Any] = setting({}, "the arguments of a verifiers environment's load_environment "
+                                        "(data.task=verifiers:<id>), e.g. {num_train_examples: 500}")
     task_rows: int = setting(1000, "training rows a generated task (reasoning_gym:...) makes (a composite YAML's "
                              "size replaces it)")
     task_val_rows: int = setting(100, "held-out rows a generated task makes, none of them a training question")

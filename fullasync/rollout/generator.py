@@ -48,6 +48,9 @@ class EpisodeContext:
     client: RolloutClient  # in-process, OpenAI-style
     base_url: str | None = None  # OpenAI base URL of this episode on the gateway (uses_gateway=True)
     api_key: str | None = None  # the key that goes with base_url
+    # the gateway's one base URL for every episode of the run, each request naming its episode by the X-Session-ID
+    # header (api_key): for a harness that keeps one HTTP client for the whole run (verifiers)
+    run_base_url: str | None = None
 
 
 OpenEpisode = Callable[[RolloutClient], AbstractContextManager[EpisodeContext]]

@@ -72,7 +72,7 @@ def episodes_on(gateway: Gateway) -> OpenEpisode:
     def open_episode(client: RolloutClient) -> Iterator[EpisodeContext]:
         episode = gateway.open_episode(client=client)
         try:
-            yield EpisodeContext(episode.episode_id, client, episode.base_url, episode.api_key)
+            yield EpisodeContext(episode.episode_id, client, episode.base_url, episode.api_key, gateway.run_base_url)
         finally:
             gateway.close_episode(episode)
 

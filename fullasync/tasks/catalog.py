@@ -1,22 +1,27 @@
 """The tasks `data.task` names: each gives a run its rows and its rollout function.
 
-Owns: reading `data.task` (`arithmetic`, `reasoning_gym:<spec>`; "" = none) into a `BuiltTask`, and the refusal of
-a name no task has. Does not own: the tasks themselves (`arithmetic`, `reasoning_gym`).
+Owns: reading `data.task` (`arithmetic`, `reasoning_gym:<spec>`, `verifiers:<env id>`; "" = none) into a
+`BuiltTask`, and the refusal of a name no task has. Does not own: the tasks themselves (`arithmetic`,
+`reasoning_gym`; verifiers environments run out of process through the gateway: `fullasync_agents.verifiers`, the
+harness package, imported only when named).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from fullasync.config import RunConfig
 
-FAMILIES = ("arithmetic", "reasoning_gym:<generator>[*weight][+...] or reasoning_gym:<composite.yaml>")
+FAMILIES = ("arithmetic", "reasoning_gym:<generator>[*weight][+...] or reasoning_gym:<composite.yaml>",
+            "verifiers:<environment id>")
 
 
 @dataclass(frozen=True)
 class BuiltTask:
-    rollout_fn: Callable[..., Awaitable[float]]  # async def rollout_fn(client, row) -> reward
+    # async def rollout_fn(client, row) -> reward, or a CustomGenerator (a harness out of process: verifiers')
+    rollout_fn: Callable[..., Awaitable[float]] | object
     train_rows: Sequence[object]
     val_rows: Sequence[object]
 
@@ -38,5 +43,14 @@ def built_task(config: RunConfig) -> BuiltTask | None:
                                                    config.data.task_rows, config.data.task_val_rows,
                                                    model=config.model.served_name, prompt=config.data.task_prompt)
         return BuiltTask(generated.rollout_fn, generated.rows("train"), generated.rows("val"))
+    if name.startswith("verifiers:"):
+        try:
+            adapter = importlib.import_module("fullasync_agents.verifiers")
+        except ImportError as error:
+            raise ValueError(f"data.task={name!r} needs fullasync_agents (pip install -e '.[agents]' in the "
+                             f"checkout): {error}") from error
+        generator, train, held_out = adapter.verifiers_task(name.removeprefix("verifiers:").strip(),
+                                                           config.data.task_args, config.model.served_name)
+        return BuiltTask(generator, train, held_out)
     raise ValueError(f"data.task={name!r} is not a task; use {' | '.join(FAMILIES)}, or '' with data.rollout_fn "
                      "and data.train_dataset")

@@ -163,17 +163,22 @@ def test_an_injected_episode_context_is_opened_and_closed_around_every_episode()
 
 
 class OverHTTP(CustomGenerator):
-    """A harness that reaches its episode only through the base URL it is given."""
+    """A harness that reaches its episode only through the base URLs it is given: its own (a row's first episode), the
+    run's one with the episode's key in X-Session-ID (the others)."""
 
     uses_gateway = True
 
     def __init__(self) -> None:
         self.base_urls: list[str] = []
+        self.run_base_urls: set[str | None] = set()
 
     async def generate(self, episode: EpisodeContext, row) -> float:
         assert episode.base_url is not None and episode.api_key is not None
         self.base_urls.append(episode.base_url)
-        async with httpx.AsyncClient(base_url=episode.base_url, timeout=30) as http:
+        self.run_base_urls.add(episode.run_base_url)
+        run_wide = not episode.episode_id.endswith("/0") and episode.run_base_url is not None
+        async with httpx.AsyncClient(base_url=episode.run_base_url if run_wide else episode.base_url, timeout=30,
+                                     headers={"X-Session-ID": episode.api_key} if run_wide else {}) as http:
             reply = await http.post("/completions", json={"model": "policy", "prompt": [1, 2, 3], "max_tokens": 4,
                                                           "ignore_eos": True})
         reply.raise_for_status()
@@ -202,6 +207,7 @@ def test_the_run_owns_the_gateway_of_a_harness_that_uses_one(tmp_path):
     assert gateway.answered[200] >= 2 * 2 * SETTINGS.n  # every episode of the trained rows, at least
     assert len(set(harness.base_urls)) == len(harness.base_urls)  # one base URL per episode
     assert all(url.startswith(gateway.url) for url in harness.base_urls)
+    assert harness.run_base_urls == {gateway.run_base_url}  # and the run's one, where a harness keeps one client
     assert gateway._http is None  # stopped when the run ended
     plain, _ = asyncio.run(main(answer))
     assert plain.gateway is None  # a plain function needs no gateway
