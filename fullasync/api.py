@@ -40,6 +40,7 @@ from fullasync.observe.metrics import MetricsSink
 from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
 from fullasync.presets import builtin_values_warning, weights_bytes
+from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
 from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.run import checkpoint
@@ -113,6 +114,11 @@ class AsyncAgentTrainer:
         self.evaluate_fn = evaluate_fn
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
+        data = config.data
+        self.curriculum = (CurriculumSettings(weights=dict(data.curriculum_weights), floor=data.curriculum_floor,
+                                              window=data.curriculum_window, pass_reward=data.curriculum_pass_reward,
+                                              draws=data.epochs * len(self.train_rows), seed=config.seed)
+                           if data.curriculum else None)  # its settings checked here, before anything starts
 
     @staticmethod
     def _task_defaults(config: RunConfig) -> tuple[RolloutFn | None, Iterable[object] | None, Iterable[object] | None]:
@@ -135,6 +141,12 @@ class AsyncAgentTrainer:
         configure_logging()
         with progress_display():
             return asyncio.run(self.train_async())
+
+    def _row_source(self) -> Iterable[tuple[str, object]]:
+        """The rows the run draws: in dataset order, `data.epochs` times, or sampled by a curriculum."""
+        if self.curriculum is None:
+            return self._rows()
+        return Curriculum([(_row_id(row, index), row) for index, row in enumerate(self.train_rows)], self.curriculum)
 
     def _rows(self) -> Iterable[tuple[str, object]]:
         for epoch in range(self.config.data.epochs):
@@ -245,7 +257,7 @@ class AsyncAgentTrainer:
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
             with settled_heap(), _stop_on_signals(run):
-                result = await run.execute(self._rows(), resume=resume)
+                result = await run.execute(self._row_source(), resume=resume)
             if cfg.save_checkpoint and not result.interrupted:
                 await trainer.save_checkpoint(str(output_dir / "checkpoint"))
             write_result(output_dir / "result.json", result)

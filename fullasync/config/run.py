@@ -173,6 +173,14 @@ class DataSection:
                                  "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "
                                  "org/name[:config][@split], or package.module:function (fullasync.data)")
     val_dataset: str = setting("", "same, for validation rows (a source with several splits needs @split)")
+    curriculum: str = setting("", "how rows are drawn: \"\" = in dataset order, data.epochs times; pass_rate = "
+                              "sampled (data.epochs × the dataset draws) by pools of their recent pass rate: unseen, "
+                              "learning, solved (every recent episode passed), unsolved (none did)")
+    curriculum_weights: dict[str, float] = setting({"unseen": 1.0, "learning": 1.0, "solved": 0.2, "unsolved": 0.2},
+                                                   "each pool's weight per row (data.curriculum=pass_rate)")
+    curriculum_floor: float = setting(0.02, "the least share of the draws each non-empty pool gets")
+    curriculum_window: int = setting(8, "a row's most recent episodes that decide its pool")
+    curriculum_pass_reward: float = setting(0.5, "an episode passed when its reward is at least this")
     epochs: int = setting(20, "passes over the training rows; the run ends at total_steps or when they are consumed")
     max_train_rows: int = setting(0, "train on the first this many rows only (0 = all)")
 
@@ -334,6 +342,8 @@ class RunConfig:
         self._check_engine()
         if self.total_steps < 0 or self.data.epochs < 1 or self.data.max_train_rows < 0:
             raise ValueError("total_steps and data.max_train_rows must be >= 0 and data.epochs >= 1")
+        if self.data.curriculum not in ("", "pass_rate"):
+            raise ValueError(f"data.curriculum={self.data.curriculum!r}: use \"\" (dataset order) or pass_rate")
         self.logging.validate()
         if self.checkpoint.every < 0 or self.checkpoint.keep < 0 or self.checkpoint.save_hf_every < 0:
             raise ValueError(f"checkpoint.every={self.checkpoint.every}, checkpoint.keep={self.checkpoint.keep} and "

@@ -147,6 +147,7 @@ class RunningRow:
     holds_slot: bool = False  # stopped so: its admission slot is released at the next version, not when it ends
     unfinished_calls: list[ModelCall] = field(default_factory=list)  # completed calls of episodes that were stopped
     admitted_version: int = 0  # the trainer's version when the row was admitted
+    rewards: tuple[float, ...] | None = None  # its group's rewards, once its episodes ended and were scored
 
     def __post_init__(self) -> None:
         for trajectory in self.finished.values():

@@ -32,13 +32,14 @@ from fullasync.contracts.run import QueueBatch, oldest_allowed
 from fullasync.errors import FailureKind, FullasyncError
 from fullasync.infra.offload import Pacer
 from fullasync.observe.metrics import HARNESS_METRICS_KEY
+from fullasync.rollout.curriculum import Curriculum
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import OpenEpisode, RolloutFn, as_generator, run_harness
 from fullasync.rollout.group_rewards import group_scored
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
-from fullasync.types import Trajectory, TrajectoryGroup, row_task
+from fullasync.types import JsonValue, Trajectory, TrajectoryGroup, row_task
 
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
 # loop iteration and hold every engine reply and gateway request behind them; the dispatcher starts at most this
@@ -90,6 +91,7 @@ class RolloutReport:
     recent_failures: list[EpisodeFailure] = field(default_factory=list)
     idle_fraction: float = 0.0  # share of wall time with no row generating
     lead_rows: int = 0  # rows admission may run ahead of the finished steps now (StalenessManager.lead_rows)
+    curriculum_pools: dict[str, int] = field(default_factory=dict)  # rows per pool of the curriculum, if any
 
 
 class RolloutCrashedError(FullasyncError, RuntimeError):
@@ -130,6 +132,8 @@ class Rollouter:
         self.ledger = RowLedger(settings.keep_tracebacks)
         self._wake = asyncio.Event()  # set when capacity may have changed
         self._held_slots = 0  # admission slots of rows stopped while a batch trains, released at the next version
+        self.curriculum: Curriculum | None = None  # the row sampler, when rows are sampled by their results
+        self._saved_curriculum: dict[str, JsonValue] | None = None  # a restored checkpoint's, applied at start
         self._admitting = True
         self._task: asyncio.Task[None] | None = None  # the `rollouter` task: dispatcher and row tasks
         self._crash: RolloutCrashedError | None = None
@@ -156,7 +160,14 @@ class Rollouter:
         await self.generator.teardown()
 
     def start(self, rows: Iterable[tuple[str, object]]) -> None:
-        """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run."""
+        """Begin dispatching `(row_id, row)` pairs; row ids must be unique over the run. A `Curriculum` is told each
+        row's results as its outcome is recorded (and continues a restored checkpoint's sampling)."""
+        self.curriculum = rows if isinstance(rows, Curriculum) else None
+        if self._saved_curriculum is not None:
+            if self.curriculum is None:
+                raise ValueError("the checkpoint's rows were sampled by a curriculum: resume with the same "
+                                 "data.curriculum")
+            self.curriculum.restore(self._saved_curriculum)
         self._task = asyncio.create_task(self._run(iter(rows)), name="rollouter")
 
     async def stop(self) -> None:
@@ -267,6 +278,7 @@ class Rollouter:
             recent_failures=list(ledger.failures.recent),
             idle_fraction=ledger.idle_fraction(),
             lead_rows=self.staleness.lead_rows,
+            curriculum_pools=self.curriculum.pool_sizes() if self.curriculum is not None else {},
         )
 
     # -- checkpoint and resume ---------------------------------------------------------------
@@ -279,7 +291,9 @@ class Rollouter:
         `discarded_tokens` (completed calls; a call in progress is not counted).
         """
         counts = self.staleness.counts
-        return self.ledger.snapshot({"started": counts.started, "running": float(counts.running)})
+        state = self.ledger.snapshot({"started": counts.started, "running": float(counts.running)})
+        state.curriculum = self.curriculum.state() if self.curriculum is not None else self._saved_curriculum
+        return state
 
     def restore(self, state: RolloutState) -> None:
         """Continue from `state` (before `start`): its ledger stands, its running rows run again first.
@@ -290,6 +304,7 @@ class Rollouter:
         if self._task is not None:
             raise RuntimeError("Rollouter.restore() must come before start()")
         self.ledger.restore(state)
+        self._saved_curriculum = state.curriculum
         # rows trained or queued keep their admission slots (running rows take theirs again when admitted)
         holding = (RowOutcome.TRAINED, RowOutcome.QUEUED)
         self.staleness.restore(sum(outcome in holding for outcome in self.ledger.outcomes.values()))
@@ -355,6 +370,8 @@ class Rollouter:
                                       f"{cause!r}") from cause
         finally:
             self.ledger.finish(record, outcome)
+            if self.curriculum is not None and outcome is not RowOutcome.UNFINISHED:  # an unfinished draw runs again
+                self.curriculum.settle(record.row_id, record.rewards)
             held = outcome is RowOutcome.TOO_STALE and record.holds_slot
             self._held_slots += held
             self.staleness.finish(produced_group=outcome is RowOutcome.QUEUED or held,
@@ -371,6 +388,7 @@ class Rollouter:
         if scored is None:
             return RowOutcome.FAILED
         trajectories = list(scored)
+        record.rewards = tuple(t.reward for t in trajectories)
         if self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
             return RowOutcome.FILTERED
         task = row_task(record.row)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fullasync.types import Trajectory
+from fullasync.types import JsonValue, Trajectory
 
 
 @dataclass
@@ -25,3 +25,4 @@ class RolloutState:
     kept_tokens: int = 0  # output tokens of the finished episodes of running rows (kept by the checkpoint)
     discarded_tokens: int = 0  # output tokens of the unfinished episodes of running rows (generated again)
     staleness: dict[str, float] = field(default_factory=dict)  # the admission counters when captured (a record)
+    curriculum: dict[str, JsonValue] | None = None  # the row sampler's state (`Curriculum.state`), if rows are sampled

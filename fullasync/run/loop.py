@@ -211,6 +211,7 @@ class TrainingLoop(Generic[BatchT]):
             **{f"rows/{k}": float(v) for k, v in report.outcome_counts.items()},
             **{f"rollout/failures/{kind}": float(count) for kind, count in report.failure_kinds.items()},
             "rollout/infra_retries": float(report.infra_retries),
+            **{f"rollout/curriculum/{pool}": float(rows) for pool, rows in report.curriculum_pools.items()},
         }
         if self.hooks.more_stats is not None:
             metrics.update(await self.hooks.more_stats())

@@ -20,6 +20,7 @@ import pytest
 
 from fullasync.client import ClientConfig, RolloutService
 from fullasync.observe.metrics import MetricsSink
+from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
 from fullasync.rollout.rollouter import RolloutSettings
 from fullasync.run import checkpoint as ckpt
 from fullasync.run.assemble import assemble
@@ -69,7 +70,7 @@ class Harness:
         return 1.0 if row["i"] in (7, 8) else float(index == 0)
 
 
-async def first_run(root: Path, stop_at_s: float | None = None, total_steps: int = 0):
+async def first_run(root: Path, stop_at_s: float | None = None, total_steps: int = 0, source=None):
     engines, trainer, service = parts()
     harness = Harness()
     run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=harness,
@@ -79,10 +80,10 @@ async def first_run(root: Path, stop_at_s: float | None = None, total_steps: int
                          checkpoints=CheckpointPolicy(root, every=2, keep=0, fingerprint={"seed": 0}))
     if stop_at_s is not None:
         asyncio.get_running_loop().call_later(stop_at_s, run.request_stop, "SIGTERM")
-    return await run.execute(rows()), trainer, harness, run
+    return await run.execute(rows() if source is None else source), trainer, harness, run
 
 
-async def resumed_run(root: Path, checkpoint_dir: Path):
+async def resumed_run(root: Path, checkpoint_dir: Path, source=None):
     engines, trainer, service = parts()
     harness = Harness()
     run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=harness,
@@ -90,7 +91,8 @@ async def resumed_run(root: Path, checkpoint_dir: Path):
                              n=3, max_running_rows=4, episode_timeout_s=1e6, filter_zero_variance=True)),
                          sink=MetricsSink(root.parent / "metrics.jsonl"),
                          checkpoints=CheckpointPolicy(root, every=2, keep=0, fingerprint={"seed": 0}))
-    return await run.execute(rows(), resume=ckpt.load(checkpoint_dir)), trainer, harness, engines
+    return (await run.execute(rows() if source is None else source, resume=ckpt.load(checkpoint_dir)), trainer,
+            harness, engines)
 
 
 def test_resuming_an_early_checkpoint_accounts_every_row_once_and_trains_none_twice(tmp_path):
@@ -128,6 +130,22 @@ def test_resuming_an_early_checkpoint_accounts_every_row_once_and_trains_none_tw
     # rows the step-2 checkpoint had accounted for did not run again
     for row_id in at_step_2.rollout.outcomes:
         assert not any(episode.startswith(f"{row_id}/") for episode in harness.episodes), row_id
+
+
+def test_a_curriculums_checkpoint_resumes_its_sampling_and_accounts_every_draw_once(tmp_path):
+    """Rows sampled by a curriculum: the step-2 checkpoint holds the sampler (its draws still running among them);
+    the resumed run runs those first, draws on from the sampler's state, and accounts for every draw once."""
+    root = tmp_path / "checkpoints"
+    sampler = CurriculumSettings(draws=36, seed=5)
+    run_virtual(lambda: first_run(root, total_steps=5, source=Curriculum(list(rows()), sampler)))
+    at_step_2 = ckpt.load(ckpt.complete_checkpoints(root)[0])
+    state = at_step_2.rollout.curriculum
+    assert state is not None and state["pending"] and set(at_step_2.rollout.in_flight) <= set(state["pending"])
+    resumed = Curriculum(list(rows()), sampler)
+    result, trainer, _, _ = run_virtual(lambda: resumed_run(root, ckpt.complete_checkpoints(root)[0], resumed))
+    assert len(result.row_outcomes) == 36 and set(result.row_outcomes.values()) <= FINAL  # each draw once
+    assert set(state["pending"]) <= set(result.row_outcomes) and resumed.drawn == 36 and not resumed.pending
+    assert len(trainer.trained_rows) == len(set(trainer.trained_rows)) and result.trained_rows_seen_twice == []
 
 
 def test_a_stop_signal_checkpoints_queued_and_running_rows_and_the_resume_finishes_the_epoch(tmp_path):
