@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +29,13 @@ from fullasync.infra.runtime import init_ray
 from fullasync.launch.model import resolve_model_path
 from fullasync.launch.parts import check_chat_setup, client_config, engine_config
 from fullasync.models import load_tokenizer
+from fullasync.rollout.curriculum import rows_in_pools
 from fullasync.rollout.generator import CustomGenerator, RolloutFn, as_generator, run_harness
 from fullasync.run.assemble import episodes_on
 from fullasync.run.validation import ValidationResult, evaluate
 from fullasync.types import JsonValue
+
+log = logging.getLogger("fullasync")
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
                          engines: Sequence[Engine] | None = None) -> EvalReport:
     """Score `config.model` on the rows; `engines` already started by the caller are used and left running."""
     config.validate()
+    rows_in_pools([], [], config.eval_keep, 0.0)  # refuses a pool eval_keep cannot name before engines start
     harness, listed = eval_inputs(config, rollout_fn, rows)
     generator = as_generator(harness)  # refuses a non-async function before engines start
     model_path = resolve_model_path(config)
@@ -114,7 +119,21 @@ async def evaluate_model(config: RunConfig, rollout_fn: RolloutFn | None = None,
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / "eval.json").write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    if config.eval_keep:
+        write_kept_rows(output / "kept_rows.jsonl", listed, report.row_rewards, config)
     return report
+
+
+def write_kept_rows(path: Path, rows: Sequence[object], row_rewards: Sequence[Sequence[float]],
+                    config: RunConfig) -> None:
+    """The rows in `config.eval_keep`'s pools as JSON lines: a training dataset (`data.train_dataset=...`)."""
+    kept = rows_in_pools(rows, row_rewards, config.eval_keep, config.data.curriculum_pass_reward)
+    try:
+        lines = "".join(json.dumps(row) + "\n" for row in kept)
+    except TypeError as error:
+        raise ValueError(f"eval_keep writes rows as JSON lines; a row is not JSON: {error}") from error
+    path.write_text(lines)
+    log.info("kept %d of %d rows (%s) in %s", len(kept), len(rows), "+".join(config.eval_keep), path)
 
 
 async def _score(config: RunConfig, generator: CustomGenerator, service: RolloutService,

@@ -239,6 +239,9 @@ class RunConfig:
                                resume_may_change=True)
     val_every: int = setting(0, "validate every this many steps (0 = only before and after training)",
                              resume_may_change=True)
+    eval_keep: list[str] = setting([], "fullasync eval: also write output_dir/kept_rows.jsonl, the rows whose episodes "
+                                   "put them in these pools: learning (some passed), solved (all), unsolved (none); "
+                                   "data.curriculum_pass_reward decides a pass", resume_may_change=True)
     val_samples_per_row: int = setting(16, "episodes per validation row (accuracy = mean reward)",
                                        resume_may_change=True)
     output_dir: str = setting("outputs/run", "metrics.jsonl, result.json and checkpoints/ go here",

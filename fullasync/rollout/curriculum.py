@@ -41,6 +41,26 @@ class CurriculumSettings:
             raise ValueError(f"the curriculum window must be >= 1 episode, got {self.window}")
 
 
+def pool_of(passed: Sequence[bool]) -> str:
+    """A row's pool by whether its episodes passed: unseen (none ran), solved (all passed), unsolved (none did),
+    learning (some did)."""
+    if not passed:
+        return "unseen"
+    count = sum(passed)
+    return "solved" if count == len(passed) else "unsolved" if count == 0 else "learning"
+
+
+def rows_in_pools(rows: Sequence[object], row_rewards: Sequence[Sequence[float]], pools: Sequence[str],
+                  pass_reward: float) -> list[object]:
+    """The rows whose episodes' rewards put them in `pools` (`fullasync eval`'s `eval_keep`: a dataset of the rows
+    a policy sometimes solves, say)."""
+    unknown = set(pools) - set(POOLS[1:])
+    if unknown:
+        raise ValueError(f"eval_keep names {sorted(unknown)}; keep any of {list(POOLS[1:])}")
+    return [row for row, rewards in zip(rows, row_rewards, strict=True)
+            if pool_of([reward >= pass_reward for reward in rewards]) in pools]
+
+
 class Curriculum:
     """An iterable of `(draw id, row)` over `rows` (`(row id, row)` pairs), each draw `<row id>#<n>`."""
 
@@ -73,17 +93,10 @@ class Curriculum:
         if index is None or not rewards:
             return
         self.results[index].extend(reward >= self.settings.pass_reward for reward in rewards)
-        self._move(index, self._pool_of(index))
+        self._move(index, pool_of(self.results[index]))
 
     def pool_sizes(self) -> dict[str, int]:
         return {pool: len(members) for pool, members in self.pools.items()}
-
-    def _pool_of(self, index: int) -> str:
-        results = self.results[index]
-        if not results:
-            return "unseen"
-        passed = sum(results)
-        return "solved" if passed == len(results) else "unsolved" if passed == 0 else "learning"
 
     def _move(self, index: int, pool: str) -> None:
         old, at = self.where[index]

@@ -45,7 +45,8 @@ class OverHTTP(CustomGenerator):
 
 async def test_eval_scores_every_row_through_the_harness_on_one_weight_version(engine, tiny_model_path, tmp_path):
     rows = arithmetic.ArithmeticTask().rows("val")[:6]
-    config = RunConfig(model=ModelSection(path=tiny_model_path), val_samples_per_row=3, output_dir=str(tmp_path))
+    config = RunConfig(model=ModelSection(path=tiny_model_path), val_samples_per_row=3, output_dir=str(tmp_path),
+                       eval_keep=["learning", "unsolved"])
     report = await evaluate_model(config, rollout_fn=arithmetic.rollout_fn, rows=rows, engines=[engine])
     assert report.rows == 6 and report.samples_per_row == 3 and report.failed == 0
     assert [len(rewards) for rewards in report.row_rewards] == [3] * 6
@@ -53,6 +54,8 @@ async def test_eval_scores_every_row_through_the_harness_on_one_weight_version(e
     written = json.loads((tmp_path / "eval.json").read_text())
     assert written["score"] == report.score and len(written["per_row"]) == 6
     assert written["per_row"][0]["rewards"] == list(report.row_rewards[0])
+    kept = [json.loads(line) for line in (tmp_path / "kept_rows.jsonl").read_text().splitlines()]
+    assert kept == [row for row, rewards in zip(rows, report.row_rewards) if min(rewards) < 0.5]  # not all passed
 
     harness = OverHTTP()  # a CustomGenerator that uses the gateway: set up, served by URL, torn down
     report = await evaluate_model(config, rollout_fn=harness, rows=rows[:2], engines=[engine])

@@ -27,6 +27,7 @@ CONFIGS = (RunConfig, *EXAMPLES)
 # What a resumed run may set differently from its checkpoint (fields, or whole sections ending in ".").
 RESUME_MAY_CHANGE = (
     "total_steps", "bind_late", "output_dir", "resume", "val_every", "val_samples_per_row", "save_checkpoint",
+    "eval_keep",
     "worker_logs", "checkpoint.", "engine.", "logging.", "rollout.episode_timeout_s",
     "rollout.resume_timeout_s", "rollout.max_answer_tokens", "rollout.stream_interval",
     "rollout.join_identical_requests", "rollout.infra_retries",

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from sim_rollouts import checkpoint_midway, rows_through_a_rollouter
 
-from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
+from fullasync.rollout.curriculum import Curriculum, CurriculumSettings, pool_of, rows_in_pools
 from fullasync.rollout.rollouter import RolloutSettings, RowOutcome
 
 ROWS = [(f"q{i}", {"i": i, "length": 4}) for i in range(10)]
@@ -75,6 +75,16 @@ def test_the_samplers_state_survives_a_checkpoint_bit_exactly_and_fed_the_same_r
         uninterrupted.settle(a, result(row, turn))
         resumed.settle(b, result(row, turn))
     assert all(later) and uninterrupted.state() == resumed.state()
+
+
+def test_eval_keeps_the_rows_of_the_pools_asked_for():
+    rows = [{"q": i} for i in range(4)]
+    rewards = [(1.0, 1.0), (0.0, 0.2), (1.0, 0.0), (0.7, 0.5)]
+    assert [pool_of([r >= 0.5 for r in rs]) for rs in rewards] == ["solved", "unsolved", "learning", "solved"]
+    assert rows_in_pools(rows, rewards, ["learning", "unsolved"], 0.5) == [{"q": 1}, {"q": 2}]
+    assert rows_in_pools(rows, rewards, ["solved"], 0.6) == [{"q": 0}]  # 0.5 no longer passes
+    with pytest.raises(ValueError, match=r"eval_keep names \['unseen'\]"):
+        rows_in_pools(rows, rewards, ["unseen"], 0.5)
 
 
 def test_what_a_curriculum_cannot_sample_is_refused_saying_why():
