@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fullasync.client import RolloutService
+from fullasync.client.beside import RemoteModel
 from fullasync.config import RunConfig, config_fields
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
@@ -75,13 +76,15 @@ class AsyncAgentTrainer:
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
                  train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
                  resume: str | None = None, evaluate_fn: Evaluator | None = None,
-                 group_reward_fn: GroupRewardFunction | None = None) -> None:
-        """`group_reward_fn(row, trajectories)`: the rewards of a row's episodes scored together, one per trajectory
-        in episode order, in place of those `rollout_fn` returned (`CustomGenerator.group_rewards`; or set
-        `data.group_reward_fn`). `resume` overrides `config.resume`: "auto" (continue output_dir's newest
-        checkpoint, if any), "never", or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of
-        your own, returning an `Evaluation` (score, standard error, metrics), run before training, every
-        `val_every` steps and after, with training generation paused; in place of the mean reward of `rollout_fn`
+                 group_reward_fn: GroupRewardFunction | None = None,
+                 beside: Mapping[str, RemoteModel] | None = None) -> None:
+        """`group_reward_fn(row, trajectories)`: the rewards of a row's episodes scored together, one per trajectory in
+        episode order, in place of those `rollout_fn` returned (`CustomGenerator.group_rewards`; or set
+        `data.group_reward_fn`). `beside`: models the harness or a reward calls beside the policy, by name (a judge:
+        `client.judge`), never recorded or trained. `resume` overrides `config.resume`: "auto" (continue output_dir's
+        newest checkpoint, if any), "never", or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of
+        your own, returning an `Evaluation` (score, standard error, metrics), run before training, every `val_every`
+        steps and after, with training generation paused; in place of the mean reward of `rollout_fn`
         on `val_dataset`."""
         if resume is not None:
             config.resume = resume
@@ -112,6 +115,7 @@ class AsyncAgentTrainer:
             self.train_rows = self.train_rows[:config.data.max_train_rows]
         self.val_rows = list(val) if val is not None else None
         self.evaluate_fn = evaluate_fn
+        self.beside = dict(beside or {})
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
         data = config.data
@@ -245,7 +249,7 @@ class AsyncAgentTrainer:
                                resume=resume is not None)
         sink = MetricsSink(output_dir / "metrics.jsonl", loggers,
                            RolloutSamples(output_dir / "rollouts", tokenizer, cfg.logging.samples_every))
-        service = RolloutService(engines, tokenizer, client_config(cfg))
+        service = RolloutService(engines, tokenizer, client_config(cfg), beside=self.beside)
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)

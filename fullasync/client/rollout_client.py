@@ -29,6 +29,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import chat_answers
 from fullasync.client.answers import Answer, AnswerFormat
+from fullasync.client.beside import BesideClient, RemoteModel
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState, model_vocab_size
 from fullasync.client.continuation import (
     ResumableCall,
@@ -103,7 +104,10 @@ class CallRequest:
 class RolloutService:
     """What all episodes share: the tokenizer, the engine router and the client settings."""
 
-    def __init__(self, engines: Sequence[Engine], tokenizer: Tokenizer, config: ClientConfig = ClientConfig()) -> None:
+    def __init__(self, engines: Sequence[Engine], tokenizer: Tokenizer, config: ClientConfig = ClientConfig(),
+                 beside: Mapping[str, RemoteModel] | None = None) -> None:
+        """`beside`: models a harness or reward calls beside the policy (a judge), by name; never recorded."""
+        self.beside = {name: BesideClient(name, spec) for name, spec in (beside or {}).items()}
         self.router = EngineRouter(engines, kv_aware=config.kv_routing)
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
@@ -137,6 +141,10 @@ class RolloutService:
     def client(self, episode_id: str | None = None) -> RolloutClient:
         return RolloutClient(self, episode_id or uuid.uuid4().hex)
 
+    def beside_metrics(self) -> dict[str, float]:
+        """Each beside model's calls, failures, retries and mean latency, for the step's metrics."""
+        return {key: value for model in self.beside.values() for key, value in model.metrics().items()}
+
     def answer_format(self, messages: list[ChatMessage], tools: list[Tool] | None,
                       constrained: ConstrainedChoice | None = None, template_kwargs: JSON | None = None
                       ) -> AnswerFormat:
@@ -165,6 +173,21 @@ class RolloutClient:
     @property
     def chat(self) -> _Chat:
         return _Chat(self)
+
+    @property
+    def beside(self) -> Mapping[str, BesideClient]:
+        """The run's models beside the policy by name (OpenAI-style, never recorded into this episode)."""
+        return self.service.beside
+
+    @property
+    def judge(self) -> BesideClient:
+        """The run's model whose role is judge: `await client.judge.chat.completions.create(messages=[...])`."""
+        judges = [model for model in self.service.beside.values() if model.spec.role == "judge"]
+        if len(judges) != 1:
+            raise LookupError(f"client.judge needs exactly one model of role judge beside the policy, the run has "
+                              f"{len(judges)}: pass AsyncAgentTrainer(beside={{'judge': RemoteModel(...)}}) or use "
+                              "client.beside[name]")
+        return judges[0]
 
     @property
     def completions(self) -> TextCompletions:

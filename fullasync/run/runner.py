@@ -152,8 +152,10 @@ class Run:
                                  hooks=hooks)
 
     async def component_stats(self) -> dict[str, float]:
-        """Counts of the router and the engines (KV) and of the gateway for each step's metrics."""
-        return {**await self.service.router.kv_metrics(), **(self.gateway.stats() if self.gateway is not None else {})}
+        """Counts of the router and the engines (KV), of the gateway and of the models beside the policy for each
+        step's metrics."""
+        return {**await self.service.router.kv_metrics(), **(self.gateway.stats() if self.gateway is not None else {}),
+                **self.service.beside_metrics()}
 
     def request_stop(self, reason: str) -> None:
         """Stop soon (a signal): finish the step under way, checkpoint, return. A second request stops at once."""
