@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fullasync.client import RolloutService
-from fullasync.client.beside import RemoteModel
+from fullasync.client.beside import RemoteModel, remote_models
 from fullasync.config import RunConfig, config_fields
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
@@ -115,7 +115,7 @@ class AsyncAgentTrainer:
             self.train_rows = self.train_rows[:config.data.max_train_rows]
         self.val_rows = list(val) if val is not None else None
         self.evaluate_fn = evaluate_fn
-        self.beside = dict(beside or {})
+        self.beside = {**remote_models(config.beside), **(beside or {})}  # checked here, before anything starts
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
         data = config.data

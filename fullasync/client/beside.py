@@ -13,9 +13,11 @@ built yet), or recording (a call here is no part of any trajectory).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import openai
@@ -54,6 +56,32 @@ class RemoteModel:
         if self.max_concurrency < 1 or self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
             raise ValueError("max_concurrency must be >= 1, retries and backoff_s >= 0, timeout_s > 0; got "
                              f"{self.max_concurrency}, {self.retries}, {self.backoff_s}, {self.timeout_s}")
+
+
+def remote_models(settings: Mapping[str, Mapping[str, object]]) -> dict[str, RemoteModel]:
+    """The run's `beside` setting (`beside.judge.base_url=...` on the command line: every value a string there)
+    as models, each field read as the type `RemoteModel` declares; a ValueError names a field it cannot read."""
+    declared = {field.name: field.type for field in dataclasses.fields(RemoteModel)}
+    kinds: dict[str, type] = {"int": int, "float": float, "str": str}
+    models = {}
+    for name, given in settings.items():
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise ValueError(f"beside.{name}: {unknown} not a field of a model beside the policy; its fields: "
+                             f"{sorted(declared)}")
+        missing = [key for key in ("base_url", "model") if key not in given]
+        if missing:
+            raise ValueError(f"beside.{name} needs {' and '.join(missing)} (beside.{name}.base_url=http://.../v1 "
+                             f"beside.{name}.model=<its model name>)")
+        values: dict[str, int | float | str] = {}
+        for key, value in given.items():
+            kind = kinds[str(declared[key])]
+            try:
+                values[key] = kind(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"beside.{name}.{key}={value!r} is not {kind.__name__}") from None
+        models[name] = RemoteModel(**values)  # type: ignore[arg-type]
+    return models
 
 
 @dataclass

@@ -239,6 +239,10 @@ class RunConfig:
                                resume_may_change=True)
     val_every: int = setting(0, "validate every this many steps (0 = only before and after training)",
                              resume_may_change=True)
+    beside: dict[str, dict[str, str]] = setting({}, "models beside the policy by name, each {base_url, model, role: "
+                                                "judge | reward_model | teacher, api_key_env, max_concurrency, "
+                                                "retries, backoff_s, timeout_s}: client.judge, client.beside[name] "
+                                                "(OpenAI-style, never recorded or trained)")
     eval_keep: list[str] = setting([], "fullasync eval: also write output_dir/kept_rows.jsonl, the rows whose episodes "
                                    "put them in these pools: learning (some passed), solved (all), unsolved (none); "
                                    "data.curriculum_pass_reward decides a pass", resume_may_change=True)

@@ -123,6 +123,19 @@ def test_the_trainer_takes_a_group_reward_fn_by_argument_or_by_its_dotted_path(t
         AsyncAgentTrainer(config, rollout_fn=answer, train_dataset=[{"length": 1}])
 
 
+def test_the_trainer_takes_models_beside_the_policy_from_its_config_and_its_arguments():
+    from fullasync.client.beside import RemoteModel
+
+    config = RunConfig()
+    config.beside = {"judge": {"base_url": "http://127.0.0.1:8001/v1", "model": "j", "max_concurrency": "2"}}
+    given = RemoteModel("http://127.0.0.1:8002/v1", "r", role="reward_model")
+    trainer = AsyncAgentTrainer(config, rollout_fn=answer, train_dataset=[{"length": 1}], beside={"rm": given})
+    assert trainer.beside == {"judge": RemoteModel("http://127.0.0.1:8001/v1", "j", max_concurrency=2), "rm": given}
+    config.beside = {"judge": {"base_url": "http://127.0.0.1:8001/v1", "model": "j", "role": "critic"}}
+    with pytest.raises(ValueError, match="has a role of"):  # before anything starts
+        AsyncAgentTrainer(config, rollout_fn=answer, train_dataset=[{"length": 1}])
+
+
 class TrainerThatKeepsRewards(SimulatedTrainer):
     """Edge fake: the simulator's trainer, keeping the rewards of every group it trained, by row."""
 

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.client.beside import BesideModelError, RemoteModel
+from fullasync.client.beside import BesideModelError, RemoteModel, remote_models
 from fullasync.errors import FailureKind
 from fullasync.gateway.http import ServedApp
 from fullasync.rollout.ledger import failure_kind
@@ -142,3 +142,17 @@ async def test_what_a_model_beside_the_policy_needs_is_checked_saying_what_is_wr
     no_judge = RolloutService([SimulatedEngine("sim-0", DecodeCost())], SimTokenizer(), ClientConfig())
     with pytest.raises(LookupError, match="exactly one model of role judge"):
         no_judge.client().judge  # noqa: B018
+
+
+def test_the_runs_beside_setting_reads_as_models_each_field_as_its_type():
+    models = remote_models({"judge": {"base_url": "http://127.0.0.1:8001/v1", "model": "j", "max_concurrency": "4",
+                                      "backoff_s": "0.25"},  # as the command line gives them: strings
+                            "rm": {"base_url": "http://127.0.0.1:8002/v1", "model": "r", "role": "reward_model"}})
+    assert models["judge"] == RemoteModel("http://127.0.0.1:8001/v1", "j", max_concurrency=4, backoff_s=0.25)
+    assert models["rm"].role == "reward_model" and models["rm"].retries == 3
+    with pytest.raises(ValueError, match=r"beside.judge: \['concurrency'\] not a field .* its fields: \["):
+        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "concurrency": "4"}})
+    with pytest.raises(ValueError, match="beside.judge needs model"):
+        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1"}})
+    with pytest.raises(ValueError, match="beside.judge.retries='many' is not int"):
+        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "retries": "many"}})

@@ -216,9 +216,12 @@ def test_a_name_no_field_declares_is_refused_in_every_section_and_dict_fields_ta
     composed = schema_node(config_type)
     for name in dict_fields:  # open without `+`, as Hydra's struct mode would otherwise refuse
         OmegaConf.set_struct(composed, True)
-        OmegaConf.update(composed, f"{name}.new_key", 1)
+        # a dict of settings by name (beside.judge.base_url=...) takes a new key and the keys below it
+        key, value = ("new_key.base_url", "http://127.0.0.1:1/v1") if name == "beside" else ("new_key", 1)
+        OmegaConf.update(composed, f"{name}.{key}", value)
     built = build_config(composed, config_type)
     assert built.engine.vllm == {"new_key": 1} and built.trainer.ray_resources == {"new_key": 1}
+    assert built.beside == {"new_key": {"base_url": "http://127.0.0.1:1/v1"}}
 
 
 @pytest.mark.parametrize("name, more, nearest", [
