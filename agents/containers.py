@@ -49,7 +49,10 @@ class ContainerSettings:
     network: str = "none"  # "host" for an agent inside the container that must reach the gateway on loopback
     max_starting: int = 4  # containers starting at once (per process): a daemon or disk overloaded by a burst
     start_timeout_s: float = 120.0  # a start slower than this is an infrastructure failure
-    build_timeout_s: float = 600.0  # building a recipe's image
+    build_timeout_s: float = 600.0  # building a recipe's image (or an image's cut at its base commit)
+    # a SWE row's repository: "base" holds nothing after the row's base commit (`swe_tasks.history`: no later commit,
+    # branch, tag, reflog or dangling object an agent could read the fix from); "full" as the image has it
+    git_history: str = "base"
 
     def __post_init__(self) -> None:
         if self.max_starting < 1 or self.pids < 1 or self.cpus <= 0:
@@ -57,9 +60,12 @@ class ContainerSettings:
         if self.network not in ("none", "host"):
             raise ValueError(f"containers: network={self.network!r}; choose none (task containers) or host (an "
                              "agent inside that calls the gateway on 127.0.0.1); bridges are never used")
+        if self.git_history not in ("base", "full"):
+            raise ValueError(f"containers: git_history={self.git_history!r}; choose base (the repository ends at the "
+                             "row's base commit: nothing to read the fix from) or full (as the image has it)")
 
 
-async def _run(argv: Sequence[str], timeout_s: float, stdin: bytes | None = None) -> Finished:
+async def run_cli(argv: Sequence[str], timeout_s: float, stdin: bytes | None = None) -> Finished:
     """Run `argv` (podman or docker) on the host; at `timeout_s` it is killed (`timed_out`)."""
     try:
         return await run_bounded(argv, timeout_s, stdin=stdin)
@@ -98,7 +104,7 @@ class Container:
         until the container is removed)."""
         argv = [self.executable, "exec", *(["-i"] if stdin is not None else []), "-w", workdir or self.workdir,
                 self.id, "bash", "-lc", command]
-        return await _run(argv, timeout_s, stdin)
+        return await run_cli(argv, timeout_s, stdin)
 
     async def write_files(self, files: Mapping[str, str], timeout_s: float = 60.0) -> None:
         """Write `files` (path relative to the workdir → text) into the container, directories made as needed."""
@@ -110,7 +116,7 @@ class Container:
                 raise InfraError(f"container {self.id[:12]}: writing {name} failed: {done.output.strip()[-500:]}")
 
     async def remove(self) -> None:
-        await _run([self.executable, "rm", "-f", "-t", "0", self.id], 60.0)
+        await run_cli([self.executable, "rm", "-f", "-t", "0", self.id], 60.0)
 
 
 @dataclass
@@ -137,7 +143,7 @@ class Containers:
                 "--label", f"{MANAGED}=1", "--label", f"{OWNER}={owner()}", "--label", f"{EPISODE}={episode_id}",
                 "-w", workdir, image, "sleep", "infinity"]
         async with self._starting:
-            done = await _run(argv, settings.start_timeout_s)
+            done = await run_cli(argv, settings.start_timeout_s)
         if done.timed_out or done.returncode != 0:
             await self.remove_episode(episode_id)  # a start abandoned at its timeout may still come up
             why = (f"did not start within {settings.start_timeout_s:.0f} s" if done.timed_out
@@ -149,23 +155,23 @@ class Containers:
 
     async def remove_episode(self, episode_id: str) -> list[str]:
         """Remove every container labelled with `episode_id` (what a killed harness left); the ids removed."""
-        found = await _run([self.settings.executable, "ps", "-aq", "--filter", f"label={EPISODE}={episode_id}"],
-                           60.0)
+        found = await run_cli([self.settings.executable, "ps", "-aq", "--filter", f"label={EPISODE}={episode_id}"],
+                              60.0)
         ids = found.output.split() if found.returncode == 0 else []
         if ids:
-            await _run([self.settings.executable, "rm", "-f", "-t", "0", *ids], 60.0)
+            await run_cli([self.settings.executable, "rm", "-f", "-t", "0", *ids], 60.0)
         return ids
 
     async def sweep(self) -> list[str]:
         """Remove every container of ours whose starting process is gone (this host); the ids removed."""
-        listed = await _run([self.settings.executable, "ps", "-a", "--filter", f"label={MANAGED}=1", "--format",
-                             f'{{{{.ID}}}} {{{{index .Labels "{OWNER}"}}}}'], 60.0)
+        listed = await run_cli([self.settings.executable, "ps", "-a", "--filter", f"label={MANAGED}=1", "--format",
+                                f'{{{{.ID}}}} {{{{index .Labels "{OWNER}"}}}}'], 60.0)
         if listed.returncode != 0:
             raise InfraError(f"{self.settings.executable} ps failed: {listed.output.strip()[-500:]} ({SETUP_HINT})")
         orphans = [id_ for id_, _, owner in (line.partition(" ") for line in listed.output.splitlines())
                    if id_ and not _alive(owner.strip())]
         if orphans:
-            await _run([self.settings.executable, "rm", "-f", "-t", "0", *orphans], 120.0)
+            await run_cli([self.settings.executable, "rm", "-f", "-t", "0", *orphans], 120.0)
         return orphans
 
     async def image_for(self, row: Mapping[str, Any]) -> str:
@@ -181,7 +187,7 @@ class Containers:
         tag = f"localhost/fullasync/task:{key}"
         lock = self._builds.setdefault(tag, asyncio.Lock())
         async with lock:
-            exists = await _run([self.settings.executable, "image", "exists", tag], 60.0)
+            exists = await run_cli([self.settings.executable, "image", "exists", tag], 60.0)
             if exists.returncode != 0:
                 await self._build(tag, recipe)
         return tag
@@ -202,7 +208,7 @@ class Containers:
                 f"FROM {recipe.get('base', BASE_IMAGE)}\nCOPY repo/ {workdir}/\n"
                 f"RUN cd {workdir} && git init -q && git add -A && {env} git commit -qm base\n"
                 f"WORKDIR {workdir}\n")
-            done = await _run([self.settings.executable, "build", "--network=none", "--tag", tag, context],
-                              self.settings.build_timeout_s)
+            done = await run_cli([self.settings.executable, "build", "--network=none", "--tag", tag, context],
+                                 self.settings.build_timeout_s)
         if done.returncode != 0:
             raise InfraError(f"building task image {tag} failed: {done.output.strip()[-800:]} ({SETUP_HINT})")

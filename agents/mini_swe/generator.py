@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullasync.observe.metrics import TAMPERED
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
@@ -28,6 +29,7 @@ from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
 from fullasync_agents.mini_swe.messages import AgentSettings, MiniSweOutcome, MiniSweSpec
 from fullasync_agents.sandbox import create_sandbox, score
+from fullasync_agents.swe_tasks.history import HistoryGuard
 from fullasync_agents.swe_tasks.swebench import WORKDIR, score_in_container, swe_row
 
 CONTAINER = "container"  # `environment_class`: the row's container, started and scored here
@@ -82,6 +84,7 @@ class MiniSweAgentGenerator(HarnessGenerator):
         self.config = config if config is not None else MiniSweConfig()
         self.model_calls: list[int] = []  # model calls of each finished (scored) episode
         self.containers = Containers(self.config.container)  # episode containers (environment_class=container)
+        self.history = HistoryGuard(self.containers)  # their repositories cut at the row's base commit
         self._templates: dict[str, str] = {}
 
     async def setup(self) -> None:
@@ -147,13 +150,16 @@ class MiniSweAgentGenerator(HarnessGenerator):
         the row's tests run in it, under deadlines of their own; the container is removed whatever happens."""
         task = swe_row(row) if "instance_id" in row else row
         workdir = str(task.get("workdir", WORKDIR))
-        container = await self.containers.start(await self.containers.image_for(task), workdir, episode.episode_id)
+        container, task = await self.history.start({**task, "workdir": workdir}, await self.containers.image_for(task),
+                                                   episode.episode_id)
         try:
             await self._run_agent(episode, {**row, **task},  # the row's own fields stay for `model_kwargs`
                                   self.environment(workdir, container_id=container.id, executable=container.executable))
-            return await score_in_container(task, container, self.config.score_timeout_s)
+            scored = await score_in_container(task, container, self.config.score_timeout_s)
         finally:
             await container.remove()
+        episode.client.log(TAMPERED, float(bool(scored.tampered)))  # reward/tampered: the step's count
+        return scored.reward
 
     async def _run_agent(self, episode: EpisodeContext, row: dict[str, Any],
                          environment: dict[str, JsonValue]) -> MiniSweOutcome:

@@ -3,8 +3,9 @@
 Owns: `swe_row(record)` — one record of those datasets (a jsonl/parquet line or a hub row, loaded through
 `fullasync.data`) as a container task row: its id, the problem statement the agent sees, its image (named by the
 record, or built from the `image_recipe` it names), the working directory (/testbed), the base commit, the test
-patch and the FAIL_TO_PASS / PASS_TO_PASS tests — and `score_in_container`, the reward: the test files reset to the
-base commit, the test patch applied, the named tests run inside the episode's container under a scoring deadline
+patch and the FAIL_TO_PASS / PASS_TO_PASS tests — and `score_in_container`, the reward: the scorer's files (the test
+patch's and those its test ids name) restored from the base commit, the agent's changes to them counted as tampering,
+the test patch applied, the named tests run inside the episode's container under a scoring deadline
 of their own; 1.0 when they all pass. Does not own: starting containers (`fullasync_agents.containers`) or the
 agent.
 """
@@ -15,6 +16,7 @@ import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fullasync.errors import InfraError
@@ -79,25 +81,57 @@ def patched_files(patch: str) -> list[str]:
     return re.findall(r"^diff --git a/(\S+) b/", patch, flags=re.M)
 
 
-async def score_in_container(row: Mapping[str, Any], container: Container, timeout_s: float) -> float:
-    """Reset the test files to the base commit, apply the test patch, run the row's tests in the container: 1.0 if
-    they pass, 0.0 if they fail, time out, or the patch no longer applies to what the agent left (SWE-bench's
+@dataclass(frozen=True)
+class SweScore:
+    """A SWE episode's reward, and the scorer's files the agent had changed (restored before the tests ran)."""
+
+    reward: float
+    tampered: tuple[str, ...] = ()
+
+
+def scorer_files(row: Mapping[str, Any]) -> list[str]:
+    """The files the scorer relies on: those the test patch touches, and the files its test ids name
+    (`tests/test_x.py::test_y`); ids without a path (`test_y (module.Class)`) name none."""
+    tests = [*row.get("fail_to_pass", ()), *row.get("pass_to_pass", ())]
+    named = [test.split("::", 1)[0] for test in tests if "::" in test or test.endswith(".py")]
+    files = [*patched_files(str(row.get("test_patch") or "")), *named]
+    return list(dict.fromkeys(name for name in files if name and not name.startswith(("/", "-"))))
+
+
+async def restore_scorer_files(row: Mapping[str, Any], container: Container, timeout_s: float) -> tuple[str, ...]:
+    """Put the scorer's files back as the base commit has them (a file the base lacks is removed, so the test
+    patch creates it): the ones the agent changed, added or deleted, named. No base commit: nothing restored."""
+    files, base = scorer_files(row), str(row.get("base_commit") or "")
+    if not files or not base:
+        return ()
+    quoted, at = " ".join(shlex.quote(name) for name in files), shlex.quote(base)
+    script = (f"changed=$( (git diff --name-only {at} -- {quoted}; git ls-files --others -- {quoted}) | sort -u); "
+              f"for f in {quoted}; do if git cat-file -e {at}:\"$f\" 2>/dev/null; then "
+              f"git checkout -q {at} -- \"$f\"; else rm -f -- \"$f\"; fi; done; printf '%s\\n' \"$changed\"")
+    done = await container.exec(script, timeout_s)
+    if done.timed_out:
+        raise InfraError(f"container {container.id[:12]}: restoring the scorer's files timed out")
+    _check(done.returncode, done.output, container, "restoring the scorer's files")
+    return tuple(line for line in done.output.splitlines() if line.strip())
+
+
+async def score_in_container(row: Mapping[str, Any], container: Container, timeout_s: float) -> SweScore:
+    """Restore the scorer's files from the base commit, apply the test patch, run the row's tests in the container:
+    1.0 if they pass, 0.0 if they fail, time out, or the patch no longer applies to what the agent left (SWE-bench's
     rule). InfraError when the container itself fails (it is not the policy's doing)."""
+    tampered = await restore_scorer_files(row, container, timeout_s)
     patch = str(row.get("test_patch") or "")
     if patch:
-        files = " ".join(shlex.quote(name) for name in patched_files(patch))
-        reset = (f"git checkout -q {shlex.quote(row['base_commit'])} -- {files} 2>/dev/null; "
-                 if row.get("base_commit") and files else "")
-        applied = await container.exec(f"{reset}git apply -", timeout_s, stdin=patch.encode())
+        applied = await container.exec("git apply -", timeout_s, stdin=patch.encode())
         _check(applied.returncode, applied.output, container, "applying the test patch")
         if applied.returncode != 0:
-            return 0.0
+            return SweScore(0.0, tampered)
     tests = " ".join(shlex.quote(test) for test in [*row.get("fail_to_pass", ()), *row.get("pass_to_pass", ())])
     done = await container.exec(str(row["test_command"]).replace("{tests}", tests), timeout_s)
     if done.timed_out:
-        return 0.0
+        return SweScore(0.0, tampered)
     _check(done.returncode, done.output, container, "running the tests")
-    return 1.0 if done.returncode == 0 else 0.0
+    return SweScore(1.0 if done.returncode == 0 else 0.0, tampered)
 
 
 def _check(returncode: int, output: str, container: Container, what: str) -> None:

@@ -15,6 +15,7 @@ lets the thread hand the lock over between pops (`bench/step_off_loop.py`: the l
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -22,8 +23,14 @@ T = TypeVar("T")
 
 
 def loop_time() -> float:
-    """The running event loop's clock: `time.monotonic` on a normal loop, simulated time under fullasync.sim."""
-    return asyncio.get_running_loop().time()
+    """The running event loop's clock: `time.monotonic` on a normal loop, simulated time under fullasync.sim.
+
+    Outside a running loop (an object built before the run starts) it is `time.monotonic`, the normal loop's clock.
+    """
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 class RunsBlockingInline:

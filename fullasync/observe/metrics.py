@@ -19,12 +19,16 @@ from fullasync.types import TrajectoryGroup
 
 
 def reward_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-    """The step's mean reward and its spread; per task too (`reward/task/<name>`) where rows name one (`row_task`)."""
+    """The step's mean reward and its spread; per task too (`reward/task/<name>`) where rows name one (`row_task`);
+    the episodes that tampered with their scorer's files (`reward/tampered`) where a harness reports it."""
     rewards = [r for g in groups for r in g.rewards]
     mean = sum(rewards) / len(rewards)
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
     tasks = task_means(((group.metadata.get("task"), group.rewards) for group in groups), TASK_REWARD)
-    return {"reward/mean": mean, "reward/std": std, **tasks}
+    tampered = [value for group in groups for trajectory in group.trajectories
+                for name, value in trajectory.metadata.get(HARNESS_METRICS_KEY, ()) if name == TAMPERED]
+    counted = {"reward/tampered": float(sum(value > 0 for value in tampered))} if tampered else {}
+    return {"reward/mean": mean, "reward/std": std, **tasks, **counted}
 
 
 TASK_REWARD = "reward/task/"  # a task's mean reward in the step (`reward/task/<name>`)
@@ -52,6 +56,9 @@ def task_summary(metrics: Mapping[str, float], prefix: str, spec: str = ".2f", s
 
 
 HARNESS_METRICS_KEY = "harness_metrics"  # Trajectory.metadata key of the observations `RolloutClient.log` made
+# a harness's `client.log(TAMPERED, 1.0)`: the episode changed a file its scorer relies on (restored before scoring);
+# `reward/tampered` counts a step's such episodes
+TAMPERED = "tampered"
 
 
 def harness_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:

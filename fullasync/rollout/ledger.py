@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 import traceback
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
@@ -30,16 +29,9 @@ from fullasync.errors import (
     InvalidRequestError,
     PolicyOutputError,
 )
+from fullasync.infra.offload import loop_time
 from fullasync.rollout.state import RolloutState
 from fullasync.types import ModelCall, Trajectory
-
-
-def now() -> float:
-    """The running event loop's clock (`time.monotonic` on a normal loop; simulated under fullasync.sim)."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:  # constructed outside a loop
-        return time.monotonic()
 
 
 class RowOutcome(str, enum.Enum):
@@ -197,7 +189,7 @@ class RowLedger:
         self.rows_stopped_stale = 0
         self._restored: set[str] = set()  # rows a checkpoint accounted for: skipped in the stream
         self._resumed: dict[str, dict[int, Trajectory | None]] = {}  # rows a checkpoint had running
-        self._created = now()
+        self._created = loop_time()
         self._busy_since: float | None = None
         self._busy_s = 0.0
 
@@ -217,7 +209,7 @@ class RowLedger:
         record = RunningRow(row_id, row, dict(self._resumed.pop(row_id, {})))
         self.running[row_id] = record
         if self._busy_since is None:
-            self._busy_since = now()
+            self._busy_since = loop_time()
         return record
 
     def finish(self, record: RunningRow, outcome: RowOutcome | None) -> None:
@@ -227,7 +219,7 @@ class RowLedger:
         if outcome is not None:
             self.mark(record.row_id, outcome)
         if not self.running and self._busy_since is not None:
-            self._busy_s += now() - self._busy_since
+            self._busy_s += loop_time() - self._busy_since
             self._busy_since = None
 
     def mark(self, row_id: str, outcome: RowOutcome) -> None:
@@ -264,8 +256,8 @@ class RowLedger:
 
     def idle_fraction(self) -> float:
         """Share of the time since the ledger was made with no row generating."""
-        busy = self._busy_s + (now() - self._busy_since if self._busy_since is not None else 0.0)
-        return 1.0 - busy / max(now() - self._created, 1e-9)
+        busy = self._busy_s + (loop_time() - self._busy_since if self._busy_since is not None else 0.0)
+        return 1.0 - busy / max(loop_time() - self._created, 1e-9)
 
     def snapshot(self, staleness: dict[str, float]) -> RolloutState:
         """The books now (no await in here: one consistent instant). A running row keeps its finished

@@ -60,6 +60,21 @@ def test_harness_metrics_aggregate_logged_values_and_numeric_metadata():
     assert not any("exit" in key or "nan" in key for key in stats)  # text and non-finite values are not metrics
 
 
+def test_reward_tampered_counts_the_steps_episodes_that_edited_their_scorers_files():
+    from fullasync.observe.metrics import HARNESS_METRICS_KEY, TAMPERED, reward_stats
+
+    call = ModelCall((1,), (5,), (-0.1,), (0,), FinishReason.STOP)
+
+    def episode(reward: float, *logged: float) -> Trajectory:
+        return Trajectory((call,), reward, {HARNESS_METRICS_KEY: tuple((TAMPERED, value) for value in logged)})
+
+    groups = [TrajectoryGroup("a", (episode(1.0, 1.0), episode(0.0, 0.0))),
+              TrajectoryGroup("b", (episode(1.0, 1.0), episode(0.0)))]
+    assert reward_stats(groups)["reward/tampered"] == 2.0 and reward_stats(groups)["reward/mean"] == 0.5
+    assert reward_stats([TrajectoryGroup("a", (episode(1.0, 0.0),))])["reward/tampered"] == 0.0
+    assert "reward/tampered" not in reward_stats([TrajectoryGroup("a", (episode(1.0),))])  # no harness reports it
+
+
 def test_rollout_samples_are_decoded_per_call_every_nth_step(tmp_path):
     from fullasync.observe.samples import RolloutSamples
 

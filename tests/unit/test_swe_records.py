@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from fullasync.data import load_rows
+from fullasync_agents.containers import ContainerSettings
 from fullasync_agents.swe_tasks.records import SHIPPED, new_file_patch, shipped, swe_records
-from fullasync_agents.swe_tasks.swebench import patched_files, swe_row
+from fullasync_agents.swe_tasks.swebench import patched_files, scorer_files, swe_row
 
 
 def test_the_shipped_records_load_through_the_data_path_as_container_rows():
@@ -39,3 +40,17 @@ def test_a_swe_bench_record_keeps_its_fields_and_a_list_or_json_test_ids():
     assert patched_files(row["test_patch"]) == ["t/test_a.py"] and "{tests}" in row["test_command"]
     assert swe_row({**record, "image_name": None, "docker_image": "r2e/x"})["image"] == "r2e/x"  # R2E-Gym's field
     assert swe_row({**record, "test_cmd": "bash run_tests.sh"})["test_command"] == "bash run_tests.sh"
+
+
+def test_the_scorers_files_are_the_test_patchs_and_those_its_test_ids_name():
+    row = {"test_patch": new_file_patch({"t/test_a.py": "def test_a():\n    assert True\n"}),
+           "fail_to_pass": ["t/test_a.py::test_a", "t/test_b.py::C::test_b", "test_c (module.C)"],
+           "pass_to_pass": ["t/test_d.py", "/abs/test_e.py::x", "t/test_a.py::test_z"]}
+    assert scorer_files(row) == ["t/test_a.py", "t/test_b.py", "t/test_d.py"]
+    assert scorer_files({"fail_to_pass": ["test_c (module.C)"]}) == []
+
+
+def test_a_git_history_setting_it_cannot_keep_is_refused_naming_both_choices():
+    assert ContainerSettings().git_history == "base"
+    with pytest.raises(ValueError, match="git_history='none'.*choose base .* or full"):
+        ContainerSettings(git_history="none")
