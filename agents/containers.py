@@ -19,12 +19,13 @@ import os
 import shlex
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fullasync.errors import InfraError
+from fullasync_agents.container_budget import BUILT, BUILT_FROM, ImageBudget, memory_bytes, places, preflight
 from fullasync_agents.sandbox import Finished, run_bounded
 
 MANAGED = "fullasync.managed"  # every container we start carries this label ...
@@ -53,6 +54,11 @@ class ContainerSettings:
     # a SWE row's repository: "base" holds nothing after the row's base commit (`swe_tasks.history`: no later commit,
     # branch, tag, reflog or dangling object an agent could read the fix from); "full" as the image has it
     git_history: str = "base"
+    max_running: int = 0  # containers of this process running at once (a start waits for a place); 0: no cap
+    max_memory: str = ""  # their `memory` limits together at most this (e.g. 64g: 32 places of 2g); "": no cap
+    # the images this project built (task images, cut repositories) on this host's disk: past it the least
+    # recently used are removed (built again when needed); 0: no budget
+    image_disk_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_starting < 1 or self.pids < 1 or self.cpus <= 0:
@@ -60,6 +66,12 @@ class ContainerSettings:
         if self.network not in ("none", "host"):
             raise ValueError(f"containers: network={self.network!r}; choose none (task containers) or host (an "
                              "agent inside that calls the gateway on 127.0.0.1); bridges are never used")
+        if self.max_running < 0 or self.image_disk_gb < 0:
+            raise ValueError(f"containers: max_running={self.max_running} and image_disk_gb={self.image_disk_gb} "
+                             "must be >= 0 (0: no cap)")
+        memory_bytes(self.memory)  # a size podman reads, or a ValueError saying how to write one
+        if self.max_memory:
+            memory_bytes(self.max_memory)
         if self.git_history not in ("base", "full"):
             raise ValueError(f"containers: git_history={self.git_history!r}; choose base (the repository ends at the "
                              "row's base commit: nothing to read the fix from) or full (as the image has it)")
@@ -97,6 +109,7 @@ class Container:
     id: str
     executable: str
     workdir: str
+    released: Callable[[], None] | None = field(default=None, repr=False)  # its running place, given back once
 
     async def exec(self, command: str, timeout_s: float, workdir: str | None = None,
                    stdin: bytes | None = None) -> Finished:
@@ -116,7 +129,12 @@ class Container:
                 raise InfraError(f"container {self.id[:12]}: writing {name} failed: {done.output.strip()[-500:]}")
 
     async def remove(self) -> None:
-        await run_cli([self.executable, "rm", "-f", "-t", "0", self.id], 60.0)
+        try:
+            await run_cli([self.executable, "rm", "-f", "-t", "0", self.id], 60.0)
+        finally:
+            released, self.released = self.released, None
+            if released is not None:
+                released()
 
 
 @dataclass
@@ -128,6 +146,16 @@ class Containers:
     _starting: asyncio.Semaphore | None = None
     _swept: bool = False
     _builds: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _running: asyncio.Semaphore | None = None  # places to run (`max_running`, `max_memory`), made on first start
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.budget = ImageBudget(settings.executable, settings.image_disk_gb, run_cli)  # the images' disk
+        self.places = places(settings.max_running, settings.max_memory, settings.memory)  # 0: no cap
+
+    async def preflight(self, base_image: str = "") -> str:
+        """What would stop this process's containers, in one line naming the fix ("" when nothing)."""
+        return await preflight(self.settings.executable, run_cli, SETUP_HINT, base_image)
 
     async def start(self, image: str, workdir: str, episode_id: str) -> Container:
         """A container of `image` running `sleep infinity` under an init, in `workdir`; InfraError if it cannot
@@ -142,16 +170,36 @@ class Containers:
                 f"--memory={settings.memory}", f"--pids-limit={settings.pids}", f"--cpus={settings.cpus}",
                 "--label", f"{MANAGED}=1", "--label", f"{OWNER}={owner()}", "--label", f"{EPISODE}={episode_id}",
                 "-w", workdir, image, "sleep", "infinity"]
-        async with self._starting:
-            done = await run_cli(argv, settings.start_timeout_s)
-        if done.timed_out or done.returncode != 0:
-            await self.remove_episode(episode_id)  # a start abandoned at its timeout may still come up
-            why = (f"did not start within {settings.start_timeout_s:.0f} s" if done.timed_out
-                   else f"failed to start: {done.output.strip()[-800:]}")
-            raise InfraError(f"container of {image} for episode {episode_id} {why} (is the image built? "
-                             f"{SETUP_HINT})")
+        released = await self._place(image)
+        try:
+            async with self._starting:
+                done = await run_cli(argv, settings.start_timeout_s)
+            if done.timed_out or done.returncode != 0:
+                await self.remove_episode(episode_id)  # a start abandoned at its timeout may still come up
+                why = (f"did not start within {settings.start_timeout_s:.0f} s" if done.timed_out
+                       else f"failed to start: {done.output.strip()[-800:]}")
+                raise InfraError(f"container of {image} for episode {episode_id} {why} (is the image built? "
+                                 f"{SETUP_HINT})")
+        except BaseException:
+            released()
+            raise
         self.started += 1
-        return Container(done.output.strip().splitlines()[-1], settings.executable, workdir)
+        return Container(done.output.strip().splitlines()[-1], settings.executable, workdir, released)
+
+    async def _place(self, image: str) -> Callable[[], None]:
+        """Wait for a running place (when capped); what gives it back. The image is in use until then."""
+        if self.places and self._running is None:
+            self._running = asyncio.Semaphore(self.places)
+        if self._running is not None:
+            await self._running.acquire()
+        self.budget.started(image)
+        running = self._running
+
+        def release() -> None:
+            self.budget.stopped(image)
+            if running is not None:
+                running.release()
+        return release
 
     async def remove_episode(self, episode_id: str) -> list[str]:
         """Remove every container labelled with `episode_id` (what a killed harness left); the ids removed."""
@@ -177,6 +225,7 @@ class Containers:
     async def image_for(self, row: Mapping[str, Any]) -> str:
         """The row's image: `image` as named, or `image_recipe` built once (tagged by its content)."""
         if row.get("image"):
+            self.budget.used(str(row["image"]))
             return str(row["image"])
         recipe = row.get("image_recipe")
         if not isinstance(recipe, Mapping):
@@ -190,7 +239,18 @@ class Containers:
             exists = await run_cli([self.settings.executable, "image", "exists", tag], 60.0)
             if exists.returncode != 0:
                 await self._build(tag, recipe)
+            self.budget.used(tag)
+        if exists.returncode != 0:
+            await self.budget.enforce(keep=tag)
         return tag
+
+    async def image_id(self, image: str) -> str:
+        """The id of `image`, which must be here (InfraError naming how to get it)."""
+        done = await run_cli([self.settings.executable, "image", "inspect", "--format", "{{.Id}}", image], 60.0)
+        if done.returncode != 0 or not done.output.strip():
+            raise InfraError(f"image {image} is not here: {done.output.strip()[-300:]} (build or load it first; "
+                             f"{SETUP_HINT})")
+        return done.output.strip().splitlines()[-1]
 
     async def _build(self, tag: str, recipe: Mapping[str, Any]) -> None:
         """`recipe['files']` committed as a git repository at `recipe['workdir']` (default /testbed) on
@@ -204,10 +264,11 @@ class Containers:
                 path.write_text(content)
             repo.mkdir(exist_ok=True)
             env = " ".join(f"{key}={shlex.quote(value)}" for key, value in _GIT_IDENTITY.items())
+            base = await self.image_id(str(recipe.get("base", BASE_IMAGE)))
             (Path(context) / "Containerfile").write_text(
-                f"FROM {recipe.get('base', BASE_IMAGE)}\nCOPY repo/ {workdir}/\n"
+                f"FROM {base}\nCOPY repo/ {workdir}/\n"
                 f"RUN cd {workdir} && git init -q && git add -A && {env} git commit -qm base\n"
-                f"WORKDIR {workdir}\n")
+                f"WORKDIR {workdir}\nLABEL {BUILT}=task {BUILT_FROM}={base}\n")
             done = await run_cli([self.settings.executable, "build", "--network=none", "--tag", tag, context],
                                  self.settings.build_timeout_s)
         if done.returncode != 0:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullasync.errors import InfraError
 from fullasync.observe.metrics import TAMPERED
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
@@ -88,7 +89,10 @@ class MiniSweAgentGenerator(HarnessGenerator):
         self._templates: dict[str, str] = {}
 
     async def setup(self) -> None:
-        """Start the harness process (mini-swe-agent and litellm imported once, offline)."""
+        """Start the harness process (mini-swe-agent and litellm imported once, offline); with containers, first
+        say in one line what would stop them (the CLI, free disk under its store)."""
+        if self.config.environment_class == CONTAINER and (problem := await self.containers.preflight()):
+            raise InfraError(problem)
         if self.config.templates_from:
             self._templates = load_templates(self.config.templates_from)
         config_dir = self.new_workdir("fullasync-mini-swe-") / "mswea-config"

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fullasync.errors import InfraError
-from fullasync_agents.containers import SETUP_HINT, Container, Containers, run_cli
+from fullasync_agents.container_budget import BUILT, BUILT_FROM
+from fullasync_agents.containers import Container, Containers, run_cli
 
 VERSION = "2"  # of the cut below: a new version builds new images
 LABEL = "fullasync.history"  # the record's labels: <LABEL>.base, .ref, .objects
@@ -116,7 +117,6 @@ class HistoryGuard:
     containers: Containers
 
     def __post_init__(self) -> None:
-        self._cuts: dict[str, Cut] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
@@ -138,30 +138,23 @@ class HistoryGuard:
         return container, {**task, "base_commit": (cut.base if cut else "") or base}
 
     async def cut(self, image: str, workdir: str, base: str) -> Cut:
-        """`image` with its repository at `workdir` cut at `base`: built on first use, then read from its labels."""
-        image_id = await self._image_id(image)
+        """`image` with its repository at `workdir` cut at `base`: built on first use (or when the image budget
+        removed it), else read from its labels."""
+        image_id = await self.containers.image_id(image)
         key = hashlib.sha256(json.dumps([VERSION, image_id, workdir, base]).encode()).hexdigest()[:16]
-        if key in self._cuts:
-            return self._cuts[key]
+        tag = f"localhost/fullasync/at-base:{key}"
         async with self._locks.setdefault(key, asyncio.Lock()):
-            if key not in self._cuts:
-                tag = f"localhost/fullasync/at-base:{key}"
+            found = await self._labels(tag)
+            built = found is None
+            if built:
+                await self._build(tag, image_id, workdir, base)
                 found = await self._labels(tag)
-                if found is None:
-                    await self._build(tag, image_id, workdir, base)
-                    found = await self._labels(tag)
-                if found is None:
-                    raise InfraError(f"the cut image {tag} of {image} was built but cannot be read back")
-                self._cuts[key] = found
-        return self._cuts[key]
-
-    async def _image_id(self, image: str) -> str:
-        done = await run_cli([self.containers.settings.executable, "image", "inspect", "--format", "{{.Id}}", image],
-                             60.0)
-        if done.returncode != 0 or not done.output.strip():
-            raise InfraError(f"image {image} is not here to cut its git history: {done.output.strip()[-300:]} "
-                             f"(build or load it first; {SETUP_HINT})")
-        return done.output.strip().splitlines()[-1]
+            if found is None:
+                raise InfraError(f"the cut image {tag} of {image} was built but cannot be read back")
+            self.containers.budget.used(tag)
+        if built:
+            await self.containers.budget.enforce(keep=tag)
+        return found
 
     async def _labels(self, tag: str) -> Cut | None:
         executable = self.containers.settings.executable
@@ -187,7 +180,8 @@ class HistoryGuard:
                 raise InfraError(f"cutting the git history of {image_id[:19]} at {workdir} printed no record: "
                                  f"{cut.strip()[-300:]}")
             cut_base, ref, objects = record[-1]
-            labels = {f"{LABEL}.base": cut_base, f"{LABEL}.ref": ref, f"{LABEL}.objects": objects}
+            labels = {f"{LABEL}.base": cut_base, f"{LABEL}.ref": ref, f"{LABEL}.objects": objects, BUILT: "cut",
+                      BUILT_FROM: image_id}
             Path(context, "Containerfile").write_text(
                 f"FROM {Path(context, 'iid').read_text().strip()}\n"
                 + "".join(f"LABEL {name}={json.dumps(value)}\n" for name, value in labels.items()))

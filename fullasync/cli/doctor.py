@@ -4,7 +4,8 @@ Owns: the checks — Python version, installed versions against the tested lock 
 i.e. in a clone), the package's declared requirements (an install from the wheel), torch and its devices, Ray,
 vLLM and verl (each imported in a child process, timed: the import alone can take seconds; verl at the version
 the locks pin, as it is installed apart: see pyproject.toml), the model cache (writable, free space), the
-loopback interface (a server can listen on 127.0.0.1) — and their report. `--gpu` adds: CUDA devices and a
+loopback interface (a server can listen on 127.0.0.1) — and their report. `--containers` adds episode containers'
+preflight (the container CLI, free disk under its store, the base image). `--gpu` adds: CUDA devices and a
 driver new enough for the GPU lock's CUDA, Ray offering the GPUs, and the stack itself (one engine, one trainer
 step, one weight push whose checksums the engine verifies, on the tiny model); `--stack` runs that last check
 alone, on any platform. Exit status 0 when nothing failed (warnings allowed), 1 otherwise. Does not own:
@@ -221,6 +222,25 @@ def loopback_check() -> Check:
         return Check("loopback", "FAIL", f"cannot listen and connect on 127.0.0.1 ({error}): Ray, the engines "
                      "and the gateway need it")
     return Check("loopback", "ok", "a server on 127.0.0.1 accepts connections")
+
+
+def containers_check() -> Check:
+    """Episode containers can start here (`--containers`): the container CLI, its store's free disk, the base
+    image that row recipes build on (`fullasync_agents.containers`' preflight)."""
+    import asyncio
+    import importlib
+
+    try:
+        containers = importlib.import_module("fullasync_agents.containers")
+    except ImportError as error:
+        return Check("container", "FAIL", f"fullasync_agents is not importable ({error}): install the package "
+                     "from a clone (`make setup`)")
+    found = containers.Containers()
+    problem = asyncio.run(found.preflight(containers.BASE_IMAGE))
+    if problem:
+        return Check("container", "FAIL", problem)
+    return Check("container", "ok", f"{found.settings.executable} runs, its store has room, "
+                 f"{containers.BASE_IMAGE} is here")
 
 
 def cuda_check(lock: Path = GPU_LOCK) -> Check:

@@ -11,6 +11,7 @@
     fullasync export outputs/run/checkpoints/step_00000030 my-model --push-to-hub me/my-model   # ... and upload it
     fullasync doctor                                  # can this environment run fullasync? (how to fix what fails)
     fullasync doctor --gpu                            # + CUDA and driver, Ray's GPUs, engine + trainer step + push
+    fullasync doctor --containers                     # + episode containers: podman, free disk, the base image
     fullasync report outputs/run                      # the run's curves: outputs/run/report/index.html and PNGs
     fullasync --version
 
@@ -165,7 +166,8 @@ def main() -> None:
 
     usage = ("usage: fullasync {train,eval} [key=value ...] [--cfg job] [--help] [--hydra-help] | "
              "fullasync export CHECKPOINT DIR [key=value ...] [--push-to-hub REPO] | "
-             "fullasync doctor [--gpu|--stack] | fullasync report OUTPUT_DIR [--out DIR] | fullasync --version")
+             "fullasync doctor [--gpu|--stack|--containers] | fullasync report OUTPUT_DIR [--out DIR] | "
+             "fullasync --version")
     examples = (__doc__ or "").split("\n", 2)[2]  # the lines after the docstring's title
     if len(sys.argv) == 2 and sys.argv[1] in HELP_FLAGS:
         print(f"{usage}\n\n{examples}", end="")
@@ -176,13 +178,14 @@ def main() -> None:
         print(f"fullasync {version('fullasync')}")
         raise SystemExit(0)
     if sys.argv[1:2] == ["doctor"]:
-        if sys.argv[2:] not in ([], ["--gpu"], ["--stack"]):
-            print(f"fullasync doctor takes --gpu or --stack (got {' '.join(sys.argv[2:])})\n{usage}", file=sys.stderr)
+        if sys.argv[2:] not in ([], ["--gpu"], ["--stack"], ["--containers"]):
+            print(f"fullasync doctor takes --gpu, --stack or --containers (got {' '.join(sys.argv[2:])})\n{usage}",
+                  file=sys.stderr)
             raise SystemExit(2)
         from fullasync.cli import doctor
 
-        extra = {"--gpu": doctor.GPU_CHECKS, "--stack": (doctor.stack_check,)}.get(sys.argv[2] if sys.argv[2:] else "",
-                                                                                 ())
+        extra = {"--gpu": doctor.GPU_CHECKS, "--stack": (doctor.stack_check,),
+                 "--containers": (doctor.containers_check,)}.get(sys.argv[2] if sys.argv[2:] else "", ())
         raise SystemExit(doctor.run(doctor.CHECKS + extra))
     if sys.argv[1:2] == ["report"]:
         raise SystemExit(_report(sys.argv[2:]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fullasync.data import load_rows
+from fullasync_agents.container_budget import memory_bytes, places
 from fullasync_agents.containers import ContainerSettings
 from fullasync_agents.swe_tasks.records import SHIPPED, new_file_patch, shipped, swe_records
 from fullasync_agents.swe_tasks.swebench import patched_files, scorer_files, swe_row
@@ -54,3 +55,13 @@ def test_a_git_history_setting_it_cannot_keep_is_refused_naming_both_choices():
     assert ContainerSettings().git_history == "base"
     with pytest.raises(ValueError, match="git_history='none'.*choose base .* or full"):
         ContainerSettings(git_history="none")
+
+
+def test_running_places_come_from_the_running_cap_and_the_memory_cap():
+    assert places(0, "", "2g") == 0 and places(8, "", "2g") == 8  # 0: no cap
+    assert places(0, "64g", "2g") == 32 and places(8, "64g", "2g") == 8 and places(0, "1g", "2g") == 1
+    assert memory_bytes("512m") == 512 * 2**20 and memory_bytes("2G") == 2 * 2**30 and memory_bytes("1024") == 1024
+    with pytest.raises(ValueError, match="memory 'lots' is not a size; write it as podman does"):
+        ContainerSettings(max_memory="lots")
+    with pytest.raises(ValueError, match="max_running=-1 and image_disk_gb=0.0 must be >= 0"):
+        ContainerSettings(max_running=-1)
