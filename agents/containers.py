@@ -26,6 +26,7 @@ from typing import Any
 
 from fullasync.errors import InfraError
 from fullasync_agents.container_budget import BUILT, BUILT_FROM, ImageBudget, memory_bytes, places, preflight
+from fullasync_agents.container_pool import Check, WarmPool
 from fullasync_agents.sandbox import Finished, run_bounded
 
 MANAGED = "fullasync.managed"  # every container we start carries this label ...
@@ -59,6 +60,12 @@ class ContainerSettings:
     # the images this project built (task images, cut repositories) on this host's disk: past it the least
     # recently used are removed (built again when needed); 0: no budget
     image_disk_gb: float = 0.0
+    # containers started ahead of the episodes that take them (for the rows about to start, then refilled behind
+    # the image taken last), in all: about the run's episodes in flight; 0: each episode starts its own
+    warm_pool: int = 0
+    # an episode's container serves the next episode of its image after a verified reset (`container_reset`:
+    # repository, /tmp, $HOME, processes, a canary); a dirty reset removes it. Needs warm_pool > 0
+    reuse: bool = False
 
     def __post_init__(self) -> None:
         if self.max_starting < 1 or self.pids < 1 or self.cpus <= 0:
@@ -66,9 +73,12 @@ class ContainerSettings:
         if self.network not in ("none", "host"):
             raise ValueError(f"containers: network={self.network!r}; choose none (task containers) or host (an "
                              "agent inside that calls the gateway on 127.0.0.1); bridges are never used")
-        if self.max_running < 0 or self.image_disk_gb < 0:
-            raise ValueError(f"containers: max_running={self.max_running} and image_disk_gb={self.image_disk_gb} "
-                             "must be >= 0 (0: no cap)")
+        if self.max_running < 0 or self.image_disk_gb < 0 or self.warm_pool < 0:
+            raise ValueError(f"containers: max_running={self.max_running}, image_disk_gb={self.image_disk_gb} and "
+                             f"warm_pool={self.warm_pool} must be >= 0 (0: off)")
+        if self.reuse and not self.warm_pool:
+            raise ValueError("containers: reuse=true puts reset containers back into the warm pool: set warm_pool "
+                             "too (e.g. container.warm_pool=16)")
         memory_bytes(self.memory)  # a size podman reads, or a ValueError saying how to write one
         if self.max_memory:
             memory_bytes(self.max_memory)
@@ -109,7 +119,16 @@ class Container:
     id: str
     executable: str
     workdir: str
+    image: str = ""
     released: Callable[[], None] | None = field(default=None, repr=False)  # its running place, given back once
+
+    async def cli(self, *args: str, timeout_s: float = 60.0) -> Finished:
+        """`<executable> <args> <id>` on the host (inspect, diff, ...)."""
+        return await run_cli([self.executable, *args, self.id], timeout_s)
+
+    async def alive(self) -> bool:
+        done = await self.cli("inspect", "--format", "{{.State.Running}}")
+        return done.returncode == 0 and done.output.strip().endswith("true")
 
     async def exec(self, command: str, timeout_s: float, workdir: str | None = None,
                    stdin: bytes | None = None) -> Finished:
@@ -152,14 +171,45 @@ class Containers:
         settings = self.settings
         self.budget = ImageBudget(settings.executable, settings.image_disk_gb, run_cli)  # the images' disk
         self.places = places(settings.max_running, settings.max_memory, settings.memory)  # 0: no cap
+        self.pool = WarmPool(settings.warm_pool, self._start_new, settings.reuse) if settings.warm_pool else None
 
     async def preflight(self, base_image: str = "") -> str:
         """What would stop this process's containers, in one line naming the fix ("" when nothing)."""
         return await preflight(self.settings.executable, run_cli, SETUP_HINT, base_image)
 
-    async def start(self, image: str, workdir: str, episode_id: str) -> Container:
-        """A container of `image` running `sleep infinity` under an init, in `workdir`; InfraError if it cannot
-        start in time (or the image is missing: say how to get it)."""
+    async def start(self, image: str, workdir: str, episode_id: str, check: Check | None = None) -> Container:
+        """A container of `image` running `sleep infinity` under an init, in `workdir`, that passed `check` — from
+        the warm pool when one is ready; InfraError if it cannot start in time (or the image is missing: say how to
+        get it). Give it back with `finish`."""
+        if self.pool is not None:
+            return await self.pool.take((image, workdir), episode_id, check)
+        container = await self._start_new(image, workdir, episode_id, True)
+        assert container is not None  # a start that waits for its place always gets one
+        try:
+            if check is not None:
+                await check(container)
+        except BaseException:
+            await container.remove()
+            raise
+        return container
+
+    def ahead(self, image: str, workdir: str, count: int, check: Check | None = None) -> None:
+        """`count` episodes of `image` are about to start: with a warm pool, their containers start now."""
+        if self.pool is not None:
+            self.pool.ahead((image, workdir), count, check)
+
+    async def finish(self, container: Container) -> None:
+        """After its episode: back to the pool after a verified reset (`reuse`), else removed."""
+        if self.pool is None or not self.pool.give_back(container):
+            await container.remove()
+
+    async def close(self) -> None:
+        """Remove the warm pool's containers (after those starting or resetting have)."""
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def _start_new(self, image: str, workdir: str, episode_id: str, wait: bool) -> Container | None:
+        """A fresh container; with `wait` False, None when no running place is free now."""
         settings = self.settings
         if not self._swept:
             self._swept = True
@@ -170,7 +220,9 @@ class Containers:
                 f"--memory={settings.memory}", f"--pids-limit={settings.pids}", f"--cpus={settings.cpus}",
                 "--label", f"{MANAGED}=1", "--label", f"{OWNER}={owner()}", "--label", f"{EPISODE}={episode_id}",
                 "-w", workdir, image, "sleep", "infinity"]
-        released = await self._place(image)
+        released = await self._place(image, wait)
+        if released is None:
+            return None
         try:
             async with self._starting:
                 done = await run_cli(argv, settings.start_timeout_s)
@@ -184,21 +236,28 @@ class Containers:
             released()
             raise
         self.started += 1
-        return Container(done.output.strip().splitlines()[-1], settings.executable, workdir, released)
+        return Container(done.output.strip().splitlines()[-1], settings.executable, workdir, image, released)
 
-    async def _place(self, image: str) -> Callable[[], None]:
-        """Wait for a running place (when capped); what gives it back. The image is in use until then."""
+    async def _place(self, image: str, wait: bool) -> Callable[[], None] | None:
+        """A running place (when capped): waited for (a ready warm container gives its own up), or None when none is
+        free now and `wait` is False; what gives it back. The image is in use until then."""
         if self.places and self._running is None:
             self._running = asyncio.Semaphore(self.places)
-        if self._running is not None:
-            await self._running.acquire()
-        self.budget.started(image)
         running = self._running
+        if running is not None:
+            if running.locked() and not wait:
+                return None
+            if running.locked() and self.pool is not None:
+                await self.pool.free_one()
+            await running.acquire()
+        self.budget.started(image)
 
         def release() -> None:
             self.budget.stopped(image)
             if running is not None:
                 running.release()
+                if self.pool is not None:
+                    self.pool.fill()  # a place is free: a warm container may start in it
         return release
 
     async def remove_episode(self, episode_id: str) -> list[str]:

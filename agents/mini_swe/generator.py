@@ -15,6 +15,8 @@ Does not own: the gateway, recording, or the task rows (`fullasync_agents.swe_ta
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -87,6 +89,7 @@ class MiniSweAgentGenerator(HarnessGenerator):
         self.containers = Containers(self.config.container)  # episode containers (environment_class=container)
         self.history = HistoryGuard(self.containers)  # their repositories cut at the row's base commit
         self._templates: dict[str, str] = {}
+        self._coming: set[asyncio.Task[None]] = set()  # rows' images and warm containers being prepared
 
     async def setup(self) -> None:
         """Start the harness process (mini-swe-agent and litellm imported once, offline); with containers, first
@@ -100,6 +103,28 @@ class MiniSweAgentGenerator(HarnessGenerator):
         await self.start_harness([sys.executable, "-m", "fullasync_agents.mini_swe.runner"],
                                  offline_environment(config_dir, self.config.model_retries),
                                  harness="mini-swe-agent", missing_hint=MISSING_HINT)
+
+    def coming(self, row: object, episodes: int) -> None:
+        """With a warm pool: the row's image built (and cut at its base commit) and its containers started now."""
+        if isinstance(row, dict) and self.config.environment_class == CONTAINER and self.containers.pool is not None:
+            task = asyncio.get_running_loop().create_task(self._prepare(row, episodes))
+            self._coming.add(task)
+            task.add_done_callback(self._coming.discard)
+
+    async def _prepare(self, row: dict[str, Any], episodes: int) -> None:
+        task = swe_row(row) if "instance_id" in row else row
+        try:
+            await self.history.ahead({**task, "workdir": str(task.get("workdir", WORKDIR))},
+                                     await self.containers.image_for(task), episodes)
+        except (InfraError, ValueError) as error:  # its episodes meet it again, and count it
+            logging.getLogger(__name__).warning("row %s: preparing its containers failed: %s", row.get("id"), error)
+
+    async def teardown(self) -> None:
+        for task in list(self._coming):
+            task.cancel()
+        await asyncio.gather(*self._coming, return_exceptions=True)
+        await self.containers.close()
+        await super().teardown()
 
     def model_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """litellm kwargs of every model call of this row's episode (override to constrain decoding, say)."""
@@ -161,7 +186,7 @@ class MiniSweAgentGenerator(HarnessGenerator):
                                   self.environment(workdir, container_id=container.id, executable=container.executable))
             scored = await score_in_container(task, container, self.config.score_timeout_s)
         finally:
-            await container.remove()
+            await self.containers.finish(container)  # removed, or reset for the next episode of its image
         episode.client.log(TAMPERED, float(bool(scored.tampered)))  # reward/tampered: the step's count
         return scored.reward
 

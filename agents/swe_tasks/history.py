@@ -17,6 +17,7 @@ removed).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import re
@@ -29,6 +30,7 @@ from typing import Any
 
 from fullasync.errors import InfraError
 from fullasync_agents.container_budget import BUILT, BUILT_FROM
+from fullasync_agents.container_pool import Check
 from fullasync_agents.containers import Container, Containers, run_cli
 
 VERSION = "2"  # of the cut below: a new version builds new images
@@ -99,6 +101,10 @@ class Cut:
     ref: str
     objects: int
 
+    def checker(self, workdir: str) -> Check:
+        """`check` for the containers of this cut."""
+        return functools.partial(self.check, workdir=workdir)
+
     async def check(self, container: Container, workdir: str) -> None:
         """InfraError unless the container's repository is still what the cut left (run before the agent)."""
         if not self.base:
@@ -128,14 +134,15 @@ class HistoryGuard:
         with its `base_commit` as cut (a row that named none gets the image's HEAD, so scoring can restore files)."""
         workdir, base = str(task["workdir"]), str(task.get("base_commit") or "")
         cut = await self.cut(image, workdir, base) if self.on else None
-        container = await self.containers.start(cut.image if cut else image, workdir, episode_id)
-        try:
-            if cut is not None:
-                await cut.check(container, workdir)
-        except BaseException:
-            await container.remove()
-            raise
+        container = await self.containers.start(cut.image if cut else image, workdir, episode_id,
+                                                cut.checker(workdir) if cut else None)
         return container, {**task, "base_commit": (cut.base if cut else "") or base}
+
+    async def ahead(self, task: Mapping[str, Any], image: str, count: int) -> None:
+        """`count` episodes of `task` are about to start: its cut image built and its containers started now."""
+        workdir = str(task["workdir"])
+        cut = await self.cut(image, workdir, str(task.get("base_commit") or "")) if self.on else None
+        self.containers.ahead(cut.image if cut else image, workdir, count, cut.checker(workdir) if cut else None)
 
     async def cut(self, image: str, workdir: str, base: str) -> Cut:
         """`image` with its repository at `workdir` cut at `base`: built on first use (or when the image budget

@@ -70,6 +70,11 @@ class CustomGenerator:
     async def generate(self, episode: EpisodeContext, row: Any) -> float | Trajectory:
         raise NotImplementedError(f"{type(self).__name__}.generate(episode, row) must be implemented")
 
+    def coming(self, row: object, episodes: int) -> None:
+        """`row` is next: its `episodes` start as soon as the run has room for them. Start what they will need now
+        (build images, warm containers) in tasks of your own; a failure here must not raise (the episodes meet it
+        again). Default: nothing."""
+
     async def teardown(self) -> None:
         """Called once after the last episode, also when the run fails."""
 

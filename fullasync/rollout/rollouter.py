@@ -335,6 +335,10 @@ class Rollouter:
         for row_id, row in rows:
             if self.ledger.skip(row_id):
                 continue
+            try:
+                self.generator.coming(row, self.settings.n)  # while it waits for room, its containers can start
+            except Exception:  # what it prepares the episodes meet again: their failure is the one that counts
+                log.warning("row %s: the generator's coming() failed", row_id, exc_info=True)
             await pacer.turn(self.settings.n)
             while not (self._admitting and self.staleness.try_start()):
                 self._wake.clear()

@@ -162,6 +162,46 @@ def test_an_injected_episode_context_is_opened_and_closed_around_every_episode()
     assert len(in_process.contexts) == 6 and all(c.base_url is None for c in in_process.contexts)
 
 
+class Announced(RecordingGenerator):
+    """Records each row announced ahead (`coming`) and, per episode, which rows had been announced by its start."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail = fail
+        self.announced: list[tuple[object, int]] = []
+        self.known_at_start: list[tuple[str, list[object]]] = []
+
+    def coming(self, row, episodes: int) -> None:
+        self.announced.append((row, episodes))
+        if self.fail:
+            raise RuntimeError("preparing failed")
+
+    async def generate(self, episode: EpisodeContext, row) -> float:
+        self.known_at_start.append((episode.episode_id, [known for known, _ in self.announced]))
+        return await super().generate(episode, row)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_each_row_is_announced_to_the_generator_before_its_episodes_start(fail):
+    generator = Announced(fail)
+
+    async def main() -> None:
+        staleness = StalenessManager(2, 2, 4, version=lambda: 0)  # room for one row's episodes at a time
+        rollouter = Rollouter(generator, service_on([SimulatedEngine("sim-0", COST)]), MessageQueue(100), staleness,
+                              SETTINGS)
+        rollouter.start((f"row-{i}", row) for i, row in enumerate(listed))
+        while not rollouter.exhausted:
+            await asyncio.sleep(0.1)
+        rollouter.check()
+
+    listed = [{"length": 8, "index": i} for i in range(4)]
+    run_virtual(main)
+    assert generator.announced == [(row, SETTINGS.n) for row in listed]  # once each, in order, with its episodes
+    for episode_id, known in generator.known_at_start:
+        assert listed[int(episode_id.split("/")[0].removeprefix("row-"))] in known
+    assert len(generator.contexts) == 4 * SETTINGS.n  # a coming() that raises stops nothing
+
+
 class OverHTTP(CustomGenerator):
     """A harness that reaches its episode only through the base URLs it is given: its own (a row's first episode), the
     run's one with the episode's key in X-Session-ID (the others)."""

@@ -63,5 +63,7 @@ def test_running_places_come_from_the_running_cap_and_the_memory_cap():
     assert memory_bytes("512m") == 512 * 2**20 and memory_bytes("2G") == 2 * 2**30 and memory_bytes("1024") == 1024
     with pytest.raises(ValueError, match="memory 'lots' is not a size; write it as podman does"):
         ContainerSettings(max_memory="lots")
-    with pytest.raises(ValueError, match="max_running=-1 and image_disk_gb=0.0 must be >= 0"):
+    with pytest.raises(ValueError, match="max_running=-1, image_disk_gb=0.0 and warm_pool=0 must be >= 0"):
         ContainerSettings(max_running=-1)
+    with pytest.raises(ValueError, match="reuse=true puts reset containers back into the warm pool: set warm_pool"):
+        ContainerSettings(reuse=True)
