@@ -34,6 +34,17 @@ Check = Callable[["Container"], Awaitable[None]]  # raises InfraError: the conta
 Start = Callable[[str, str, str, bool], Awaitable["Container | None"]]
 
 
+async def checked(container: Container, check: Check | None) -> Container:
+    """`container` once it passed `check`; removed (and the error raised) when it did not."""
+    try:
+        if check is not None:
+            await check(container)
+    except BaseException:
+        await container.remove()
+        raise
+    return container
+
+
 @dataclass
 class WarmPool:
     size: int
@@ -102,6 +113,10 @@ class WarmPool:
             self._filling[key] += 1
             self._spawn(self._start_ahead(key))
 
+    def ready(self, key: Key) -> list[Container]:
+        """The containers of `key` ready now, longest-ready first."""
+        return list(self._ready.get(key, ()))
+
     async def free_one(self) -> bool:
         """Remove the longest-ready container (a waiting start needs its place); False when none is ready."""
         for ready in self._ready.values():
@@ -127,9 +142,9 @@ class WarmPool:
 
     def _short(self) -> Key | None:
         """The key whose containers to start next: announced ones first, then the last taken; None when full."""
-        held = sum(len(ready) for ready in self._ready.values()) + sum(self._filling.values())
-        if held >= self.size:
+        if self._held() >= self.size:
             return None
+
         def coming(key: Key) -> int:  # ready, starting, resetting, and (reuse) out with an episode
             return len(self._ready[key]) + self._filling[key] + self._out[key]
         for key, count in self._announced.items():
@@ -139,6 +154,10 @@ class WarmPool:
         if last is not None and coming(last) < self.size - sum(self._announced.values()):
             return last
         return None
+
+    def _held(self) -> int:
+        """Containers ready, starting or resetting: what the pool's size bounds."""
+        return sum(len(ready) for ready in self._ready.values()) + sum(self._filling.values())
 
     def _spawn(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -159,14 +178,13 @@ class WarmPool:
 
     async def _prepared(self, key: Key, container: Container) -> Container:
         """A fresh container checked (and recorded, to be reset later); removed if that fails."""
-        try:
-            if (check := self._checks.get(key)) is not None:
-                await check(container)
-            if self.reuse:
+        await checked(container, self._checks.get(key))
+        if self.reuse:
+            try:
                 self._records[container.id] = await baseline(container)
-        except BaseException:
-            await self._remove(container)
-            raise
+            except BaseException:
+                await container.remove()
+                raise
         return container
 
     async def _recycle(self, key: Key, container: Container, record: Baseline) -> None:
@@ -188,8 +206,7 @@ class WarmPool:
         await self._shelve(key, container)
 
     async def _shelve(self, key: Key, container: Container) -> None:
-        held = sum(len(ready) for ready in self._ready.values()) + sum(self._filling.values())
-        if self._closed or held >= self.size:
+        if self._closed or self._held() >= self.size:
             await self._remove(container)
             return
         self._ready[key].append(container)

@@ -26,7 +26,7 @@ from typing import Any
 
 from fullasync.errors import InfraError
 from fullasync_agents.container_budget import BUILT, BUILT_FROM, ImageBudget, memory_bytes, places, preflight
-from fullasync_agents.container_pool import Check, WarmPool
+from fullasync_agents.container_pool import Check, WarmPool, checked
 from fullasync_agents.sandbox import Finished, run_bounded
 
 MANAGED = "fullasync.managed"  # every container we start carries this label ...
@@ -66,6 +66,15 @@ class ContainerSettings:
     # an episode's container serves the next episode of its image after a verified reset (`container_reset`:
     # repository, /tmp, $HOME, processes, a canary); a dirty reset removes it. Needs warm_pool > 0
     reuse: bool = False
+    # where episode containers run: "local", this process's podman; "cluster", a sandbox service on each Ray node
+    # (`sandbox_nodes`) owning that node's podman, each container on the node with the most free places (the caps
+    # above are per node) and the harness's commands relayed to it
+    placement: str = "local"
+    node_resource: str = ""  # placement=cluster: only nodes offering this Ray resource run sandboxes; "": every node
+    # placement=cluster: each node's podman store, `{node}` its node id (12 characters); "": the node's own default.
+    # Two nodes on one host need their own (podman's --root and --runroot under it)
+    node_store: str = ""
+    image_store: str = ""  # placement=cluster: a read-only podman image store each node's podman reads images from too
 
     def __post_init__(self) -> None:
         if self.max_starting < 1 or self.pids < 1 or self.cpus <= 0:
@@ -82,6 +91,13 @@ class ContainerSettings:
         memory_bytes(self.memory)  # a size podman reads, or a ValueError saying how to write one
         if self.max_memory:
             memory_bytes(self.max_memory)
+        if self.placement not in ("local", "cluster"):
+            raise ValueError(f"containers: placement={self.placement!r}; choose local (this process's podman) or "
+                             "cluster (a sandbox service on each Ray node)")
+        if (self.node_store or self.image_store) and (self.placement != "cluster"
+                                                      or os.path.basename(self.executable) != "podman"):
+            raise ValueError("containers: node_store and image_store are the stores of each node's podman: set "
+                             "placement=cluster and executable=podman with them")
         if self.git_history not in ("base", "full"):
             raise ValueError(f"containers: git_history={self.git_history!r}; choose base (the repository ends at the "
                              "row's base commit: nothing to read the fix from) or full (as the image has it)")
@@ -185,13 +201,7 @@ class Containers:
             return await self.pool.take((image, workdir), episode_id, check)
         container = await self._start_new(image, workdir, episode_id, True)
         assert container is not None  # a start that waits for its place always gets one
-        try:
-            if check is not None:
-                await check(container)
-        except BaseException:
-            await container.remove()
-            raise
-        return container
+        return await checked(container, check)
 
     def ahead(self, image: str, workdir: str, count: int, check: Check | None = None) -> None:
         """`count` episodes of `image` are about to start: with a warm pool, their containers start now."""
@@ -262,8 +272,14 @@ class Containers:
 
     async def remove_episode(self, episode_id: str) -> list[str]:
         """Remove every container labelled with `episode_id` (what a killed harness left); the ids removed."""
-        found = await run_cli([self.settings.executable, "ps", "-aq", "--filter", f"label={EPISODE}={episode_id}"],
-                              60.0)
+        return await self._remove_labelled(EPISODE, episode_id)
+
+    async def remove_mine(self) -> list[str]:
+        """Remove every container this process started (a start abandoned midway included); the ids removed."""
+        return await self._remove_labelled(OWNER, owner())
+
+    async def _remove_labelled(self, label: str, value: str) -> list[str]:
+        found = await run_cli([self.settings.executable, "ps", "-aq", "--filter", f"label={label}={value}"], 60.0)
         ids = found.output.split() if found.returncode == 0 else []
         if ids:
             await run_cli([self.settings.executable, "rm", "-f", "-t", "0", *ids], 60.0)

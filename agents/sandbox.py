@@ -10,6 +10,7 @@ is an infrastructure failure and raises. Does not own: the task rows (`swe_tasks
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -89,21 +90,34 @@ class Finished:
 async def run_bounded(argv: Sequence[str], timeout_s: float, *, cwd: Path | None = None,
                       env: Mapping[str, str] | None = None, stdin: bytes | None = None) -> Finished:
     """`argv` on the host in a session of its own; at `timeout_s` its whole process tree is killed. OSError when it
-    cannot start (the caller says whose fault that is)."""
-    process = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=None if env is None else dict(env),
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(stdin), timeout_s)
-    except TimeoutError:
-        return Finished(-1, "", timed_out=True)
-    finally:
-        if process.returncode is None:
-            kill_tree(process.pid)
-            await process.wait()
-    assert process.returncode is not None
-    return Finished(process.returncode, out.decode(errors="replace"))
+    cannot start (the caller says whose fault that is). Its output goes to a file, not a pipe: a process it leaves
+    running may hold a pipe open long after it ended (podman's conmon does, started from a Ray worker)."""
+    with tempfile.TemporaryFile() as output:
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=None if env is None else dict(env),
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=output, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        try:
+            await asyncio.wait_for(_fed(process, stdin), timeout_s)
+        except TimeoutError:
+            return Finished(-1, "", timed_out=True)
+        finally:
+            if process.returncode is None:
+                kill_tree(process.pid)
+                await process.wait()
+        assert process.returncode is not None
+        output.seek(0)
+        return Finished(process.returncode, output.read().decode(errors="replace"))
+
+
+async def _fed(process: asyncio.subprocess.Process, stdin: bytes | None) -> None:
+    """`stdin` written to the process (and closed), then its end."""
+    if stdin is not None and process.stdin is not None:
+        process.stdin.write(stdin)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await process.stdin.drain()
+        process.stdin.close()
+    await process.wait()
 
 
 async def score(row: dict[str, Any], sandbox: Sandbox, timeout_s: float = 60.0) -> float:

@@ -27,13 +27,12 @@ from fullasync.observe.metrics import TAMPERED
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
 from fullasync_agents import harness_generator
-from fullasync_agents.containers import Containers
 from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
 from fullasync_agents.mini_swe.messages import AgentSettings, MiniSweOutcome, MiniSweSpec
 from fullasync_agents.sandbox import create_sandbox, score
-from fullasync_agents.swe_tasks.history import HistoryGuard
-from fullasync_agents.swe_tasks.swebench import WORKDIR, score_in_container, swe_row
+from fullasync_agents.sandboxes import sandboxes_for
+from fullasync_agents.swe_tasks.swebench import WORKDIR, swe_row
 
 CONTAINER = "container"  # `environment_class`: the row's container, started and scored here
 ATTACHED = "fullasync_agents.mini_swe.environment.AttachedContainerEnvironment"
@@ -86,15 +85,15 @@ class MiniSweAgentGenerator(HarnessGenerator):
         super().__init__()
         self.config = config if config is not None else MiniSweConfig()
         self.model_calls: list[int] = []  # model calls of each finished (scored) episode
-        self.containers = Containers(self.config.container)  # episode containers (environment_class=container)
-        self.history = HistoryGuard(self.containers)  # their repositories cut at the row's base commit
+        # episode containers (environment_class=container), here or on the Ray nodes (container.placement)
+        self.sandboxes = sandboxes_for(self.config.container)
         self._templates: dict[str, str] = {}
         self._coming: set[asyncio.Task[None]] = set()  # rows' images and warm containers being prepared
 
     async def setup(self) -> None:
         """Start the harness process (mini-swe-agent and litellm imported once, offline); with containers, first
         say in one line what would stop them (the CLI, free disk under its store)."""
-        if self.config.environment_class == CONTAINER and (problem := await self.containers.preflight()):
+        if self.config.environment_class == CONTAINER and (problem := await self.sandboxes.preflight()):
             raise InfraError(problem)
         if self.config.templates_from:
             self._templates = load_templates(self.config.templates_from)
@@ -106,24 +105,28 @@ class MiniSweAgentGenerator(HarnessGenerator):
 
     def coming(self, row: object, episodes: int) -> None:
         """With a warm pool: the row's image built (and cut at its base commit) and its containers started now."""
-        if isinstance(row, dict) and self.config.environment_class == CONTAINER and self.containers.pool is not None:
+        if isinstance(row, dict) and self.config.environment_class == CONTAINER and self.sandboxes.warm:
             task = asyncio.get_running_loop().create_task(self._prepare(row, episodes))
             self._coming.add(task)
             task.add_done_callback(self._coming.discard)
 
     async def _prepare(self, row: dict[str, Any], episodes: int) -> None:
-        task = swe_row(row) if "instance_id" in row else row
         try:
-            await self.history.ahead({**task, "workdir": str(task.get("workdir", WORKDIR))},
-                                     await self.containers.image_for(task), episodes)
+            await self.sandboxes.ahead(self._task(row), episodes)
         except (InfraError, ValueError) as error:  # its episodes meet it again, and count it
             logging.getLogger(__name__).warning("row %s: preparing its containers failed: %s", row.get("id"), error)
+
+    @staticmethod
+    def _task(row: dict[str, Any]) -> dict[str, Any]:
+        """The row as a container task (a SWE-bench-style record, `swe_row`), its working directory named."""
+        task = swe_row(row) if "instance_id" in row else row
+        return {**task, "workdir": str(task.get("workdir", WORKDIR))}
 
     async def teardown(self) -> None:
         for task in list(self._coming):
             task.cancel()
         await asyncio.gather(*self._coming, return_exceptions=True)
-        await self.containers.close()
+        await self.sandboxes.close()
         await super().teardown()
 
     def model_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
@@ -176,17 +179,15 @@ class MiniSweAgentGenerator(HarnessGenerator):
 
     async def _in_container(self, episode: EpisodeContext, row: dict[str, Any]) -> float:
         """The episode in the row's container (a SWE-bench-style record, `swe_row`): the agent's commands and then
-        the row's tests run in it, under deadlines of their own; the container is removed whatever happens."""
-        task = swe_row(row) if "instance_id" in row else row
-        workdir = str(task.get("workdir", WORKDIR))
-        container, task = await self.history.start({**task, "workdir": workdir}, await self.containers.image_for(task),
-                                                   episode.episode_id)
+        the row's tests run in it, under deadlines of their own; the container is removed (or reset for reuse) whatever
+        happens."""
+        sandbox = await self.sandboxes.start(self._task(row), episode.episode_id)
+        environment = self.environment(sandbox.workdir, container_id=sandbox.id, executable=sandbox.executable)
         try:
-            await self._run_agent(episode, {**row, **task},  # the row's own fields stay for `model_kwargs`
-                                  self.environment(workdir, container_id=container.id, executable=container.executable))
-            scored = await score_in_container(task, container, self.config.score_timeout_s)
+            await self._run_agent(episode, {**row, **sandbox.task}, environment)  # the row's fields for `model_kwargs`
+            scored = await self.sandboxes.score(sandbox, self.config.score_timeout_s)
         finally:
-            await self.containers.finish(container)  # removed, or reset for the next episode of its image
+            await self.sandboxes.finish(sandbox)  # removed, or reset for the next episode of its image
         episode.client.log(TAMPERED, float(bool(scored.tampered)))  # reward/tampered: the step's count
         return scored.reward
 

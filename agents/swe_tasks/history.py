@@ -133,16 +133,19 @@ class HistoryGuard:
         """The episode's container — of the cut image when the guard is on, its repository checked — and the task
         with its `base_commit` as cut (a row that named none gets the image's HEAD, so scoring can restore files)."""
         workdir, base = str(task["workdir"]), str(task.get("base_commit") or "")
-        cut = await self.cut(image, workdir, base) if self.on else None
+        cut = await self._cut_for(task, image)
         container = await self.containers.start(cut.image if cut else image, workdir, episode_id,
                                                 cut.checker(workdir) if cut else None)
         return container, {**task, "base_commit": (cut.base if cut else "") or base}
 
     async def ahead(self, task: Mapping[str, Any], image: str, count: int) -> None:
         """`count` episodes of `task` are about to start: its cut image built and its containers started now."""
-        workdir = str(task["workdir"])
-        cut = await self.cut(image, workdir, str(task.get("base_commit") or "")) if self.on else None
+        workdir, cut = str(task["workdir"]), await self._cut_for(task, image)
         self.containers.ahead(cut.image if cut else image, workdir, count, cut.checker(workdir) if cut else None)
+
+    async def _cut_for(self, task: Mapping[str, Any], image: str) -> Cut | None:
+        """The task's cut of `image` when the guard is on."""
+        return await self.cut(image, str(task["workdir"]), str(task.get("base_commit") or "")) if self.on else None
 
     async def cut(self, image: str, workdir: str, base: str) -> Cut:
         """`image` with its repository at `workdir` cut at `base`: built on first use (or when the image budget

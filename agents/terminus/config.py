@@ -65,6 +65,10 @@ class TerminusConfig:
         if not 0 <= self.summarize_below_free_tokens < self.context_length:
             raise ValueError(f"summarize_below_free_tokens={self.summarize_below_free_tokens} must be in [0, "
                              f"context_length={self.context_length}) (0 = summarise only when a call overflows)")
+        if self.container.placement != "local":
+            raise ValueError("container.placement=cluster is not taken by Terminus-2 yet: harbor starts its task "
+                             "containers with this host's podman-compose; use placement=local (mini-swe-agent's "
+                             "container episodes take cluster)")
         if self.agent_timeout_s >= self.episode_timeout_s:
             raise ValueError(f"agent_timeout_s={self.agent_timeout_s} must be below episode_timeout_s="
                              f"{self.episode_timeout_s} (the hard kill would come first and the trial would fail "

@@ -16,7 +16,7 @@ import pytest
 from fullasync.contracts.engine import GenerateRequest, GenerateResult, InstallTiming, PauseMode, TokenDelta
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.rollout.processes import alive, descendants
-from fullasync_agents.containers import MANAGED
+from fullasync_agents.containers import MANAGED, ContainerSettings
 
 
 def literal(text: str) -> str:
@@ -190,6 +190,13 @@ def our_containers() -> list[str]:
     listed = subprocess.run(["podman", "ps", "-aq", "--filter", f"label={MANAGED}=1"], capture_output=True,
                             text=True, check=True)
     return listed.stdout.split()
+
+
+def cluster_container_settings(store: str) -> ContainerSettings:
+    """placement=cluster, each node's podman store under `store` (its images read from this host's store too)."""
+    root = subprocess.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return ContainerSettings(placement="cluster", node_store=f"{store}/{{node}}", image_store=root)
 
 
 @pytest.fixture(scope="module")

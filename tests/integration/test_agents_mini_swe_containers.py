@@ -8,13 +8,21 @@ still samples every token)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
-from agents_common import assert_token_exact, our_containers, podman_required, run_episode  # noqa: F401
+from agents_common import (  # noqa: F401
+    assert_token_exact,
+    cluster_container_settings,
+    our_containers,
+    podman_required,
+    run_episode,
+)
 from test_agents_mini_swe import CONFIG, ScriptedMiniSwe
 
 from fullasync_agents.containers import EPISODE, MANAGED, Containers
@@ -53,7 +61,27 @@ async def test_an_oracle_policy_solves_a_swe_record_in_its_container_and_a_no_op
     read, _ = await run_episode(gateway, container_generator,
                                 {**record, "forced_command": f"cat app/settings.py && {SUBMIT_COMMAND}"})
     assert read == 0.0
-    assert ours() == before and container_generator.containers.started >= 3
+    assert ours() == before and container_generator.sandboxes.containers.started >= 3
+
+
+async def test_with_placement_cluster_the_agents_commands_reach_a_node_services_container_through_the_relay(
+        gateway):
+    """The node's podman store is its own: the oracle's edit lands only if the harness's `exec` went to the node."""
+    store = tempfile.mkdtemp(prefix="fa-nodes-", dir="/tmp")
+    config = {**CONFIG.__dict__, "environment_class": "container", "container": cluster_container_settings(store)}
+    generator = ScriptedMiniSwe(MiniSweConfig(**config))
+    await generator.setup()
+    try:
+        before = ours()
+        solved, client = await run_episode(gateway, generator, {
+            **RECORD, "forced_command": f"{TOY['oracle_command']} && {SUBMIT_COMMAND}"})
+        assert solved == 1.0 and len(client.episode.calls) == 1
+        sandboxes = generator.sandboxes
+        assert sum(sandboxes.started.values()) == 1 and ours() == before  # none in the driver's podman
+        assert all(ids == [] for ids in (await sandboxes.running()).values())
+    finally:
+        await generator.teardown()
+        shutil.rmtree(store, ignore_errors=True)
 
 
 async def test_containers_of_a_sigkilled_process_are_removed_at_the_next_start(tmp_path):

@@ -49,14 +49,14 @@ async def test_containers_started_ahead_are_taken_and_close_removes_the_rest():
     pool = containers.pool
     assert pool is not None
     containers.ahead(image, "/testbed", 2)  # the next row's two episodes
-    await _wait(lambda: len(pool._ready[(image, "/testbed")]) == 2, "two containers ready")
-    ready = {container.id for container in pool._ready[(image, "/testbed")]}
+    await _wait(lambda: len(pool.ready((image, "/testbed"))) == 2, "two containers ready")
+    ready = {container.id for container in pool.ready((image, "/testbed"))}
     first = await containers.start(image, "/testbed", "pool-1")
     second = await containers.start(image, "/testbed", "pool-2")
     assert {first.id, second.id} == ready and (pool.taken, pool.missed) == (2, 0)
     assert "return a - b" in await _sh(first, "cat calc.py")
     # the image taken last refills behind them: the pool holds its size
-    await _wait(lambda: len(pool._ready[(image, "/testbed")]) == 3, "the pool refilled")
+    await _wait(lambda: len(pool.ready((image, "/testbed"))) == 3, "the pool refilled")
     other = await containers.start(image, "/srv", "pool-3")  # nothing ready for this working directory
     assert pool.missed == 1 and other.id not in ready
     for container in (first, second, other):
@@ -73,8 +73,8 @@ async def test_a_start_waiting_for_a_place_frees_a_ready_container():
     pool = containers.pool
     assert pool is not None
     containers.ahead(image, "/testbed", 1)
-    await _wait(lambda: len(pool._ready[(image, "/testbed")]) == 1, "a container ready")
-    warm = pool._ready[(image, "/testbed")][0].id
+    await _wait(lambda: len(pool.ready((image, "/testbed"))) == 1, "a container ready")
+    warm = pool.ready((image, "/testbed"))[0].id
     started = await asyncio.wait_for(containers.start(image, "/", "pool-elsewhere"), 120.0)
     assert started.id != warm and warm not in our_containers() and pool.missed == 1
     await containers.finish(started)
@@ -97,6 +97,7 @@ async def test_a_reused_container_holds_nothing_of_the_episode_before():
     await containers.finish(first)
     await _wait(lambda: pool.reused + pool.quarantined == 1, "the reset")
     # the pool holds the reset container beside the fresh one that refilled it behind the first take
+    await _wait(lambda: len(pool.ready((first.image, "/testbed"))) == 2, "both ready")  # the cut image's pool
     taken = [(await guard.start({"workdir": "/testbed"}, image, f"reuse-{i}"))[0] for i in (2, 3)]
     assert first.id in {container.id for container in taken} and (pool.taken, pool.quarantined) == (2, 0)
     second = next(container for container in taken if container.id == first.id)

