@@ -173,8 +173,12 @@ class WarmPool:
             container = None
         finally:
             self._filling[key] -= 1
-        if container is not None:
+        if container is None:
+            return
+        if await container.alive():  # asked here, off the take path: a take's ask is then a read of /proc
             await self._shelve(key, container)
+        else:
+            await self._remove(container)
 
     async def _prepared(self, key: Key, container: Container) -> Container:
         """A fresh container checked (and recorded, to be reset later); removed if that fails."""

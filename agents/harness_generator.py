@@ -2,24 +2,30 @@
 
 Owns: the adapter's working directory and its `ZygoteLauncher` (`start_harness` in `setup`, both gone
 in `teardown`), the checks before an episode (set up, and a gateway base URL to point the harness at),
-running one episode's spec record to its result record under the hard time limit, and `exit_statuses` —
+running one episode's spec record to its result record under the hard time limit, `exit_statuses` —
 how episodes ended, where a launcher failure (crash, hard kill, a record that does not match its type)
-counts under its exception's name. Does not own: the spec, what the harness runs, or the reward (each
-adapter: `fullasync_agents.mini_swe`, `fullasync_agents.terminus`).
+counts under its exception's name — and, for an adapter whose episodes run in containers (`sandboxes`, here or
+on the Ray nodes), their preflight, a coming row's containers prepared ahead with a warm pool, and their close.
+Does not own: the spec, what the harness runs, or the reward (each adapter: `fullasync_agents.mini_swe`,
+`fullasync_agents.terminus`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from fullasync.errors import InfraError
 from fullasync.rollout.generator import CustomGenerator, EpisodeContext
 from fullasync_agents.launcher import ZygoteLauncher
 from fullasync_agents.messages import Message
+from fullasync_agents.sandboxes import Sandboxes
 
 OutcomeT = TypeVar("OutcomeT", bound=Message)
 
@@ -38,6 +44,8 @@ class HarnessGenerator(CustomGenerator):
         self.exit_statuses: Counter[str] = Counter()  # how episodes ended (scored ones and failures)
         self._workdir: Path | None = None
         self._launcher: ZygoteLauncher | None = None
+        self.sandboxes: Sandboxes | None = None  # the episodes' containers, when they run in containers
+        self._coming: set[asyncio.Task[None]] = set()  # rows' images and warm containers being prepared
 
     def new_workdir(self, prefix: str) -> Path:
         """A fresh temporary directory for the zygote and the episodes' files (removed in `teardown`)."""
@@ -52,7 +60,38 @@ class HarnessGenerator(CustomGenerator):
         self._launcher = ZygoteLauncher(self._workdir, argv, env, harness=harness, missing_hint=missing_hint)
         await self._launcher.start()
 
+    def container_task(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The row as a container task (its image, `workdir`, ...) when its episodes run in `sandboxes`; else None."""
+        return None
+
+    async def preflight_containers(self) -> None:
+        """Say in one line what would stop the episodes' containers (the CLI, free disk, the base image)."""
+        if self.sandboxes is not None and (problem := await self.sandboxes.preflight()):
+            raise InfraError(problem)
+
+    def coming(self, row: object, episodes: int) -> None:
+        """With a warm pool: the row's image built (and cut at its base commit) and its containers started now."""
+        if self.sandboxes is None or not self.sandboxes.warm or not isinstance(row, dict):
+            return
+        task = self.container_task(row)
+        if task is not None:
+            prepared = asyncio.get_running_loop().create_task(self._prepare(row, task, episodes))
+            self._coming.add(prepared)
+            prepared.add_done_callback(self._coming.discard)
+
+    async def _prepare(self, row: dict[str, Any], task: dict[str, Any], episodes: int) -> None:
+        assert self.sandboxes is not None  # coming() checked
+        try:
+            await self.sandboxes.ahead(task, episodes)
+        except (InfraError, ValueError) as error:  # its episodes meet it again, and count it
+            logging.getLogger(__name__).warning("row %s: preparing its containers failed: %s", row.get("id"), error)
+
     async def teardown(self) -> None:
+        for prepared in list(self._coming):
+            prepared.cancel()
+        await asyncio.gather(*self._coming, return_exceptions=True)
+        if self.sandboxes is not None:
+            await self.sandboxes.close()
         if self._launcher is not None:
             await self._launcher.stop()
             self._launcher = None

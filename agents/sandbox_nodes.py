@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 NODE = 12  # characters of a node's id in names and paths
 RESTARTS = 3  # a killed service comes back on its node this often
 EXEC_LIMIT_S = 6 * 3600.0  # a relayed command's bound on the node: the harness's own timeout ends it sooner
-_VALUED = ("-w", "--workdir", "-e", "--env")
+_VALUED = ("-w", "--workdir", "-e", "--env", "-u", "--user")
 
 
 def node_executable(settings: ContainerSettings, node: str) -> str:
@@ -57,13 +57,13 @@ def node_executable(settings: ContainerSettings, node: str) -> str:
 
 
 def exec_target(argv: list[str]) -> str:
-    """The container id of a relayed `exec [-i] [-w DIR] [-e K=V]... <id> <command...>` (ValueError otherwise)."""
+    """The container id of a relayed `exec [-i] [-w DIR] [-e K=V]... [-u USER] <id> <command...>` (else ValueError)."""
     if argv[:1] != ["exec"]:
         raise ValueError(f"the sandbox relay runs `exec` only, not {shlex.join(argv[:1])!r}")
     i = 1
     while i < len(argv) and argv[i].startswith("-"):
         if argv[i] not in (*_VALUED, "-i", "--interactive"):
-            raise ValueError(f"the sandbox relay does not pass exec's option {argv[i]!r} (-i, -w, -e only)")
+            raise ValueError(f"the sandbox relay does not pass exec's option {argv[i]!r} (-i, -w, -e, -u only)")
         i += 2 if argv[i] in _VALUED else 1
     if i + 1 >= len(argv):
         raise ValueError(f"`{shlex.join(argv)}` names no container and command")

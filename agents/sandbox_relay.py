@@ -2,11 +2,11 @@
 
 Owns: the executable a harness is given in place of `podman` (`Relay.client`: a small Python script, its socket's path
 written in) and the Unix socket it talks to in the generator's process (mode 0600, one per generator): a command line
-`exec [-i] [-w DIR] [-e K=V]... <id> <command...>` goes through the socket to `forward` (the sandbox service of the
-container's node runs it there) and its output and exit status come back as `podman exec` would print and return them.
-A client killed at its harness's timeout closes its connection: the command is cancelled on the node. A relay that
-cannot be reached exits 125, podman's own failure, which scoring reads as the infrastructure's. Does not own: which node
-holds the container, or what may run there (`sandbox_nodes`).
+`exec [-i] [-w DIR] [-e K=V]... [-u USER] <id> <command...>` goes through the socket to `forward` (the sandbox service
+of the container's node runs it there) and its output and exit status come back as `podman exec` would print and
+return them. A client killed at its harness's timeout closes its connection: the command is cancelled on the node. A
+relay that cannot be reached exits 125, podman's own failure, which scoring reads as the infrastructure's. Does not
+own: which node holds the container, or what may run there (`sandbox_nodes`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ argv, stdin, i = sys.argv[1:], None, 1
 while i < len(argv) and argv[i].startswith("-"):  # exec's options, up to the container id
     if argv[i] in ("-i", "--interactive"):
         stdin = base64.b64encode(sys.stdin.buffer.read()).decode()
-    i += 2 if argv[i] in ("-w", "--workdir", "-e", "--env") else 1
+    i += 2 if argv[i] in ("-w", "--workdir", "-e", "--env", "-u", "--user") else 1
 try:
     relay = socket.socket(socket.AF_UNIX)
     relay.connect({socket!r})

@@ -15,14 +15,11 @@ Does not own: the gateway, recording, or the task rows (`fullasync_agents.swe_ta
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from fullasync.errors import InfraError
 from fullasync.observe.metrics import TAMPERED
 from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
@@ -31,7 +28,7 @@ from fullasync_agents.harness_generator import HarnessGenerator
 from fullasync_agents.mini_swe.config import MiniSweConfig
 from fullasync_agents.mini_swe.messages import AgentSettings, MiniSweOutcome, MiniSweSpec
 from fullasync_agents.sandbox import create_sandbox, score
-from fullasync_agents.sandboxes import sandboxes_for
+from fullasync_agents.sandboxes import Sandboxes, sandboxes_for
 from fullasync_agents.swe_tasks.swebench import WORKDIR, swe_row
 
 CONTAINER = "container"  # `environment_class`: the row's container, started and scored here
@@ -86,15 +83,14 @@ class MiniSweAgentGenerator(HarnessGenerator):
         self.config = config if config is not None else MiniSweConfig()
         self.model_calls: list[int] = []  # model calls of each finished (scored) episode
         # episode containers (environment_class=container), here or on the Ray nodes (container.placement)
-        self.sandboxes = sandboxes_for(self.config.container)
+        self.sandboxes: Sandboxes = sandboxes_for(self.config.container)
         self._templates: dict[str, str] = {}
-        self._coming: set[asyncio.Task[None]] = set()  # rows' images and warm containers being prepared
 
     async def setup(self) -> None:
         """Start the harness process (mini-swe-agent and litellm imported once, offline); with containers, first
         say in one line what would stop them (the CLI, free disk under its store)."""
-        if self.config.environment_class == CONTAINER and (problem := await self.sandboxes.preflight()):
-            raise InfraError(problem)
+        if self.config.environment_class == CONTAINER:
+            await self.preflight_containers()
         if self.config.templates_from:
             self._templates = load_templates(self.config.templates_from)
         config_dir = self.new_workdir("fullasync-mini-swe-") / "mswea-config"
@@ -103,31 +99,14 @@ class MiniSweAgentGenerator(HarnessGenerator):
                                  offline_environment(config_dir, self.config.model_retries),
                                  harness="mini-swe-agent", missing_hint=MISSING_HINT)
 
-    def coming(self, row: object, episodes: int) -> None:
-        """With a warm pool: the row's image built (and cut at its base commit) and its containers started now."""
-        if isinstance(row, dict) and self.config.environment_class == CONTAINER and self.sandboxes.warm:
-            task = asyncio.get_running_loop().create_task(self._prepare(row, episodes))
-            self._coming.add(task)
-            task.add_done_callback(self._coming.discard)
-
-    async def _prepare(self, row: dict[str, Any], episodes: int) -> None:
-        try:
-            await self.sandboxes.ahead(self._task(row), episodes)
-        except (InfraError, ValueError) as error:  # its episodes meet it again, and count it
-            logging.getLogger(__name__).warning("row %s: preparing its containers failed: %s", row.get("id"), error)
+    def container_task(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        return self._task(row) if self.config.environment_class == CONTAINER else None
 
     @staticmethod
     def _task(row: dict[str, Any]) -> dict[str, Any]:
         """The row as a container task (a SWE-bench-style record, `swe_row`), its working directory named."""
         task = swe_row(row) if "instance_id" in row else row
         return {**task, "workdir": str(task.get("workdir", WORKDIR))}
-
-    async def teardown(self) -> None:
-        for task in list(self._coming):
-            task.cancel()
-        await asyncio.gather(*self._coming, return_exceptions=True)
-        await self.sandboxes.close()
-        await super().teardown()
 
     def model_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """litellm kwargs of every model call of this row's episode (override to constrain decoding, say)."""

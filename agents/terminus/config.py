@@ -16,6 +16,7 @@ from fullasync_agents.containers import ContainerSettings
 
 LOCAL_ENVIRONMENT = "fullasync_agents.terminus.sandbox_environment:LocalNamespaceEnvironment"
 CONTAINER_ENVIRONMENT = "fullasync_agents.terminus.container_environment:TaskContainerEnvironment"
+NODE_ENVIRONMENT = "fullasync_agents.terminus.node_environment:NodeContainerEnvironment"
 PARSERS = ("json", "xml")  # Terminus-2's two response formats
 
 
@@ -37,7 +38,8 @@ class TerminusConfig:
     summarize_below_free_tokens: int = 0  # proactive summary once fewer free tokens remain (harbor uses 8000 for
     # its 32k+ contexts); 0 = only when a call overflows the context
     environment_type: str = "local"  # local (namespace sandbox, no daemon) | container (the task's image in harbor's
-    # podman environment, no network, `container` limits; make setup-containers) | another harbor type, e.g. docker
+    # podman environment, no network, `container` limits; make setup-containers; with container.placement=cluster
+    # started by the sandbox service of a Ray node with room instead) | another harbor type, e.g. docker
     container: ContainerSettings = field(default_factory=ContainerSettings)  # environment_type=container only
     environment_import_path: str = ""  # a harbor BaseEnvironment as "module:Class" (wins over environment_type)
     environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs (EnvironmentConfig.kwargs)
@@ -65,10 +67,12 @@ class TerminusConfig:
         if not 0 <= self.summarize_below_free_tokens < self.context_length:
             raise ValueError(f"summarize_below_free_tokens={self.summarize_below_free_tokens} must be in [0, "
                              f"context_length={self.context_length}) (0 = summarise only when a call overflows)")
-        if self.container.placement != "local":
-            raise ValueError("container.placement=cluster is not taken by Terminus-2 yet: harbor starts its task "
-                             "containers with this host's podman-compose; use placement=local (mini-swe-agent's "
-                             "container episodes take cluster)")
+        if self.container.placement == "cluster" and (self.environment_type != "container"
+                                                      or self.environment_import_path):
+            raise ValueError(f"container.placement=cluster places the task containers of environment_type=container "
+                             f"on the Ray nodes; environment_type={self.environment_type!r}"
+                             f"{' with environment_import_path' if self.environment_import_path else ''} starts "
+                             "none: set environment_type=container (or placement=local)")
         if self.agent_timeout_s >= self.episode_timeout_s:
             raise ValueError(f"agent_timeout_s={self.agent_timeout_s} must be below episode_timeout_s="
                              f"{self.episode_timeout_s} (the hard kill would come first and the trial would fail "
@@ -92,10 +96,15 @@ class TerminusConfig:
             **self.agent_kwargs,
         }
 
-    def environment_entry(self, sandbox_parent: str, labels: dict[str, str] | None = None,
-                          slots_dir: str = "") -> dict[str, JsonValue]:
+    def environment_entry(self, sandbox_parent: str, labels: dict[str, str] | None = None, slots_dir: str = "",
+                          node_container: tuple[str, str] | None = None) -> dict[str, JsonValue]:
         """harbor's `EnvironmentConfig` fields: the local namespace sandbox, the task's container (with `labels`
-        and the start slots in `slots_dir`), or a harbor environment type."""
+        and the start slots in `slots_dir`; or, placement=cluster, `node_container`: the id and relay executable of
+        the one a node's service started), or a harbor environment type."""
+        if node_container is not None:
+            container_id, executable = node_container
+            return {"import_path": NODE_ENVIRONMENT, "delete": False,
+                    "kwargs": {"container_id": container_id, "executable": executable, **self.environment}}
         if self.environment_type == "container" and not self.environment_import_path:
             kwargs = {"container": asdict(self.container), "labels": dict(labels or {}), "slots_dir": slots_dir,
                       **self.environment}

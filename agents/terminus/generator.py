@@ -12,7 +12,10 @@ reward, the hard kill — raises, so the rollouter counts the episode as failed 
 as reward 0. The trajectory is what the gateway recorded. Does not own: the gateway, recording, the
 task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`; with
 `environment_type="container"`, harbor's podman environment with our overlay, `container_environment` — here only
-the harness's PATH, the sweep of a dead run's containers at set-up and the removal of an episode's after it ends).
+the harness's PATH, the sweep of a dead run's containers at set-up and the removal of an episode's after it ends;
+with `container.placement=cluster` the episode's container is started here, through the sandbox service of the Ray
+node with the most free places (`fullasync_agents.sandboxes`: the task's image built there from its `environment/`,
+budgets and warm pool per node), harbor reaching it through the relay (`node_environment`), and removed here).
 
     generator = Terminus2Generator(TerminusConfig(max_turns=4))
     AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train_rows(), val_dataset=held_out_rows()).train()
@@ -20,8 +23,11 @@ the harness's PATH, the sweep of a dead run's containers at set-up and the remov
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ from fullasync.rollout.generator import EpisodeContext
 from fullasync.types import JsonValue
 from fullasync_agents import containers, harness_generator
 from fullasync_agents.harness_generator import HarnessGenerator
+from fullasync_agents.sandboxes import Sandbox, sandboxes_for
 from fullasync_agents.terminus import interpreter
 from fullasync_agents.terminus.config import TerminusConfig
 from fullasync_agents.terminus.messages import TerminusOutcome, TerminusSpec
@@ -38,7 +45,7 @@ from fullasync_agents.terminus.messages import TerminusOutcome, TerminusSpec
 SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
 # Trial failures of the sandbox, not of the harness or the policy: the episode is run again (fullasync's `infra`).
 INFRA_FAILURES = frozenset({"EnvironmentStartTimeoutError", "AgentSetupTimeoutError", "HealthcheckError",
-                            "SandboxBuildFailedError"})
+                            "SandboxBuildFailedError", "NodeSandboxError"})
 
 
 class HarnessError(harness_generator.HarnessError):
@@ -62,6 +69,31 @@ def outcome_reward(outcome: TerminusOutcome, row_id: object) -> float:
                        f"{(outcome.traceback or '')[-2000:]}")
 
 
+def container_task(task_dir: str | Path) -> dict[str, Any]:
+    """A harbor task as a container task for a node's sandbox service: its image named by task.toml's
+    `environment.docker_image`, or built on the node from `environment/` (each file sent, base64); its workdir."""
+    root = Path(task_dir)
+    environment = tomllib.loads((root / "task.toml").read_text()).get("environment", {})
+    context = root / "environment"
+    if (context / "docker-compose.yaml").exists() or (context / "docker-compose.yml").exists():
+        raise HarnessError(f"task {root.name}: a docker-compose environment (several services) is not placed on the "
+                           "Ray nodes; run it with container.placement=local")
+    dockerfile = context / "Dockerfile"
+    workdir = environment.get("workdir") or ""
+    if not workdir and dockerfile.is_file():
+        named = re.findall(r"(?im)^\s*WORKDIR\s+(\S+)", dockerfile.read_text())
+        workdir = named[-1] if named else ""
+    task: dict[str, Any] = {"id": root.name, "workdir": workdir or "/"}
+    if environment.get("docker_image"):
+        return {**task, "image": str(environment["docker_image"])}
+    if not dockerfile.is_file():
+        raise HarnessError(f"task {root.name}: neither environment.docker_image in task.toml nor "
+                           f"{dockerfile} names its image")
+    files = {str(path.relative_to(context)): base64.b64encode(path.read_bytes()).decode()
+             for path in sorted(context.rglob("*")) if path.is_file()}
+    return {**task, "image_recipe": {"context": files}}
+
+
 class Terminus2Generator(HarnessGenerator):
     """Terminus-2 on harbor-format terminal tasks; rows as in `fullasync_agents.terminal_tasks`."""
 
@@ -75,6 +107,7 @@ class Terminus2Generator(HarnessGenerator):
         self.last_outcome: TerminusOutcome | None = None  # harbor's report of the latest scored episode
         self.containers: containers.Containers | None = None  # environment_type=container: removes what is left
         self._slots_dir = ""
+        self._tasks: dict[str, dict[str, Any]] = {}  # placement=cluster: each task directory as a container task
 
     async def setup(self) -> None:
         """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once);
@@ -84,7 +117,10 @@ class Terminus2Generator(HarnessGenerator):
         workdir = self.new_workdir("fullasync-terminus-")
         paths = interpreter.import_path(workdir / "pythonpath")
         env = interpreter.harness_environment(paths)
-        if self.config.environment_type == "container":
+        if self.config.environment_type == "container" and self.config.container.placement == "cluster":
+            self.sandboxes = sandboxes_for(self.config.container)
+            await self.preflight_containers()
+        elif self.config.environment_type == "container":
             env.update(await self._container_setup(python, workdir))
         await self.start_harness([str(python), "-m", "fullasync_agents.terminus.runner"], env, harness="Terminus-2",
                                  missing_hint=interpreter.SETUP_HINT)
@@ -101,6 +137,14 @@ class Terminus2Generator(HarnessGenerator):
         self._slots_dir = str(workdir / "start-slots")
         return {"PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}", "BUILDAH_ISOLATION": "chroot"}
 
+    def container_task(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        if self.sandboxes is None or not row.get("task_dir"):
+            return None
+        task_dir = str(row["task_dir"])
+        if task_dir not in self._tasks:
+            self._tasks[task_dir] = container_task(task_dir)
+        return self._tasks[task_dir]
+
     def llm_call_kwargs(self, row: dict[str, Any]) -> dict[str, JsonValue]:
         """Extra kwargs of every model call of this row's episode (override to constrain decoding, say)."""
         return dict(self.config.llm_call_kwargs)
@@ -111,7 +155,8 @@ class Terminus2Generator(HarnessGenerator):
         kwargs = self.config.agent_kwargs_for(base_url, api_key, self.llm_call_kwargs(row))
         return {"name": self.harbor_agent, "model_name": self.config.model_name, "kwargs": kwargs}
 
-    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], files: Path) -> TerminusSpec:
+    def episode_spec(self, episode: EpisodeContext, row: dict[str, Any], files: Path,
+                     sandbox: Sandbox | None = None) -> TerminusSpec:
         config = self.config
         verifier: dict[str, JsonValue] = {"override_timeout_sec": config.verifier_timeout_s} \
             if config.verifier_timeout_s else {}
@@ -121,7 +166,8 @@ class Terminus2Generator(HarnessGenerator):
         return TerminusSpec(
             task_dir=str(row["task_dir"]), trials_dir=str(files / "trials"), trial_name="trial",
             agent=agent, verifier=verifier,
-            environment=config.environment_entry(str(files), self.container_labels(episode), self._slots_dir),
+            environment=config.environment_entry(str(files), self.container_labels(episode), self._slots_dir,
+                                                 (sandbox.id, sandbox.executable) if sandbox is not None else None),
             extra_instructions=[str(line) for line in row.get("extra_instructions", [])],
         )
 
@@ -136,10 +182,14 @@ class Terminus2Generator(HarnessGenerator):
             raise HarnessError(f"row {row.get('id')!r}: 'task_dir' must name a harbor task directory (with task.toml), "
                                f"got {row.get('task_dir')!r}")
         files = launcher.episode_dir()
+        task = self.container_task(row)
+        sandbox = await self.sandboxes.start(task, episode.episode_id) if self.sandboxes and task else None
         try:
-            outcome = await self.run_harness(self.episode_spec(episode, row, files), TerminusOutcome,
+            outcome = await self.run_harness(self.episode_spec(episode, row, files, sandbox), TerminusOutcome,
                                              self.config.episode_timeout_s, files)
         finally:
+            if sandbox is not None and self.sandboxes is not None:  # placed on a node: removed (or reset) there
+                await self.sandboxes.finish(sandbox)
             if self.containers is not None:  # harbor removes its container; a hard kill leaves it to us
                 await self.containers.remove_episode(episode.episode_id)
         status = outcome.exception_type or "Verified"

@@ -5,7 +5,10 @@ podman-compose; `make setup-containers` and `make setup-terminus`), through the 
 The policy is the untrained tiny model, its replies constrained where a test needs one (the engine still samples
 every token). What is checked: the oracle's command solves the task and a no-op does not, the commands ran in the
 task's container (no network, the configured limits, our labels), nothing is left after an episode — also after a
-hard kill at the episode timeout — and the containers of a dead run are removed when the next one sets up.
+hard kill at the episode timeout — and the containers of a dead run are removed when the next one sets up. With
+`container.placement=cluster` the task's image is built and its container run by a node's sandbox service in a podman
+store of its own, harbor reaching it through the relay: the oracle solves the task only because every command, upload
+and download went there.
 """
 
 from __future__ import annotations
@@ -14,11 +17,19 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 
 import pytest
-from agents_common import assert_token_exact, our_containers, podman_required, run_episode  # noqa: F401
+from agents_common import (  # noqa: F401
+    assert_token_exact,
+    cluster_container_settings,
+    our_containers,
+    podman_required,
+    run_episode,
+)
 from test_agents_terminus import CONFIG, TASK, ScriptedTerminus, reply
 
 from fullasync_agents.containers import EPISODE, MANAGED, OWNER, ContainerSettings
@@ -113,3 +124,25 @@ async def test_containers_of_a_dead_run_are_removed_when_the_next_sets_up(gatewa
         assert left[:12] not in {c[:12] for c in ours()}
     finally:
         await generator.teardown()
+
+
+async def test_with_placement_cluster_a_nodes_service_runs_the_task_container_and_harbor_reaches_it(gateway):
+    store = tempfile.mkdtemp(prefix="fa-nodes-", dir="/tmp")  # short: podman's runroot holds sockets
+    settings = dataclasses.replace(cluster_container_settings(store), memory="768m", pids=256, max_starting=2)
+    generator = ScriptedTerminus(dataclasses.replace(CONTAINER_CONFIG, container=settings))
+    await generator.setup()
+    try:
+        before = ours()
+        solve = reply([TASK["oracle_command"] + "\n"], done=True, duration=None)
+        solved, client = await run_episode(gateway, generator, {**TASK, "forced_reply": solve})
+        outcome = generator.last_outcome
+        assert outcome is not None and outcome.exception_type is None, outcome
+        assert solved == 1.0 and assert_token_exact(client, solved) == [True], outcome.messages
+        sandboxes = generator.sandboxes
+        assert sum(sandboxes.started.values()) == 1 and ours() == before  # none in the driver's podman
+        assert all(ids == [] for ids in (await sandboxes.running()).values())  # removed on its node
+        nothing, _ = await run_episode(gateway, generator, {**TASK, "forced_reply": reply([], done=True)})
+        assert nothing == 0.0 and sum(sandboxes.started.values()) == 2
+    finally:
+        await generator.teardown()
+        shutil.rmtree(store, ignore_errors=True)

@@ -5,6 +5,7 @@ verified reset — nothing of the episode left (repository, /tmp, $HOME, process
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from agents_common import our_containers, podman_required  # noqa: F401
@@ -140,3 +141,19 @@ async def test_a_dirty_reset_quarantines_the_container(damage):
     await containers.finish(second)
     await containers.close()
     assert our_containers() == before
+
+
+async def test_a_containers_liveness_after_its_first_inspect_reads_proc_and_sees_it_die():
+    containers = Containers()
+    image = await containers.image_for(ROW)
+    container = await containers.start(image, "/testbed", "pool-alive")
+    try:
+        assert await container.alive() and container._init is not None  # the inspect recorded its init's pid
+        pid, _ = container._init
+        assert await container.alive()  # from /proc now
+        killed = await container.cli("kill")
+        assert killed.returncode == 0, killed.output
+        await _wait(lambda: not os.path.exists(f"/proc/{pid}"), "the container's init to exit", 30)
+        assert not await container.alive()
+    finally:
+        await containers.finish(container)

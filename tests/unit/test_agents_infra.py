@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+
 import pytest
 
 from fullasync.errors import InfraError
-from fullasync_agents.containers import ContainerSettings
+from fullasync_agents.containers import Containers, ContainerSettings
 from fullasync_agents.sandbox import SandboxError, create_sandbox
-from fullasync_agents.terminus.config import CONTAINER_ENVIRONMENT, TerminusConfig
-from fullasync_agents.terminus.generator import HarnessError, outcome_reward
+from fullasync_agents.terminal_tasks import TASKS_DIR
+from fullasync_agents.terminus.config import CONTAINER_ENVIRONMENT, NODE_ENVIRONMENT, TerminusConfig
+from fullasync_agents.terminus.generator import HarnessError, container_task, outcome_reward
 from fullasync_agents.terminus.messages import TerminusOutcome
 
 
@@ -29,6 +33,7 @@ def test_a_row_that_names_no_repository_is_the_rows_failure(tmp_path):
 
 @pytest.mark.parametrize(("failure", "error"), [("EnvironmentStartTimeoutError", InfraError),
                                                 ("SandboxBuildFailedError", InfraError),
+                                                ("NodeSandboxError", InfraError),
                                                 ("RuntimeError", HarnessError)])
 def test_harbors_sandbox_failures_are_infrastructure_failures(failure, error):
     with pytest.raises(error):
@@ -52,3 +57,35 @@ def test_summarisation_is_harbors_default_and_its_threshold_must_fit_the_context
     assert off["enable_summarize"] is False and off["proactive_summarization_threshold"] == 500
     with pytest.raises(ValueError, match="summarize_below_free_tokens=8000 must be in"):
         TerminusConfig(context_length=4096, summarize_below_free_tokens=8000)
+
+
+def test_terminus_on_the_ray_nodes_reaches_the_container_a_nodes_service_started():
+    cluster = ContainerSettings(placement="cluster")
+    with pytest.raises(ValueError, match="set environment_type=container"):
+        TerminusConfig(container=cluster)  # the local namespace sandbox starts no container to place
+    entry = TerminusConfig(environment_type="container", container=cluster).environment_entry(
+        "/episode", node_container=("c0ffee", "/tmp/fa-relay-x/podman"))
+    assert entry["import_path"] == NODE_ENVIRONMENT and entry["delete"] is False
+    assert entry["kwargs"] == {"container_id": "c0ffee", "executable": "/tmp/fa-relay-x/podman"}
+
+
+def test_a_harbor_task_as_a_container_task_sends_its_build_context(tmp_path):
+    task = container_task(TASKS_DIR / "copy-file")
+    assert task["id"] == "copy-file" and task["workdir"] == "/app"  # task.toml's
+    context = {name: base64.b64decode(content) for name, content in task["image_recipe"]["context"].items()}
+    assert set(context) == {"Dockerfile", "app/config/settings.ini"}
+    assert context["Dockerfile"] == (TASKS_DIR / "copy-file/environment/Dockerfile").read_bytes()
+    named = tmp_path / "named"
+    (named / "environment").mkdir(parents=True)
+    (named / "task.toml").write_text('[environment]\ndocker_image = "localhost/mine:1"\n')
+    (named / "environment/Dockerfile").write_text("FROM scratch\nWORKDIR /work\n")
+    assert container_task(named) == {"id": "named", "workdir": "/work", "image": "localhost/mine:1"}
+    (named / "environment/docker-compose.yaml").write_text("services: {}\n")
+    with pytest.raises(HarnessError, match="placement=local"):
+        container_task(named)
+
+
+def test_a_build_context_naming_a_file_outside_it_is_refused_before_anything_is_built():
+    with pytest.raises(ValueError, match="outside its build context"):
+        asyncio.run(Containers()._build_context("localhost/t:1", {"../../etc/cron.d/x": ""}))
+
