@@ -16,7 +16,7 @@ from fullasync_agents.containers import ContainerSettings
 
 LOCAL_ENVIRONMENT = "fullasync_agents.terminus.sandbox_environment:LocalNamespaceEnvironment"
 CONTAINER_ENVIRONMENT = "fullasync_agents.terminus.container_environment:TaskContainerEnvironment"
-NODE_ENVIRONMENT = "fullasync_agents.terminus.node_environment:NodeContainerEnvironment"
+STARTED_ENVIRONMENT = "fullasync_agents.terminus.started_environment:StartedContainerEnvironment"
 PARSERS = ("json", "xml")  # Terminus-2's two response formats
 
 
@@ -37,9 +37,9 @@ class TerminusConfig:
     # (each context trains as its own sequence); off, an overflowing call ends the episode, scored 0
     summarize_below_free_tokens: int = 0  # proactive summary once fewer free tokens remain (harbor uses 8000 for
     # its 32k+ contexts); 0 = only when a call overflows the context
-    environment_type: str = "local"  # local (namespace sandbox, no daemon) | container (the task's image in harbor's
-    # podman environment, no network, `container` limits; make setup-containers; with container.placement=cluster
-    # started by the sandbox service of a Ray node with room instead) | another harbor type, e.g. docker
+    environment_type: str = "local"  # local (namespace sandbox, no daemon) | container (the task's image, no
+    # network, `container`'s limits, budgets and warm pool, on this host or the Ray nodes: container.placement;
+    # make setup-containers) | another harbor type, e.g. docker
     container: ContainerSettings = field(default_factory=ContainerSettings)  # environment_type=container only
     environment_import_path: str = ""  # a harbor BaseEnvironment as "module:Class" (wins over environment_type)
     environment: dict[str, Any] = field(default_factory=dict)  # extra environment kwargs (EnvironmentConfig.kwargs)
@@ -97,13 +97,13 @@ class TerminusConfig:
         }
 
     def environment_entry(self, sandbox_parent: str, labels: dict[str, str] | None = None, slots_dir: str = "",
-                          node_container: tuple[str, str] | None = None) -> dict[str, JsonValue]:
+                          started_container: tuple[str, str] | None = None) -> dict[str, JsonValue]:
         """harbor's `EnvironmentConfig` fields: the local namespace sandbox, the task's container (with `labels`
-        and the start slots in `slots_dir`; or, placement=cluster, `node_container`: the id and relay executable of
-        the one a node's service started), or a harbor environment type."""
-        if node_container is not None:
-            container_id, executable = node_container
-            return {"import_path": NODE_ENVIRONMENT, "delete": False,
+        and the start slots in `slots_dir`, for a compose task; or `started_container`: the id and the executable to
+        `exec` into the one `fullasync_agents.sandboxes` started), or a harbor environment type."""
+        if started_container is not None:
+            container_id, executable = started_container
+            return {"import_path": STARTED_ENVIRONMENT, "delete": False,
                     "kwargs": {"container_id": container_id, "executable": executable, **self.environment}}
         if self.environment_type == "container" and not self.environment_import_path:
             kwargs = {"container": asdict(self.container), "labels": dict(labels or {}), "slots_dir": slots_dir,

@@ -1,4 +1,6 @@
-"""`TaskContainerEnvironment`: harbor's own podman environment with fullasync's container policy.
+"""`TaskContainerEnvironment`: harbor's own podman environment with fullasync's container policy, for the tasks
+whose environment is a docker-compose file (several services); a single-image task's container is started by
+`fullasync_agents.sandboxes` instead and reached with `started_environment`.
 
 Runs inside the harbor interpreter (Python >= 3.12, `harbor` and podman-compose installed: `make setup-terminus`);
 harbor's `Trial` builds it from `EnvironmentConfig(import_path="fullasync_agents.terminus.container_environment:

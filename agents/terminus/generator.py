@@ -10,12 +10,13 @@ that hangs past the verifier timeout scores 0 (harbor skips or cuts the verifica
 caused it); anything else — the harness crashing, the sandbox not starting, a task without a
 reward, the hard kill — raises, so the rollouter counts the episode as failed and never trains it
 as reward 0. The trajectory is what the gateway recorded. Does not own: the gateway, recording, the
-task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`; with
-`environment_type="container"`, harbor's podman environment with our overlay, `container_environment` — here only
-the harness's PATH, the sweep of a dead run's containers at set-up and the removal of an episode's after it ends;
-with `container.placement=cluster` the episode's container is started here, through the sandbox service of the Ray
-node with the most free places (`fullasync_agents.sandboxes`: the task's image built there from its `environment/`,
-budgets and warm pool per node), harbor reaching it through the relay (`node_environment`), and removed here).
+task rows (`fullasync_agents.terminal_tasks`) or the sandbox (`sandbox_environment`). With
+`environment_type="container"` the episode's container is started here before the trial, through
+`fullasync_agents.sandboxes` — on this host or (`container.placement=cluster`) by the sandbox service of the Ray node
+with the most free places: the task's image built from its `environment/` (sent with the request), its repository
+cut at its base, the budgets, the warm pool — harbor reaching it with `started_environment`, and removed (or reset)
+here when the episode ends. A docker-compose task (several services) runs in harbor's own podman environment with our
+overlay instead (`container_environment`, this host only; here the harness's PATH and the removal of its container).
 
     generator = Terminus2Generator(TerminusConfig(max_turns=4))
     AsyncAgentTrainer(config, rollout_fn=generator, train_dataset=train_rows(), val_dataset=held_out_rows()).train()
@@ -45,7 +46,7 @@ from fullasync_agents.terminus.messages import TerminusOutcome, TerminusSpec
 SCORED_ZERO = frozenset({"ContextLengthExceededError", "VerifierTimeoutError"})
 # Trial failures of the sandbox, not of the harness or the policy: the episode is run again (fullasync's `infra`).
 INFRA_FAILURES = frozenset({"EnvironmentStartTimeoutError", "AgentSetupTimeoutError", "HealthcheckError",
-                            "SandboxBuildFailedError", "NodeSandboxError"})
+                            "SandboxBuildFailedError", "SandboxUnreachableError"})
 
 
 class HarnessError(harness_generator.HarnessError):
@@ -69,15 +70,15 @@ def outcome_reward(outcome: TerminusOutcome, row_id: object) -> float:
                        f"{(outcome.traceback or '')[-2000:]}")
 
 
-def container_task(task_dir: str | Path) -> dict[str, Any]:
-    """A harbor task as a container task for a node's sandbox service: its image named by task.toml's
-    `environment.docker_image`, or built on the node from `environment/` (each file sent, base64); its workdir."""
+def container_task(task_dir: str | Path) -> dict[str, Any] | None:
+    """A harbor task as a container task (`fullasync_agents.sandboxes`): its image named by task.toml's
+    `environment.docker_image`, or built from `environment/` (each file sent, base64); its workdir. None for a
+    docker-compose task (several services: harbor's own podman environment runs it)."""
     root = Path(task_dir)
     environment = tomllib.loads((root / "task.toml").read_text()).get("environment", {})
     context = root / "environment"
-    if (context / "docker-compose.yaml").exists() or (context / "docker-compose.yml").exists():
-        raise HarnessError(f"task {root.name}: a docker-compose environment (several services) is not placed on the "
-                           "Ray nodes; run it with container.placement=local")
+    if (context / "docker-compose.yaml").exists():  # the one name harbor reads
+        return None
     dockerfile = context / "Dockerfile"
     workdir = environment.get("workdir") or ""
     if not workdir and dockerfile.is_file():
@@ -105,29 +106,30 @@ class Terminus2Generator(HarnessGenerator):
         self.config = config if config is not None else TerminusConfig()
         self.turns: list[int] = []  # agent turns of each finished (scored) episode
         self.last_outcome: TerminusOutcome | None = None  # harbor's report of the latest scored episode
-        self.containers: containers.Containers | None = None  # environment_type=container: removes what is left
+        self.containers: containers.Containers | None = None  # compose tasks' containers: removes what is left
         self._slots_dir = ""
-        self._tasks: dict[str, dict[str, Any]] = {}  # placement=cluster: each task directory as a container task
+        self._tasks: dict[str, dict[str, Any] | None] = {}  # each task directory as a container task
 
     async def setup(self) -> None:
         """Start the harness process in the harbor interpreter (harbor, Terminus-2 and litellm imported once);
-        with task containers, check podman and podman-compose and remove what a killed run left."""
+        with task containers, say in one line what would stop them, check podman-compose (this host's compose tasks)
+        and remove what a killed run left."""
         python = interpreter.harbor_python(self.config.harbor_python)
         interpreter.check_harbor(python)
         workdir = self.new_workdir("fullasync-terminus-")
         paths = interpreter.import_path(workdir / "pythonpath")
         env = interpreter.harness_environment(paths)
-        if self.config.environment_type == "container" and self.config.container.placement == "cluster":
+        if self.config.environment_type == "container":
             self.sandboxes = sandboxes_for(self.config.container)
             await self.preflight_containers()
-        elif self.config.environment_type == "container":
-            env.update(await self._container_setup(python, workdir))
+            if self.config.container.placement == "local":
+                env.update(await self._container_setup(python, workdir))
         await self.start_harness([str(python), "-m", "fullasync_agents.terminus.runner"], env, harness="Terminus-2",
                                  missing_hint=interpreter.SETUP_HINT)
 
     async def _container_setup(self, python: Path, workdir: Path) -> dict[str, str]:
-        """The harness's environment for harbor's podman environment (podman-compose on PATH, builds isolated
-        without a bridge), after sweeping the containers of dead runs."""
+        """The harness's environment for harbor's podman environment, which runs compose tasks (podman-compose on
+        PATH, builds isolated without a bridge), after sweeping the containers of dead runs."""
         compose = python.parent / "podman-compose"
         if shutil.which(self.config.container.executable) is None or not compose.exists():
             raise HarnessError(f"environment_type=container needs {self.config.container.executable} "
@@ -183,12 +185,15 @@ class Terminus2Generator(HarnessGenerator):
                                f"got {row.get('task_dir')!r}")
         files = launcher.episode_dir()
         task = self.container_task(row)
+        if self.sandboxes is not None and task is None and self.config.container.placement == "cluster":
+            raise HarnessError(f"row {row.get('id')!r}: a docker-compose task (several services) is not placed on "
+                               "the Ray nodes; run it with container.placement=local")
         sandbox = await self.sandboxes.start(task, episode.episode_id) if self.sandboxes and task else None
         try:
             outcome = await self.run_harness(self.episode_spec(episode, row, files, sandbox), TerminusOutcome,
                                              self.config.episode_timeout_s, files)
         finally:
-            if sandbox is not None and self.sandboxes is not None:  # placed on a node: removed (or reset) there
+            if sandbox is not None and self.sandboxes is not None:  # removed (or reset for the next episode)
                 await self.sandboxes.finish(sandbox)
             if self.containers is not None:  # harbor removes its container; a hard kill leaves it to us
                 await self.containers.remove_episode(episode.episode_id)

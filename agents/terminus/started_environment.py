@@ -1,15 +1,18 @@
-"""`NodeContainerEnvironment`: a harbor environment over a task container fullasync started on a Ray node.
+"""`StartedContainerEnvironment`: a harbor environment over a task container fullasync started for the episode.
 
 Runs inside the harbor interpreter (Python >= 3.12, `harbor` importable: `make setup-terminus`); harbor's `Trial`
-builds it from `EnvironmentConfig(import_path="fullasync_agents.terminus.node_environment:NodeContainerEnvironment",
-kwargs={"container_id": ..., "executable": ...})`. With `container.placement=cluster` the generator has the sandbox
-service of the node with the most free places start the episode's container (the task's image built there from its
-`environment/` directory, no network, limits, labels) before the trial and remove it after; this class only reaches
-it. Every command, upload and download is one `<executable> exec` — the relay's client, which runs it on the
-container's node (`fullasync_agents.sandbox_relay`): uploads as a tar stream on stdin, downloads as a tar stream in
-base64 (the relay carries text). Log directories are not mounted: harbor downloads `/logs/agent` and `/logs/verifier`
-after each phase, as it does for a cloud sandbox. A relay or podman failure (exit 125 with its message) raises
-`NodeSandboxError`, which the generator counts as an infrastructure failure (the episode runs again, never scored).
+builds it from `EnvironmentConfig(import_path="fullasync_agents.terminus.started_environment:
+StartedContainerEnvironment", kwargs={"container_id": ..., "executable": ...})`. With `environment_type=container`
+the generator starts the episode's container before the trial through `fullasync_agents.sandboxes` — on this host
+(`placement=local`) or through the sandbox service of the Ray node with the most free places (`placement=cluster`):
+the task's image built from its `environment/` directory, its repository cut at its base, no network, limits,
+labels, the budgets, the warm pool — and removes (or resets) it after; this class only reaches it. Every command,
+upload and download is one `<executable> exec`: this host's podman, or the relay's client, which runs it on the
+container's node (`fullasync_agents.sandbox_relay`). Uploads go as a tar stream on stdin, downloads as a tar stream
+in base64 (the relay carries text). Log directories are not mounted: harbor downloads `/logs/agent` and
+`/logs/verifier` after each phase, as it does for a cloud sandbox. A relay or podman failure (exit 125 with its
+message) raises `SandboxUnreachableError`, which the generator counts as an infrastructure failure (the episode
+runs again, never scored).
 
 Does not own: starting or removing the container (`Terminus2Generator` through `fullasync_agents.sandboxes`), the
 agent, the verifier or the trial's lifecycle (harbor's).
@@ -32,30 +35,30 @@ RELAY_MESSAGES = ("fullasync sandbox relay", "Error")  # ... when its message st
 TRANSFER_TIMEOUT_S = 600
 
 
-class NodeSandboxError(RuntimeError):
-    """The task container on its node could not be reached (relay, sandbox service or podman): infrastructure."""
+class SandboxUnreachableError(RuntimeError):
+    """The task container could not be reached (podman, or the relay and the node's sandbox service): infra."""
 
 
-class NodeContainerEnvironment(BaseEnvironment):
-    """harbor's view of one running container on a Ray node, reached through the sandbox relay."""
+class StartedContainerEnvironment(BaseEnvironment):
+    """harbor's view of one running container, reached with `<executable> exec` (podman, or the sandbox relay)."""
 
     def __init__(self, *args: Any, container_id: str = "", executable: str = "", **kwargs: Any) -> None:
         if not container_id or not executable:
-            raise ValueError("NodeContainerEnvironment needs container_id and executable (the generator passes them)")
+            raise ValueError("StartedContainerEnvironment needs container_id and executable (the generator gives both)")
         self._container = container_id
         self._executable = executable
         super().__init__(*args, **kwargs)
 
     @staticmethod
     def type() -> str:
-        return "fullasync-node"
+        return "fullasync-started"
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         return EnvironmentCapabilities(disable_internet=True)
 
     def _validate_definition(self) -> None:
-        """The image was built by the node's service from environment/ (or named by the task): nothing to check."""
+        """The image was built from environment/ (or named by the task) before the trial: nothing to check."""
 
     async def start(self, force_build: bool) -> None:
         await self._run(["true"], timeout_sec=60)  # reached, running
@@ -76,13 +79,13 @@ class NodeContainerEnvironment(BaseEnvironment):
         except TimeoutError as error:
             raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from error
         finally:
-            if process.returncode is None:  # timed out or cancelled: the relay cancels the command on its node
+            if process.returncode is None:  # timed out or cancelled (through the relay: cancelled on its node too)
                 process.kill()
                 await process.wait()
         out, err = stdout.decode(errors="replace"), stderr.decode(errors="replace")
         failed = process.returncode == RELAY_FAILED and (err or out).lstrip().startswith(RELAY_MESSAGES)
         if failed:
-            raise NodeSandboxError(f"container {self._container[:12]} on its node: {(err or out).strip()[-800:]}")
+            raise SandboxUnreachableError(f"container {self._container[:12]}: {(err or out).strip()[-800:]}")
         return ExecResult(stdout=out or None, stderr=err or None, return_code=process.returncode)
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
