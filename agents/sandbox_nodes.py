@@ -29,7 +29,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fullasync.errors import InfraError
 from fullasync_agents.containers import ContainerSettings, run_cli
-from fullasync_agents.sandbox_relay import Relay
+from fullasync_agents.sandbox_relay import VALUED, Relay
 from fullasync_agents.sandboxes import LocalSandboxes, Sandbox
 from fullasync_agents.swe_tasks.swebench import SweScore
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 NODE = 12  # characters of a node's id in names and paths
 RESTARTS = 3  # a killed service comes back on its node this often
 EXEC_LIMIT_S = 6 * 3600.0  # a relayed command's bound on the node: the harness's own timeout ends it sooner
-_VALUED = ("-w", "--workdir", "-e", "--env", "-u", "--user")
 
 
 def node_executable(settings: ContainerSettings, node: str) -> str:
@@ -62,9 +61,9 @@ def exec_target(argv: list[str]) -> str:
         raise ValueError(f"the sandbox relay runs `exec` only, not {shlex.join(argv[:1])!r}")
     i = 1
     while i < len(argv) and argv[i].startswith("-"):
-        if argv[i] not in (*_VALUED, "-i", "--interactive"):
+        if argv[i] not in (*VALUED, "-i", "--interactive"):
             raise ValueError(f"the sandbox relay does not pass exec's option {argv[i]!r} (-i, -w, -e, -u only)")
-        i += 2 if argv[i] in _VALUED else 1
+        i += 2 if argv[i] in VALUED else 1
     if i + 1 >= len(argv):
         raise ValueError(f"`{shlex.join(argv)}` names no container and command")
     return argv[i]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 Forward = Callable[[list[str], bytes | None], Awaitable[tuple[int, str]]]
 RELAY_FAILED = 125  # as `podman exec` exits when podman itself failed
+VALUED = ("-w", "--workdir", "-e", "--env", "-u", "--user")  # the relayed exec's options that take a value
 
 # The client: a command line in, the node's output and exit status out. `-S`: it starts in ~15 ms.
 CLIENT = r'''#!{python} -S
@@ -31,7 +32,7 @@ argv, stdin, i = sys.argv[1:], None, 1
 while i < len(argv) and argv[i].startswith("-"):  # exec's options, up to the container id
     if argv[i] in ("-i", "--interactive"):
         stdin = base64.b64encode(sys.stdin.buffer.read()).decode()
-    i += 2 if argv[i] in ("-w", "--workdir", "-e", "--env", "-u", "--user") else 1
+    i += 2 if argv[i] in {valued!r} else 1
 try:
     relay = socket.socket(socket.AF_UNIX)
     relay.connect({socket!r})
@@ -58,7 +59,8 @@ class Relay:
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._serve, self.socket)
         os.chmod(self.socket, 0o600)
-        Path(self.client).write_text(CLIENT.format(python=sys.executable, socket=self.socket, failed=RELAY_FAILED))
+        Path(self.client).write_text(CLIENT.format(python=sys.executable, socket=self.socket, failed=RELAY_FAILED,
+                                                   valued=VALUED))
         os.chmod(self.client, 0o700)
 
     async def stop(self) -> None:
