@@ -72,6 +72,26 @@ $(VERIFIERS_STAMP): requirements/verifiers-legacy-lock.txt
 	$(VERIFIERS_VENV)/bin/pip install --quiet --no-deps -r requirements/verifiers-legacy-lock.txt
 	touch $(VERIFIERS_STAMP)
 
+# OpenEnv environments (data.task=openenv:<package>) are served from an interpreter of their own (.venv-openenv):
+# openenv 0.10.0 needs mcp<2 and gradio. Resolver-free from requirements/openenv-lock.txt (~60 s the first time,
+# ~480 MB), then openenv's own environment template (`openenv init echo_env`, the echo environment it ships) made
+# importable there as echo_env. Install an environment's package into it (.venv-openenv/bin/pip install ...).
+# OPENENV_PYTHON=/path/to/python3.11 overrides the interpreter it is made from.
+OPENENV_VENV := .venv-openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.fullasync-installed
+OPENENV_PYTHON ?= $(PYTHON)
+.PHONY: setup-openenv
+setup-openenv: $(OPENENV_STAMP)
+
+$(OPENENV_STAMP): requirements/openenv-lock.txt
+	test -x $(OPENENV_VENV)/bin/python || $(OPENENV_PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/pip install --quiet --no-deps -r requirements/openenv-lock.txt
+	rm -rf $(OPENENV_VENV)/envs && mkdir -p $(OPENENV_VENV)/envs
+	cd $(OPENENV_VENV)/envs && ../bin/openenv init echo_env > /dev/null
+	echo "$(abspath $(OPENENV_VENV)/envs)" > "$$($(OPENENV_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/fullasync-envs.pth"
+	$(OPENENV_VENV)/bin/python -c "import echo_env.server.app"
+	touch $(OPENENV_STAMP)
+
 # The environments' packages that share .venv (data.task=reasoning_gym:...): requirements/environments-lock.txt,
 # resolver-free after the device's lock (~30 s the first time: three source builds; nothing after, the stamp).
 ENVIRONMENTS_STAMP := $(VENV)/.fullasync-environments
@@ -167,14 +187,14 @@ $(DOCS_STAMP): requirements/docs-lock.txt
 test-unit: setup
 	$(PY) -m pytest tests/unit -m "not slow" -q
 
-test: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers
+test: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers setup-openenv
 	$(PY) -m pytest -m "not slow" -x -q
 
-test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers
+test-all: setup setup-terminus setup-containers setup-browser setup-coding-agents setup-environments setup-verifiers setup-openenv
 	$(PY) -m pytest -q
 
 # The long tests (kill-and-resume, rank kills, push storms, bring-your-own); CI runs them after `make test`.
-test-slow: setup setup-terminus setup-containers setup-environments setup-verifiers
+test-slow: setup setup-terminus setup-containers setup-environments setup-verifiers setup-openenv
 	$(PY) -m pytest -m "slow and not learning and not extended" -q
 
 # The slow end-to-end checks past CI's budget (the real 135M model's runs, the 17k-token episode, the harness
@@ -182,7 +202,7 @@ test-slow: setup setup-terminus setup-containers setup-environments setup-verifi
 # the tensor-parallel push, doctor's stack check, export, the deepresearch example's train.py): what they cross, faster tests cover piece by piece; run them
 # before a release and after changing what they cross.
 .PHONY: test-extended
-test-extended: setup setup-terminus setup-containers setup-environments setup-verifiers
+test-extended: setup setup-terminus setup-containers setup-environments setup-verifiers setup-openenv
 	$(PY) -m pytest -m extended -q
 
 # The chaos soak's short form alone (bench/chaos.py, three minutes; also part of test-extended): faults at random times
@@ -194,11 +214,11 @@ test-soak: setup
 # The learning runs (the built-in task's 60 steps, ~2.5 min; the harness examples trained and evaluated held out
 # before and after: ~17 and ~23 min here), kept out of CI's time budget; run them before changing an example's defaults.
 .PHONY: test-learning
-test-learning: setup setup-terminus setup-containers setup-environments setup-verifiers
+test-learning: setup setup-terminus setup-containers setup-environments setup-verifiers setup-openenv
 	$(PY) -m pytest -m learning -q
 
 clean-venv:
-	rm -rf $(VENV) $(HARBOR_VENV) $(DOCS_VENV)
+	rm -rf $(VENV) $(HARBOR_VENV) $(DOCS_VENV) $(VERIFIERS_VENV) $(OPENENV_VENV)
 
 # Lint and type checks (ruff and mypy, pinned in the lock, configured in pyproject.toml); CI runs this before the
 # tests. mypy sees `agents/` and `patches/` under their installed names through links in $(VENV)/mypy-path.

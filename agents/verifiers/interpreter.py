@@ -9,10 +9,9 @@ starting the worker (`generator.py`) or listing rows (`rows.py`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import fullasync
+from fullasync_agents.interpreters import foreign_environment, own_python
 
 PYTHON_ENV = "FULLASYNC_VERIFIERS_PYTHON"
 WORKER = Path(__file__).with_name("worker.py")  # stdlib + verifiers only: runs in verifiers' interpreter
@@ -27,16 +26,9 @@ class VerifiersMissingError(RuntimeError):
 
 def verifiers_python(configured: str = "") -> Path:
     """The interpreter to run environments with; VerifiersMissingError saying what is missing if there is none."""
-    default = Path(fullasync.__file__).resolve().parent.parent / ".venv-verifiers" / "bin" / "python"
-    candidate = Path(configured or os.environ.get(PYTHON_ENV, "") or default)
-    if not candidate.exists():
-        raise VerifiersMissingError(f"{candidate} does not exist. {SETUP_HINT}.")
-    return candidate
+    return own_python(configured, PYTHON_ENV, ".venv-verifiers", SETUP_HINT, VerifiersMissingError)
 
 
 def worker_environment() -> dict[str, str]:
-    """Ours, without this interpreter's venv (the worker's is its own); PYTHONPATH kept: where a user's own
-    environment modules are. No progress bars (datasets' would fill the worker's log)."""
-    env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONHOME")}
-    env.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    return env
+    """The worker's environment (`foreign_environment`)."""
+    return foreign_environment()

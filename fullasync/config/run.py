@@ -156,12 +156,14 @@ class DataSection:
     task: str = setting("arithmetic", "built-in task providing data and rollout_fn: arithmetic, "
                         "reasoning_gym:<generator>[*weight][+<generator>...] or reasoning_gym:<composite.yaml> "
                         "(reasoning-gym's generators and scorers; make setup-environments), verifiers:<environment "
-                        "id> (its own dataset, loop and rubric; make setup-verifiers); \"\" when both are given "
+                        "id> (its own dataset, loop and rubric; make setup-verifiers), openenv:<package> or "
+                        "openenv:ws://host:port (an OpenEnv server; make setup-openenv); \"\" when both are given "
                         "below")
     task_args: dict[str, Any] = setting({}, "the arguments of a verifiers environment's load_environment "
-                                        "(data.task=verifiers:<id>), e.g. {num_train_examples: 500}")
-    task_rows: int = setting(1000, "training rows a generated task (reasoning_gym:...) makes (a composite YAML's "
-                             "size replaces it)")
+                                        "(data.task=verifiers:<id>), e.g. {num_train_examples: 500}; an OpenEnv "
+                                        "task's settings (max_turns, reset, prompt_fn, action_fn, sessions, ...)")
+    task_rows: int = setting(1000, "training rows a generated task (reasoning_gym:..., openenv:...) makes (a "
+                             "composite YAML's size replaces it)")
     task_val_rows: int = setting(100, "held-out rows a generated task makes, none of them a training question")
     task_prompt: str = setting("default", "a generated task's system prompt: the name of one of reasoning-gym's "
                                "(default, direct, simple, DeepSeekZero, chain_of_draft) or the text itself")

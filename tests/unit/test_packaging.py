@@ -113,8 +113,8 @@ def test_doctor_names_an_unwritable_cache_and_how_to_fix_it(tmp_path):
 # pyproject.toml: installed --no-deps, checked by `fullasync doctor`); harbor runs in an interpreter of its own
 # (.venv-harbor, Python >= 3.12: Terminus-2's runner is started there); _typeshed exists for type checkers only
 UNDECLARED = {"verl", "harbor", "_typeshed"}
-# scripts that run in an interpreter of their own (its imports are that interpreter's: verifiers' venv)
-OWN_INTERPRETER = {"agents/verifiers/worker.py"}
+# scripts that run in an interpreter of their own (their imports are that interpreter's: verifiers', openenv's venv)
+OWN_INTERPRETER = {"agents/verifiers/worker.py", "agents/openenv/server.py"}
 
 
 def _imported_top_level_modules() -> dict[str, str]:
