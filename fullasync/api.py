@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fullasync.client import RolloutService
-from fullasync.client.beside import RemoteModel, remote_models
+from fullasync.client.beside import BesideClient, BesideModel, ServedModel, beside_models
 from fullasync.config import RunConfig, config_fields
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
@@ -33,6 +33,7 @@ from fullasync.infra.placement import cluster_gpus, gpu_blocks, plan_gpus
 from fullasync.infra.platform import is_cpu_platform, process_on_cpus
 from fullasync.infra.runtime import describe_cluster, init_ray
 from fullasync.infra.shm import remove_orphaned_semaphores
+from fullasync.launch.beside import ServedModels, served_gpu_blocks
 from fullasync.launch.model import resolve_model_path
 from fullasync.launch.parts import check_chat_setup, client_config, engine_config, log_layout, start_trainer
 from fullasync.models import load_tokenizer
@@ -77,11 +78,12 @@ class AsyncAgentTrainer:
                  train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
                  resume: str | None = None, evaluate_fn: Evaluator | None = None,
                  group_reward_fn: GroupRewardFunction | None = None,
-                 beside: Mapping[str, RemoteModel] | None = None) -> None:
+                 beside: Mapping[str, BesideModel] | None = None) -> None:
         """`group_reward_fn(row, trajectories)`: the rewards of a row's episodes scored together, one per trajectory in
         episode order, in place of those `rollout_fn` returned (`CustomGenerator.group_rewards`; or set
         `data.group_reward_fn`). `beside`: models the harness or a reward calls beside the policy, by name (a judge:
-        `client.judge`), never recorded or trained. `resume` overrides `config.resume`: "auto" (continue output_dir's
+        `client.judge`), never recorded or trained: an endpoint (`RemoteModel`) or one the run serves on engines of
+        its own (`ServedModel`). `resume` overrides `config.resume`: "auto" (continue output_dir's
         newest checkpoint, if any), "never", or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of
         your own, returning an `Evaluation` (score, standard error, metrics), run before training, every `val_every`
         steps and after, with training generation paused; in place of the mean reward of `rollout_fn`
@@ -115,7 +117,7 @@ class AsyncAgentTrainer:
             self.train_rows = self.train_rows[:config.data.max_train_rows]
         self.val_rows = list(val) if val is not None else None
         self.evaluate_fn = evaluate_fn
-        self.beside = {**remote_models(config.beside), **(beside or {})}  # checked here, before anything starts
+        self.beside = {**beside_models(config.beside), **(beside or {})}  # checked here, before anything starts
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
         data = config.data
@@ -203,18 +205,22 @@ class AsyncAgentTrainer:
         log.info("Ray ready: %s (%.1f s)", describe_cluster(), time.perf_counter() - began,
                  extra=progress("ray", 1, 1))
         own_engines, own_trainer = engines is None, trainer is None
+        served = {name: spec for name, spec in self.beside.items() if isinstance(spec, ServedModel)}
         if not is_cpu_platform():  # before starting anything: a layout that cannot fit fails at once
-            plan_gpus(gpu_blocks(cfg.engine.num_engines if own_engines else 0, cfg.engine.tensor_parallel_size,
-                                 cfg.trainer.num_workers if own_trainer else 0), cluster_gpus())
+            plan_gpus([*gpu_blocks(cfg.engine.num_engines if own_engines else 0, cfg.engine.tensor_parallel_size,
+                                   cfg.trainer.num_workers if own_trainer else 0), *served_gpu_blocks(served)],
+                      cluster_gpus())
         if trainer is None:
             trainer = VerlTrainer(model_path, cfg.resolved_trainer())
         started = await asyncio.gather(
             launch_vllm_engines(engine_config(cfg, model_path), cfg.engine.num_engines) if engines is None
             else _ready(engines),
             start_trainer(trainer) if own_trainer else _ready(None),
+            ServedModels.start(served, cfg.seed),
             return_exceptions=True,
         )
         engines = started[0] if not isinstance(started[0], BaseException) else []
+        beside = started[2] if isinstance(started[2], ServedModels) else ServedModels()
         try:
             for outcome in started:
                 if isinstance(outcome, BaseException):
@@ -224,9 +230,10 @@ class AsyncAgentTrainer:
                 if cfg.rollout.cpus:
                     log.info("this process (rollouter, client, rollout_fn, loop) on cores %s (rollout.cpus)",
                              cfg.rollout.cpus)
-                return await self._run(engines, trainer, model_path, resume)
+                return await self._run(engines, trainer, model_path, resume, beside)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
+            await beside.shutdown()
             if own_engines or own_trainer:
                 remove_orphaned_semaphores(since=started_at)
 
@@ -239,7 +246,7 @@ class AsyncAgentTrainer:
                 log.warning("shutdown: %r", outcome)
 
     async def _run(self, engines: Sequence[Engine], trainer: Any, model_path: str,
-                   resume: Checkpoint | None) -> LoopResult:
+                   resume: Checkpoint | None, served: ServedModels) -> LoopResult:
         # `trainer: Any`, not VerlTrainer: its export_weights may return StreamedWeights, which the Trainer
         # contract's WeightsPayload (fullasync/contracts/run.py) does not name yet, so `assemble` would refuse it
         cfg = self.config
@@ -249,7 +256,9 @@ class AsyncAgentTrainer:
                                resume=resume is not None)
         sink = MetricsSink(output_dir / "metrics.jsonl", loggers,
                            RolloutSamples(output_dir / "rollouts", tokenizer, cfg.logging.samples_every))
-        service = RolloutService(engines, tokenizer, client_config(cfg), beside=self.beside)
+        beside = {name: served.clients[name] if isinstance(spec, ServedModel) else BesideClient(name, spec)
+                  for name, spec in self.beside.items()}
+        service = RolloutService(engines, tokenizer, client_config(cfg), beside=beside)
         try:
             policy = CheckpointPolicy(self.checkpoint_root, cfg.checkpoint.every, cfg.checkpoint.keep,
                                       self.fingerprint(), hf_every=cfg.checkpoint.save_hf_every)

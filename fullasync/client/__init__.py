@@ -8,8 +8,8 @@
   format; `answers.py` / `streaming.py` / `chat_answers.py`: the answer, streamed or whole.
 - `continuation.py`: a call interrupted by a push resubmits its tokens under the new weights; `episode.py`: what
   one episode recorded (its model calls, their versions) and which calls are held.
-- `beside.py`: models beside the policy a harness or reward calls (a judge): `RemoteModel`, `BesideClient`
-  (`client.judge`), never recorded.
+- `beside.py`: models beside the policy a harness or reward calls (a judge): `RemoteModel`, `ServedModel`,
+  `BesideClient` (`client.judge`), never recorded.
 - `wire_types.py`: the chat path's data as typed: JSON objects, normalised messages, tools (the openai SDK's type),
   a constraining `tool_choice`.
 

@@ -2,12 +2,14 @@
 never trained, never pushed to.
 
 Owns: `RemoteModel` (an OpenAI-compatible endpoint, its name and role, its concurrency limit, retries and timeout),
-`BesideClient` (its `chat.completions.create`, through the openai SDK: at most `max_concurrency` calls at once, a
-429, a 5xx, a timeout or a refused connection tried again with exponential backoff, then `BesideModelError`, an
-`InfraError`: the episode runs again, it is never scored 0), and its counts for each step's metrics
-(`beside/<name>/calls`, `failures`, `retries`, `latency_s`). A call waits only on its own model's limit: the policy's
-engines and the rollouter's admission never wait on it. Does not own: engines the run starts for such a model (not
-built yet), or recording (a call here is no part of any trajectory).
+`ServedModel` (a model directory the run serves itself on engines of its own), `beside_models` (the `beside`
+setting read as either), `BesideClient` (its `chat.completions.create`, through the openai SDK for an endpoint or
+the run's own engines for a served model: at most `max_concurrency` calls at once, a 429, a 5xx, a timeout, a refused
+connection or a dead engine tried again with exponential backoff, then `BesideModelError`, an `InfraError`: the
+episode runs again, it is never scored 0), and its counts for each step's metrics (`beside/<name>/calls`,
+`failures`, `retries`, `latency_s`). A call waits only on its own model's limit: the policy's engines and the
+rollouter's admission never wait on it. Does not own: starting and supervising a served model's engines
+(`fullasync.launch.beside`), or recording (a call here is no part of any trajectory).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from fullasync.errors import InfraError
+from fullasync.config import EngineSection
+from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InfraError
 
 ROLES = ("judge", "reward_model", "teacher")
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -58,30 +62,101 @@ class RemoteModel:
                              f"{self.max_concurrency}, {self.retries}, {self.backoff_s}, {self.timeout_s}")
 
 
-def remote_models(settings: Mapping[str, Mapping[str, object]]) -> dict[str, RemoteModel]:
+@dataclass(frozen=True)
+class ServedModel:
+    """A frozen model the run serves itself on vLLM engines of its own (`fullasync.launch.beside`): started with the
+    run, restarted when one dies, stopped with it; its calls never reach the policy's engines."""
+
+    path: str  # a local HF model directory, a hub ID (org/name), builtin:arithmetic or a named model
+    role: str = "judge"
+    engines: int = 1  # engines serving it (calls go to the one with the most room)
+    max_model_len: int = EngineSection.max_model_len  # its context (prompt + answer), as the policy's engines'
+    kv_cache_mb: int = 256  # each engine's KV cache
+    dtype: str = "float32"
+    cpus: str = ""  # Linux CPU list its engines' processes are bound to ("" = every core)
+    max_concurrency: int = 8
+    retries: int = 3  # calls again after its engines died and did not come back within their restart
+    backoff_s: float = 0.5
+    timeout_s: float = 600.0  # one attempt at most, a wait for a restarting engine included
+    start_timeout_s: float = 600.0  # an engine's start (and each restart) at most
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"a model beside the policy has a role of {list(ROLES)}, got {self.role!r}")
+        if not self.path:
+            raise ValueError("a served model beside the policy needs a path (a model directory or a named model)")
+        if min(self.engines, self.max_model_len, self.kv_cache_mb, self.max_concurrency) < 1 or self.retries < 0 \
+                or self.backoff_s < 0 or min(self.timeout_s, self.start_timeout_s) <= 0:
+            raise ValueError("engines, max_model_len, kv_cache_mb and max_concurrency must be >= 1, retries and "
+                             "backoff_s >= 0, timeout_s and start_timeout_s > 0; got "
+                             f"{self.engines}, {self.max_model_len}, {self.kv_cache_mb}, {self.max_concurrency}, "
+                             f"{self.retries}, {self.backoff_s}, {self.timeout_s}, {self.start_timeout_s}")
+
+
+BesideModel = RemoteModel | ServedModel
+
+
+def beside_models(settings: Mapping[str, Mapping[str, object]]) -> dict[str, BesideModel]:
     """The run's `beside` setting (`beside.judge.base_url=...` on the command line: every value a string there)
-    as models, each field read as the type `RemoteModel` declares; a ValueError names a field it cannot read."""
-    declared = {field.name: field.type for field in dataclasses.fields(RemoteModel)}
-    kinds: dict[str, type] = {"int": int, "float": float, "str": str}
-    models = {}
+    as models — an endpoint (`base_url` and `model`: `RemoteModel`) or a model the run serves (`path`:
+    `ServedModel`) — each field read as the type its class declares; a ValueError names a field it cannot read."""
+    models: dict[str, BesideModel] = {}
     for name, given in settings.items():
+        if "path" in given and "base_url" in given:
+            raise ValueError(f"beside.{name}: give either path (a model the run serves) or base_url (an endpoint), "
+                             "not both")
+        kind: type[RemoteModel] | type[ServedModel] = ServedModel if "path" in given else RemoteModel
+        declared = {field.name: field.type for field in dataclasses.fields(kind)}
         unknown = sorted(set(given) - set(declared))
         if unknown:
-            raise ValueError(f"beside.{name}: {unknown} not a field of a model beside the policy; its fields: "
-                             f"{sorted(declared)}")
-        missing = [key for key in ("base_url", "model") if key not in given]
+            raise ValueError(f"beside.{name}: {unknown} not a field of {'a served' if kind is ServedModel else 'an'} "
+                             f"model beside the policy; its fields: {sorted(declared)}")
+        missing = [key for key in ("base_url", "model") if key not in given] if kind is RemoteModel else []
         if missing:
             raise ValueError(f"beside.{name} needs {' and '.join(missing)} (beside.{name}.base_url=http://.../v1 "
-                             f"beside.{name}.model=<its model name>)")
-        values: dict[str, int | float | str] = {}
-        for key, value in given.items():
-            kind = kinds[str(declared[key])]
-            try:
-                values[key] = kind(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"beside.{name}.{key}={value!r} is not {kind.__name__}") from None
-        models[name] = RemoteModel(**values)  # type: ignore[arg-type]
+                             f"beside.{name}.model=<its model name>), or beside.{name}.path=<a model> for a model "
+                             "the run serves itself")
+        models[name] = kind(**{key: _typed(f"beside.{name}.{key}", value, str(declared[key]))
+                               for key, value in given.items()})  # type: ignore[arg-type]
     return models
+
+
+def _typed(setting: str, value: object, declared: str) -> int | float | str:
+    kind: type = {"int": int, "float": float, "str": str}[declared]
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{setting}={value!r} is not {kind.__name__}") from None
+
+
+class ChatBackend(Protocol):
+    """Where a model beside the policy answers a chat call: its endpoint (the openai SDK) or the run's engines."""
+
+    async def create(self, **request: object) -> ChatCompletion: ...
+
+    def metrics(self) -> dict[str, float]: ...  # its own counts for the step's metrics (a served model's restarts)
+
+    async def close(self) -> None: ...
+
+
+class EndpointBackend:
+    """An OpenAI-compatible endpoint through the openai SDK (its own retries off: `BesideClient` retries)."""
+
+    def __init__(self, name: str, spec: RemoteModel) -> None:
+        api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+        if spec.api_key_env and not api_key:
+            raise ValueError(f"model {name!r} beside the policy: ${spec.api_key_env} is not set")
+        self._sdk = openai.AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "none", max_retries=0,
+                                       timeout=spec.timeout_s)
+
+    async def create(self, **request: object) -> ChatCompletion:
+        return await self._sdk.chat.completions.create(**request)  # type: ignore[call-overload]
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    async def close(self) -> None:
+        await self._sdk.close()
 
 
 @dataclass
@@ -95,15 +170,18 @@ class BesideStats:
 class BesideClient:
     """One model beside the policy, OpenAI-style: `await client.chat.completions.create(messages=[...])`."""
 
-    def __init__(self, name: str, spec: RemoteModel) -> None:
-        api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-        if spec.api_key_env and not api_key:
-            raise ValueError(f"model {name!r} beside the policy: ${spec.api_key_env} is not set")
+    def __init__(self, name: str, spec: BesideModel, backend: ChatBackend | None = None) -> None:
+        """`backend`: where the calls go (a `ServedModel` needs the one its engines give, `fullasync.launch.beside`);
+        default: the `RemoteModel`'s endpoint."""
+        if backend is None:
+            if not isinstance(spec, RemoteModel):
+                raise TypeError(f"model {name!r} beside the policy is served by the run: it needs its engines' "
+                                "backend (fullasync.launch.beside.ServedModels)")
+            backend = EndpointBackend(name, spec)
         self.name = name
         self.spec = spec
         self.stats = BesideStats()
-        self._sdk = openai.AsyncOpenAI(base_url=spec.base_url, api_key=api_key or "none", max_retries=0,
-                                       timeout=spec.timeout_s)
+        self.backend = backend
         self._places = asyncio.Semaphore(spec.max_concurrency)
 
     @property
@@ -116,21 +194,27 @@ class BesideClient:
 
     async def create(self, **request: object) -> ChatCompletion:
         """A chat completion from the model (`model` defaults to its own); BesideModelError once its retries are
-        spent on transient failures. A request the endpoint refuses for itself (another 4xx) raises at once."""
-        request.setdefault("model", self.spec.model)
+        spent on transient failures (a served model's: its engines dead past their restart). A request the model refuses
+        for itself (another 4xx; a served model's InvalidRequestError) raises at once."""
+        request.setdefault("model", self.spec.model if isinstance(self.spec, RemoteModel) else self.name)
         started = time.monotonic()
+        where = self.spec.base_url if isinstance(self.spec, RemoteModel) else f"served from {self.spec.path}"
         async with self._places:
             for attempt in range(self.spec.retries + 1):
                 try:
-                    answer: ChatCompletion = await self._sdk.chat.completions.create(**request)  # type: ignore
-                except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError) as error:
+                    answer = await asyncio.wait_for(self.backend.create(**request), self.spec.timeout_s)
+                except (openai.APIConnectionError, openai.APITimeoutError, openai.APIStatusError, InfraError,
+                        EngineDiedError, EngineResumeTimeoutError, TimeoutError) as error:
                     status = getattr(error, "status_code", None)
                     if status is not None and status not in TRANSIENT_STATUS:
                         raise
+                    if isinstance(error, BesideModelError):  # its backend gave up already (a served model's engines)
+                        self.stats.failures += 1
+                        raise
                     if attempt == self.spec.retries:
                         self.stats.failures += 1
-                        raise BesideModelError(f"model {self.name!r} beside the policy ({self.spec.base_url}) did "
-                                               f"not answer after {attempt + 1} tries: {error}") from error
+                        raise BesideModelError(f"model {self.name!r} beside the policy ({where}) did "
+                                               f"not answer after {attempt + 1} tries: {error!r}") from error
                     self.stats.retries += 1
                     await asyncio.sleep(self.spec.backoff_s * 2 ** attempt)
                     continue
@@ -143,7 +227,7 @@ class BesideClient:
         stats = self.stats
         return {f"beside/{self.name}/calls": float(stats.calls), f"beside/{self.name}/failures": float(stats.failures),
                 f"beside/{self.name}/retries": float(stats.retries),
-                f"beside/{self.name}/latency_s": stats.latency_s / max(stats.calls, 1)}
+                f"beside/{self.name}/latency_s": stats.latency_s / max(stats.calls, 1), **self.backend.metrics()}
 
     async def close(self) -> None:
-        await self._sdk.close()
+        await self.backend.close()

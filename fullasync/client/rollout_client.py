@@ -29,7 +29,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from fullasync.client import chat_answers
 from fullasync.client.answers import Answer, AnswerFormat
-from fullasync.client.beside import BesideClient, RemoteModel
+from fullasync.client.beside import BesideClient
 from fullasync.client.chat_tokens import ChatTokenizer, TurnState, model_vocab_size
 from fullasync.client.continuation import (
     ResumableCall,
@@ -105,9 +105,10 @@ class RolloutService:
     """What all episodes share: the tokenizer, the engine router and the client settings."""
 
     def __init__(self, engines: Sequence[Engine], tokenizer: Tokenizer, config: ClientConfig = ClientConfig(),
-                 beside: Mapping[str, RemoteModel] | None = None) -> None:
-        """`beside`: models a harness or reward calls beside the policy (a judge), by name; never recorded."""
-        self.beside = {name: BesideClient(name, spec) for name, spec in (beside or {}).items()}
+                 beside: Mapping[str, BesideClient] | None = None) -> None:
+        """`beside`: the clients of the models a harness or reward calls beside the policy (a judge), by name;
+        never recorded."""
+        self.beside = dict(beside or {})
         self.router = EngineRouter(engines, kv_aware=config.kv_routing)
         self.chat_tokens = ChatTokenizer(tokenizer)
         self.config = config
@@ -185,8 +186,8 @@ class RolloutClient:
         judges = [model for model in self.service.beside.values() if model.spec.role == "judge"]
         if len(judges) != 1:
             raise LookupError(f"client.judge needs exactly one model of role judge beside the policy, the run has "
-                              f"{len(judges)}: pass AsyncAgentTrainer(beside={{'judge': RemoteModel(...)}}) or use "
-                              "client.beside[name]")
+                              f"{len(judges)}: pass AsyncAgentTrainer(beside={{'judge': RemoteModel(...)}}) (an "
+                              "endpoint) or ServedModel(path) (served by the run), or use client.beside[name]")
         return judges[0]
 
     @property

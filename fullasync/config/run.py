@@ -241,10 +241,13 @@ class RunConfig:
                                resume_may_change=True)
     val_every: int = setting(0, "validate every this many steps (0 = only before and after training)",
                              resume_may_change=True)
-    beside: dict[str, dict[str, str]] = setting({}, "models beside the policy by name, each {base_url, model, role: "
-                                                "judge | reward_model | teacher, api_key_env, max_concurrency, "
-                                                "retries, backoff_s, timeout_s}: client.judge, client.beside[name] "
-                                                "(OpenAI-style, never recorded or trained)")
+    beside: dict[str, dict[str, str]] = setting({}, "models beside the policy by name: an endpoint {base_url, model, "
+                                                "role: judge | reward_model | teacher, api_key_env, max_concurrency, "
+                                                "retries, backoff_s, timeout_s} or one the run serves on vLLM "
+                                                "engines of its own, frozen, restarted when one dies {path, role, "
+                                                "engines, max_model_len, kv_cache_mb, dtype, cpus, max_concurrency, "
+                                                "retries, backoff_s, timeout_s, start_timeout_s}: client.judge, "
+                                                "client.beside[name] (OpenAI-style, never recorded or trained)")
     eval_keep: list[str] = setting([], "fullasync eval: also write output_dir/kept_rows.jsonl, the rows whose episodes "
                                    "put them in these pools: learning (some passed), solved (all), unsolved (none); "
                                    "data.curriculum_pass_reward decides a pass", resume_may_change=True)

@@ -7,6 +7,7 @@ sync on them, as `AsyncAgentTrainer.train_async(engines=..., trainer=...)` allow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 
@@ -18,7 +19,7 @@ from fullasync.api import AsyncAgentTrainer
 from fullasync.config import DataSection, EngineSection, RolloutSection, RunConfig, TrainerConfig
 from fullasync.contracts.engine import PauseMode
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
-from fullasync.errors import InfraError
+from fullasync.errors import EngineDiedError, InfraError
 from fullasync.rollout.generator import CustomGenerator, run_process
 from fullasync.tasks import arithmetic
 from fullasync.tasks.warmup import build_warm_policy
@@ -321,3 +322,44 @@ async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_proce
     pids = [int(pid) for path in tmp_path.glob("*.pids") for pid in path.read_text().split()]
     assert len(pids) == 8  # 4 hanging harness processes and their children existed ...
     assert await gone(pids, deadline_s=30)  # ... and none is left (SIGKILL takes effect asynchronously)
+
+
+async def test_a_judge_the_run_serves_is_restarted_when_killed_and_no_episode_is_scored_for_it(
+        stack, tmp_path, tiny_model_path):
+    """A `ServedModel` judge: its own engine beside the policy's, never pushed to; killed in the middle of the run, it
+    is restarted and the calls it held go on there: every episode scored by its verdict, none failed."""
+    from fullasync.client.beside import ServedModel
+
+    engines, trainer = stack
+    verdicts, judge_versions, policy_versions = [], [], []
+    killed, seen = asyncio.Event(), {}
+
+    async def judged(client, row):
+        reward = await arithmetic.rollout_fn(client, row)
+        judge = seen["judge"] = client.judge
+        (judge_engine,) = judge.backend.sync.engines
+        if len(verdicts) >= 4 and not killed.is_set():
+            killed.set()
+            ray.kill(judge_engine.actor)  # with calls of other episodes in flight on it
+        verdict = await judge.chat.completions.create(messages=[{"role": "user", "content": f"1+{reward:.0f}="}],
+                                                      max_tokens=3, temperature=0.0)
+        verdicts.append(verdict.choices[0].message.content)
+        with contextlib.suppress(EngineDiedError):  # the test's own probe of the engine, killed a moment ago
+            judge_versions.append(await judge_engine.version())
+        policy_versions.append(max(max(call.output_versions) for call in client.episode.calls))
+        return reward
+
+    rows = arithmetic.ArithmeticTask().rows("train")[:24]
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=3, data=DataSection(task="", epochs=1)),
+        rollout_fn=judged, train_dataset=rows, val_dataset=None,
+        beside={"judge": ServedModel(tiny_model_path, max_model_len=256, kv_cache_mb=32, backoff_s=0.1)})
+    result = await run.train_async(engines=engines, trainer=trainer)
+    assert result.steps == 3 and killed.is_set()
+    assert result.episode_failures == 0  # none failed, none scored 0, for the judge's death
+    assert all(isinstance(text, str) for text in verdicts) and len(verdicts) >= 12
+    assert set(judge_versions) == {0} and len(judge_versions) >= 8  # the policy was pushed to, the judge never
+    assert max(policy_versions) >= 1 and seen["judge"].backend.sync.version == 0
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["beside/judge/restarts"] == 1
+    assert steps[-1]["beside/judge/failures"] == 0 and steps[-1]["beside/judge/calls"] >= 12

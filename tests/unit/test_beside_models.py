@@ -1,6 +1,7 @@
-"""Models beside the policy (`RemoteModel`, `client.judge`): a remote OpenAI-compatible judge called with a limit on
-its calls at once, retried with backoff on 429 / 5xx, an infrastructure failure when it never answers, never
-recorded into the episode, and never in the policy's way.
+"""Models beside the policy (`RemoteModel`, `ServedModel`, `client.judge`): a remote OpenAI-compatible judge called
+with a limit on its calls at once, retried with backoff on 429 / 5xx, an infrastructure failure when it never
+answers, never recorded into the episode, and never in the policy's way; a served judge's calls through engines of
+its own (the run's served judge, killed and restarted, on the real stack: tests/integration/test_training_loop.py).
 
 Real: the openai SDK, HTTP on loopback, the RolloutService and its client on a simulated engine. The judge is the
 test's: a loopback server answering what each test scripts (failures, then answers; or holding every call)."""
@@ -17,8 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from fullasync.client import ClientConfig, RolloutService
-from fullasync.client.beside import BesideModelError, RemoteModel, remote_models
-from fullasync.errors import FailureKind
+from fullasync.client.beside import BesideClient, BesideModelError, RemoteModel, ServedModel, beside_models
+from fullasync.errors import FailureKind, InvalidRequestError
 from fullasync.gateway.http import ServedApp
 from fullasync.rollout.ledger import failure_kind
 from fullasync.sim.engine import DecodeCost, SimulatedEngine
@@ -68,7 +69,8 @@ async def served(judge: Judge):
 def service_with(base_url: str, **spec) -> RolloutService:
     engines = [SimulatedEngine("sim-0", DecodeCost(step_base_s=1e-3, max_num_seqs=16))]
     return RolloutService(engines, SimTokenizer(), ClientConfig(model_name="policy", max_model_len=4096),
-                          beside={"judge": RemoteModel(base_url, "judge-model", backoff_s=0.01, **spec)})
+                          beside={"judge": BesideClient("judge", RemoteModel(base_url, "judge-model", backoff_s=0.01,
+                                                                             **spec))})
 
 
 ASK = [{"role": "user", "content": "Score this answer from 0 to 10."}]
@@ -145,14 +147,53 @@ async def test_what_a_model_beside_the_policy_needs_is_checked_saying_what_is_wr
 
 
 def test_the_runs_beside_setting_reads_as_models_each_field_as_its_type():
-    models = remote_models({"judge": {"base_url": "http://127.0.0.1:8001/v1", "model": "j", "max_concurrency": "4",
+    models = beside_models({"judge": {"base_url": "http://127.0.0.1:8001/v1", "model": "j", "max_concurrency": "4",
                                       "backoff_s": "0.25"},  # as the command line gives them: strings
                             "rm": {"base_url": "http://127.0.0.1:8002/v1", "model": "r", "role": "reward_model"}})
     assert models["judge"] == RemoteModel("http://127.0.0.1:8001/v1", "j", max_concurrency=4, backoff_s=0.25)
     assert models["rm"].role == "reward_model" and models["rm"].retries == 3
     with pytest.raises(ValueError, match=r"beside.judge: \['concurrency'\] not a field .* its fields: \["):
-        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "concurrency": "4"}})
+        beside_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "concurrency": "4"}})
     with pytest.raises(ValueError, match="beside.judge needs model"):
-        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1"}})
+        beside_models({"judge": {"base_url": "http://127.0.0.1:1/v1"}})
     with pytest.raises(ValueError, match="beside.judge.retries='many' is not int"):
-        remote_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "retries": "many"}})
+        beside_models({"judge": {"base_url": "http://127.0.0.1:1/v1", "model": "j", "retries": "many"}})
+
+
+def test_a_path_in_the_beside_setting_is_a_model_the_run_serves_itself():
+    models = beside_models({"judge": {"path": "smollm2-135m-instruct", "engines": "2", "kv_cache_mb": "64"}})
+    assert models["judge"] == ServedModel("smollm2-135m-instruct", engines=2, kv_cache_mb=64)
+    with pytest.raises(ValueError, match="either path .* or base_url .*, not both"):
+        beside_models({"judge": {"path": "m", "base_url": "http://127.0.0.1:1/v1", "model": "j"}})
+    with pytest.raises(ValueError, match=r"\['api_key_env'\] not a field of a served model"):
+        beside_models({"judge": {"path": "m", "api_key_env": "KEY"}})
+    with pytest.raises(ValueError, match="beside.judge.engines='two' is not int"):
+        beside_models({"judge": {"path": "m", "engines": "two"}})
+    with pytest.raises(ValueError, match="engines, max_model_len, kv_cache_mb and max_concurrency must be >= 1"):
+        ServedModel("m", engines=0)
+    with pytest.raises(TypeError, match="served by the run: it needs its engines' backend"):
+        BesideClient("judge", ServedModel("m"))
+
+
+async def test_a_served_judge_answers_through_its_own_engines_and_a_judge_past_its_restarts_fails_at_once():
+    from fullasync.launch.beside import ServedBackend
+    from fullasync.weights.sync import WeightSync
+
+    policy_engine, judge_engine = SimulatedEngine("policy-0", DecodeCost()), SimulatedEngine("judge-0", DecodeCost())
+    judge_service = RolloutService([judge_engine], SimTokenizer(), ClientConfig(model_name="judge"))
+    sync = WeightSync([judge_engine], restart_on_failure=True)
+    backend = ServedBackend("judge", judge_service, sync)
+    judge = BesideClient("judge", ServedModel("m", retries=1, backoff_s=0.0), backend)
+    service = RolloutService([policy_engine], SimTokenizer(), ClientConfig(model_name="policy"),
+                             beside={"judge": judge})
+    client = service.client("episode-0")
+    answer = await client.judge.chat.completions.create(messages=ASK, max_tokens=5)
+    assert answer.model == "judge" and answer.choices[0].message.content is not None
+    assert client.episode.calls == [] and judge_service.router.held("judge-0") == 0  # nothing kept
+    assert judge.metrics()["beside/judge/calls"] == 1 and judge.metrics()["beside/judge/restarts"] == 0
+    with pytest.raises(InvalidRequestError, match="unknown model 'policy'"):  # its own name only: a request it refuses
+        await client.judge.chat.completions.create(model="policy", messages=ASK, max_tokens=5)
+    sync._fail(RuntimeError("an engine could not be restarted"))  # what its supervisor keeps when it gives up
+    with pytest.raises(BesideModelError, match="its engines could not be restarted"):
+        await client.judge.chat.completions.create(messages=ASK, max_tokens=5)
+    assert judge.metrics()["beside/judge/failures"] == 1 and judge.metrics()["beside/judge/retries"] == 0

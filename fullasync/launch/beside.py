@@ -1,0 +1,138 @@
+"""Models beside the policy that the run serves itself (`ServedModel`: a path instead of an endpoint): a judge, a
+reward model or a teacher on vLLM engines of its own, frozen, supervised with the run.
+
+Owns: `ServedModels` — starting each served model's engines (`launch_vllm_engines`, beside the policy's; never
+pushed to), their supervision (`WeightSync.supervise` with restarts on and no pushes: an engine the watchdog
+declares dead is restarted with the model's own weights; a call in flight waits for it and continues there,
+`fullasync.client.continuation`), the `BesideClient` of each (its chat calls through a `RolloutService` of the
+model's own tokenizer and engines: one client per call, closed after it, so nothing is kept or recorded), and
+stopping them. A model whose engines cannot be restarted (`RESTART_ATTEMPTS` in a row) fails each later call at once
+with `BesideModelError` — the episode's infrastructure failure, never a score. Does not own: the call's limits,
+retries and counts (`fullasync.client.beside`), the policy's engines (`fullasync.api`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from openai.types.chat import ChatCompletion
+
+from fullasync.client.beside import BesideClient, BesideModelError, ServedModel
+from fullasync.client.rollout_client import ClientConfig, RolloutService
+from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
+from fullasync.engines.vllm.handle import RayEngine
+from fullasync.launch.model import resolve_model
+from fullasync.launch.parts import RESTART_GRACE_S
+from fullasync.models import load_tokenizer
+from fullasync.weights.sync import WeightSync
+
+log = logging.getLogger("fullasync")
+
+RESTART_RETRY_S = 5.0  # a served model's restart that failed is tried again after this
+
+
+def served_engine_config(name: str, spec: ServedModel, model_path: str, seed: int) -> VLLMEngineConfig:
+    """The engines of the served model `name`: its directory, its name as the served one, its context, KV cache,
+    precision and cores; everything else as a policy engine's."""
+    return VLLMEngineConfig(model_path=model_path, served_model_name=name, dtype=spec.dtype,
+                            max_model_len=spec.max_model_len, seed=seed, cpus=spec.cpus,
+                            start_timeout_s=spec.start_timeout_s,
+                            extra_engine_kwargs={"kv_cache_memory_bytes": spec.kv_cache_mb * 2**20})
+
+
+def served_gpu_blocks(specs: Mapping[str, ServedModel]) -> list[tuple[str, int]]:
+    """What the served models' engines need on one node each (one GPU an engine), for the run's layout check."""
+    return [(f"{name} engine {index}", 1) for name, spec in specs.items() for index in range(spec.engines)]
+
+
+@dataclass
+class ServedBackend:
+    """A served model's chat calls: each through a client of the model's own `RolloutService`, closed after it."""
+
+    name: str
+    service: RolloutService
+    sync: WeightSync
+
+    async def create(self, **request: object) -> ChatCompletion:
+        try:
+            self.sync.check_engines()  # raises once its supervisor gave up on a restart
+        except Exception as failure:  # the episode's infrastructure failure, at once
+            raise BesideModelError(f"model {self.name!r} beside the policy: its engines could not be restarted "
+                                   f"({failure})") from failure
+        client = self.service.client()
+        try:
+            answer = await client.chat.completions.create(**request)
+        finally:
+            client.close()
+        if not isinstance(answer, ChatCompletion):  # a stream: a judge's answer is read whole
+            raise ValueError(f"model {self.name!r} beside the policy answers whole completions: drop stream=True")
+        return answer
+
+    def metrics(self) -> dict[str, float]:
+        return {f"beside/{self.name}/restarts": float(self.sync.restarts)}
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class _Served:
+    engines: list[RayEngine]
+    sync: WeightSync
+    supervisor: asyncio.Task[None]
+
+
+class ServedModels:
+    """The run's served models by name: `await ServedModels.start(specs, seed)`, `clients`, `shutdown()`."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, BesideClient] = {}
+        self._served: dict[str, _Served] = {}
+
+    @classmethod
+    async def start(cls, specs: Mapping[str, ServedModel], seed: int) -> ServedModels:
+        """Start every served model's engines (all at once) and their supervisors; on a failure, what started is
+        stopped and the failure raised."""
+        served = cls()
+        try:
+            await asyncio.gather(*(served._start(name, spec, seed) for name, spec in specs.items()))
+        except BaseException:
+            await served.shutdown()
+            raise
+        return served
+
+    async def _start(self, name: str, spec: ServedModel, seed: int) -> None:
+        path = str(resolve_model(spec.path, setting=f"beside.{name}.path"))
+        config = served_engine_config(name, spec, path, seed)
+        engines = await launch_vllm_engines(config, spec.engines)
+        sync = WeightSync(list(engines), version=0, restart_on_failure=True)
+        supervisor = asyncio.create_task(sync.supervise(RESTART_RETRY_S), name=f"beside-{name}-supervisor")
+        self._served[name] = _Served(engines, sync, supervisor)
+        client_config = ClientConfig(model_name=name, max_model_len=spec.max_model_len,
+                                     restart_wait_s=spec.start_timeout_s + RESTART_GRACE_S)
+        service = RolloutService(engines, load_tokenizer(path), client_config)
+        self.clients[name] = BesideClient(name, spec, ServedBackend(name, service, sync))
+        log.info("model %r beside the policy (%s) served from %s on %d engine(s)", name, spec.role, path,
+                 len(engines))
+
+    def engines(self, name: str) -> list[RayEngine]:
+        return self._served[name].engines
+
+    def restarts(self, name: str) -> int:
+        return self._served[name].sync.restarts
+
+    async def shutdown(self) -> None:
+        """Stop the supervisors and the engines; an engine that fails to stop is logged, the others still stop."""
+        for served in self._served.values():
+            served.supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await served.supervisor
+        stopping = [engine.shutdown() for served in self._served.values() for engine in served.engines]
+        for outcome in await asyncio.gather(*stopping, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                log.warning("shutdown of a model beside the policy: %r", outcome)
+        self._served.clear()
