@@ -324,6 +324,7 @@ async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_proce
     assert await gone(pids, deadline_s=30)  # ... and none is left (SIGKILL takes effect asynchronously)
 
 
+@pytest.mark.slow  # ~80 s: the judge's engine started, killed and restarted beside a real run
 async def test_a_judge_the_run_serves_is_restarted_when_killed_and_no_episode_is_scored_for_it(
         stack, tmp_path, tiny_model_path):
     """A `ServedModel` judge: its own engine beside the policy's, never pushed to; killed in the middle of the run, it
