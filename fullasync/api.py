@@ -33,9 +33,16 @@ from fullasync.infra.placement import cluster_gpus, gpu_blocks, plan_gpus
 from fullasync.infra.platform import is_cpu_platform, process_on_cpus
 from fullasync.infra.runtime import describe_cluster, init_ray
 from fullasync.infra.shm import remove_orphaned_semaphores
-from fullasync.launch.beside import ServedModels, served_gpu_blocks
+from fullasync.launch.beside import ServedModels, run_teacher, served_gpu_blocks
 from fullasync.launch.model import resolve_model_path
-from fullasync.launch.parts import check_chat_setup, client_config, engine_config, log_layout, start_trainer
+from fullasync.launch.parts import (
+    RESTART_GRACE_S,
+    check_chat_setup,
+    client_config,
+    engine_config,
+    log_layout,
+    start_trainer,
+)
 from fullasync.models import load_tokenizer
 from fullasync.observe.logs import configure_logging, progress, progress_display
 from fullasync.observe.metrics import MetricsSink
@@ -45,6 +52,7 @@ from fullasync.presets import builtin_values_warning, weights_bytes
 from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
 from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
+from fullasync.rollout.teacher import TeacherScorer
 from fullasync.run import checkpoint
 from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
@@ -195,6 +203,7 @@ class AsyncAgentTrainer:
         resume = self.resumable()  # before starting anything: an incompatible checkpoint fails fast
         began = time.perf_counter()
         model_path = self.model_path()
+        teacher = run_teacher(self.beside, model_path, cfg.engine.max_model_len)  # before anything starts
         log.info("model ready: %s%s (%.1f s)", cfg.model.path, "" if model_path == cfg.model.path
                  else f" → {model_path}", time.perf_counter() - began, extra=progress("model", 1, 1))
         toy_values = builtin_values_warning(cfg, weights_bytes(Path(model_path)))
@@ -230,7 +239,7 @@ class AsyncAgentTrainer:
                 if cfg.rollout.cpus:
                     log.info("this process (rollouter, client, rollout_fn, loop) on cores %s (rollout.cpus)",
                              cfg.rollout.cpus)
-                return await self._run(engines, trainer, model_path, resume, beside)
+                return await self._run(engines, trainer, model_path, resume, beside, teacher)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
             await beside.shutdown()
@@ -246,7 +255,7 @@ class AsyncAgentTrainer:
                 log.warning("shutdown: %r", outcome)
 
     async def _run(self, engines: Sequence[Engine], trainer: Any, model_path: str,
-                   resume: Checkpoint | None, served: ServedModels) -> LoopResult:
+                   resume: Checkpoint | None, served: ServedModels, teacher: str | None = None) -> LoopResult:
         # `trainer: Any`, not VerlTrainer: its export_weights may return StreamedWeights, which the Trainer
         # contract's WeightsPayload (fullasync/contracts/run.py) does not name yet, so `assemble` would refuse it
         cfg = self.config
@@ -265,7 +274,8 @@ class AsyncAgentTrainer:
             run = await assemble(engines=engines, trainer=trainer, service=service, rollout_fn=self.generator,
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
                                  checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer),
-                                 evaluator=self.evaluate_fn)
+                                 evaluator=self.evaluate_fn,
+                                 teacher=teacher_scorer(served, teacher, self.beside[teacher]) if teacher else None)
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
@@ -278,6 +288,14 @@ class AsyncAgentTrainer:
             return result
         finally:
             sink.close()
+
+
+def teacher_scorer(served: ServedModels, name: str, spec: BesideModel) -> TeacherScorer:
+    """The scorer of the served teacher `name` on its engines, giving up when their supervisor does."""
+    assert isinstance(spec, ServedModel)  # `run_teacher` refused any other
+    return TeacherScorer(name, served.engines(name), check=served.check(name), max_concurrency=spec.max_concurrency,
+                         retries=spec.retries, backoff_s=spec.backoff_s,
+                         restart_wait_s=spec.start_timeout_s + RESTART_GRACE_S)
 
 
 async def _ready(value: T) -> T:

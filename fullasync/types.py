@@ -6,7 +6,9 @@ Imports no torch, vLLM or Ray, so the contracts load anywhere.
 
 Alignment rule, stated once: in a `ModelCall`, `output_ids`, `output_logprobs` and
 `output_versions` are aligned index by index (one entry per generated token). In a
-`TrainingSequence`, `token_ids`, `loss_mask`, `logprobs` and `versions` are aligned likewise.
+`TrainingSequence`, `token_ids`, `loss_mask`, `logprobs` and `versions` are aligned likewise. `teacher_logprobs`
+(on-policy distillation: a frozen teacher's log-prob of each sampled token in its context) is aligned the same way
+in either record, or empty where no teacher scored it.
 """
 
 from __future__ import annotations
@@ -68,11 +70,13 @@ class ModelCall:
     engine: str = ""
     output_weight_versions: tuple[int, ...] = ()
     starved_resumes: int = 0  # of its resumes, those after an interruption that came before it produced a token
+    teacher_logprobs: tuple[float, ...] = ()  # the teacher's log-prob of each output token (empty: not scored)
 
     def __post_init__(self) -> None:
         check_aligned("ModelCall", ("output_ids", self.output_ids),
                       {"output_logprobs": self.output_logprobs, "output_versions": self.output_versions},
-                      {"output_weight_versions": self.output_weight_versions})
+                      {"output_weight_versions": self.output_weight_versions,
+                       "teacher_logprobs": self.teacher_logprobs})
         if not self.prompt_ids:
             raise ValueError("ModelCall.prompt_ids is empty: a model call needs at least one prompt token")
         # The per-token checks run in C (sorted, min, max, sum): a Python loop per token here was a fifth of
@@ -82,9 +86,10 @@ class ModelCall:
             if min(versions) < 0:
                 raise ValueError("ModelCall.output_versions must be >= 0 (the weight version that sampled each token)")
             raise ValueError(f"ModelCall.output_versions must be non-decreasing, got {self.output_versions}")
-        logprobs = self.output_logprobs
-        if logprobs and (not max(logprobs) <= 0.0 or math.isnan(sum(logprobs))):  # a NaN makes the sum NaN
-            raise ValueError("ModelCall.output_logprobs must be finite-or--inf log-probabilities <= 0")
+        for name in ("output_logprobs", "teacher_logprobs"):
+            logprobs = getattr(self, name)
+            if logprobs and (not max(logprobs) <= 0.0 or math.isnan(sum(logprobs))):  # a NaN makes the sum NaN
+                raise ValueError(f"ModelCall.{name} must be finite-or--inf log-probabilities <= 0")
         if self.finish_reason is FinishReason.ABORT:
             raise ValueError("ModelCall cannot finish with 'abort': aborted calls are resumed before recording")
         if self.num_resumes < 0 or self.resubmitted_tokens < 0 or not 0 <= self.starved_resumes <= self.num_resumes:
@@ -110,11 +115,13 @@ class TrainingSequence:
     logprobs: tuple[float, ...]
     versions: tuple[int, ...]
     prompt_length: int
+    teacher_logprobs: tuple[float, ...] = ()  # the teacher's log-prob of each sampled token, 0 elsewhere; () = none
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         check_aligned("TrainingSequence", ("token_ids", self.token_ids),
-                      {"loss_mask": self.loss_mask, "logprobs": self.logprobs, "versions": self.versions})
+                      {"loss_mask": self.loss_mask, "logprobs": self.logprobs, "versions": self.versions},
+                      {"teacher_logprobs": self.teacher_logprobs})
         if not 0 < self.prompt_length <= n:
             raise ValueError(f"TrainingSequence.prompt_length must be in [1, {n}], got {self.prompt_length}")
         if not set(self.loss_mask) <= {0, 1}:
@@ -215,6 +222,7 @@ class _SequenceBuilder:
         self.loss_mask = [0] * len(prompt_ids)
         self.logprobs = [0.0] * len(prompt_ids)
         self.versions = [PROMPT_VERSION] * len(prompt_ids)
+        self.calls: list[ModelCall] = []
 
     def add(self, call: ModelCall) -> None:
         inserted = call.prompt_ids[len(self.token_ids) :]
@@ -226,6 +234,17 @@ class _SequenceBuilder:
         self.loss_mask += [1] * len(call.output_ids)
         self.logprobs += call.output_logprobs
         self.versions += call.output_versions
+        self.calls.append(call)
+
+    def teacher_logprobs(self) -> tuple[float, ...]:
+        """The teacher's log-probs on the sequence (0 on tokens not sampled); () unless every call was scored."""
+        if not all(call.teacher_logprobs or not call.output_ids for call in self.calls) \
+                or not any(call.teacher_logprobs for call in self.calls):
+            return ()
+        teacher = [0.0] * len(self.token_ids)
+        for call in self.calls:  # a call's output follows its prompt, which is the sequence up to there
+            teacher[len(call.prompt_ids) : len(call.prompt_ids) + len(call.output_ids)] = call.teacher_logprobs
+        return tuple(teacher)
 
     def build(self) -> TrainingSequence:
         return TrainingSequence(
@@ -234,6 +253,7 @@ class _SequenceBuilder:
             logprobs=tuple(self.logprobs),
             versions=tuple(self.versions),
             prompt_length=self.prompt_length,
+            teacher_logprobs=self.teacher_logprobs(),
         )
 
 
@@ -296,6 +316,7 @@ def call_to_dict(call: ModelCall) -> dict[str, Any]:
         "finish_reason": call.finish_reason.value, "num_resumes": call.num_resumes,
         "resubmitted_tokens": call.resubmitted_tokens, "engine": call.engine,
         "output_weight_versions": list(call.output_weight_versions), "starved_resumes": call.starved_resumes,
+        **({"teacher_logprobs": list(call.teacher_logprobs)} if call.teacher_logprobs else {}),
     }
 
 
@@ -307,6 +328,7 @@ def call_from_dict(data: Mapping[str, Any]) -> ModelCall:
         num_resumes=data.get("num_resumes", 0), resubmitted_tokens=data.get("resubmitted_tokens", 0),
         engine=data.get("engine", ""), output_weight_versions=tuple(data.get("output_weight_versions", ())),
         starved_resumes=data.get("starved_resumes", 0),
+        teacher_logprobs=tuple(float(lp) for lp in data.get("teacher_logprobs", ())),
     )
 
 

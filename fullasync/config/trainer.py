@@ -141,6 +141,11 @@ class TrainerConfig:
                                        "...")
     norm_adv_by_std_in_grpo: bool = setting(True, "grpo: divide by the group's reward std (False: Dr. GRPO)")
     gamma: float = setting(1.0, "discount of token-level estimators (reinforce_plus_plus)")
+    distill_kl_weight: float = setting(1.0, "on-policy distillation (a beside model of role teacher): weight of "
+                                       "log p_teacher − log p_behaviour, the negated per-token reverse KL, in each "
+                                       "sampled token's advantage")
+    distill_task_weight: float = setting(1.0, "on-policy distillation: weight of the task reward's advantage beside "
+                                         "it (0 = distillation alone)")
     policy_loss: str = setting("vanilla", "loss in verl's policy-loss registry: vanilla (PPO clip), gspo, cispo, ...")
     clip_ratio_low: float = setting(0.2, "importance ratio is clipped below at 1 - clip_ratio_low")
     clip_ratio_high: float = setting(0.2, "importance ratio is clipped above at 1 + clip_ratio_high (0.28: DAPO "
@@ -203,7 +208,8 @@ class TrainerConfig:
         _check_positive(self, "lr", "micro_batch_size", "ppo_epochs", "mini_batches", "grad_clip", "num_workers",
                         "worker_num_cpus", "temperature", "start_timeout_s", "call_timeout_s")
         _check_non_negative(self, "weight_decay", "kl_coef", "entropy_coeff", "clip_ratio_low", "clip_ratio_high",
-                            "worker_threads", "max_tokens_per_micro_batch")
+                            "worker_threads", "max_tokens_per_micro_batch", "distill_kl_weight",
+                            "distill_task_weight")
         self._check_sequence_parallel()
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"TrainerConfig.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual-clip bound)")

@@ -55,6 +55,9 @@ class SamplingOptions:
     seed: int | None = None
     num_top_logprobs: int = 0  # alternatives per token to return besides the sampled one
     structured: tuple[str, StructuredSpec] | None = None  # output constraint (kind, spec), kind in STRUCTURED_KINDS
+    # also return the log-prob of each prompt token after the first under the engine's weights (the model's raw
+    # distribution, before temperature): `GenerateResult.prompt_logprobs`, how a teacher scores a sequence
+    score_prompt: bool = False
 
     def __post_init__(self) -> None:
         for name, low, high in (("temperature", 0.0, math.inf), ("top_p", 1e-9, 1.0), ("min_p", 0.0, 1.0)):
@@ -126,6 +129,7 @@ class GenerateResult:
     top_logprobs: tuple[dict[int, float], ...] = ()
     engine: str = ""
     output_weight_versions: tuple[int, ...] = ()
+    prompt_logprobs: tuple[float, ...] = ()  # with `SamplingOptions.score_prompt`: one per prompt token but the first
 
     def __post_init__(self) -> None:
         check_aligned("GenerateResult", ("output_ids", self.output_ids),

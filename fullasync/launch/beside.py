@@ -7,8 +7,11 @@ declares dead is restarted with the model's own weights; a call in flight waits 
 `fullasync.client.continuation`), the `BesideClient` of each (its chat calls through a `RolloutService` of the
 model's own tokenizer and engines: one client per call, closed after it, so nothing is kept or recorded), and
 stopping them. A model whose engines cannot be restarted (`RESTART_ATTEMPTS` in a row) fails each later call at once
-with `BesideModelError` — the episode's infrastructure failure, never a score. Does not own: the call's limits,
-retries and counts (`fullasync.client.beside`), the policy's engines (`fullasync.api`).
+with `BesideModelError` — the episode's infrastructure failure, never a score. A teacher (role teacher) is served
+the same way and scores the run's groups (its engines and `check` given to `fullasync.rollout.teacher`), once
+`run_teacher` found it fit: served, as long a context as the policy's, the policy's tokenizer. Does not own: the
+call's limits, retries and counts (`fullasync.client.beside`), the policy's engines (`fullasync.api`), the scoring
+(`fullasync.rollout.teacher`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from openai.types.chat import ChatCompletion
 
-from fullasync.client.beside import BesideClient, BesideModelError, ServedModel
+from fullasync.client.beside import BesideClient, BesideModel, BesideModelError, ServedModel
 from fullasync.client.rollout_client import ClientConfig, RolloutService
 from fullasync.engines.vllm import VLLMEngineConfig, launch_vllm_engines
 from fullasync.engines.vllm.handle import RayEngine
@@ -30,6 +34,9 @@ from fullasync.launch.parts import RESTART_GRACE_S
 from fullasync.models import load_tokenizer
 from fullasync.weights.sync import WeightSync
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger("fullasync")
 
 RESTART_RETRY_S = 5.0  # a served model's restart that failed is tried again after this
@@ -37,9 +44,10 @@ RESTART_RETRY_S = 5.0  # a served model's restart that failed is tried again aft
 
 def served_engine_config(name: str, spec: ServedModel, model_path: str, seed: int) -> VLLMEngineConfig:
     """The engines of the served model `name`: its directory, its name as the served one, its context, KV cache,
-    precision and cores; everything else as a policy engine's."""
+    precision and cores; everything else as a policy engine's. A teacher's context is one token longer: a scoring
+    request generates one token after the sequence it scores."""
     return VLLMEngineConfig(model_path=model_path, served_model_name=name, dtype=spec.dtype,
-                            max_model_len=spec.max_model_len, seed=seed, cpus=spec.cpus,
+                            max_model_len=spec.max_model_len + (spec.role == "teacher"), seed=seed, cpus=spec.cpus,
                             start_timeout_s=spec.start_timeout_s,
                             extra_engine_kwargs={"kv_cache_memory_bytes": spec.kv_cache_mb * 2**20})
 
@@ -86,6 +94,45 @@ class _Served:
     supervisor: asyncio.Task[None]
 
 
+def run_teacher(models: Mapping[str, BesideModel], policy_path: str, max_model_len: int) -> str | None:
+    """The name of the run's teacher (the model beside the policy whose role is teacher; None: no distillation),
+    after checking it can score the policy's sequences: served by the run, one of it, a context as long as the
+    policy's, the policy's tokenizer and chat template. Each refusal in one line, saying what to change."""
+    teachers = [name for name, spec in models.items() if spec.role == "teacher"]
+    if not teachers:
+        return None
+    if len(teachers) > 1:
+        raise ValueError(f"models beside the policy {teachers} all have role teacher: distillation takes one")
+    name, spec = teachers[0], models[teachers[0]]
+    if not isinstance(spec, ServedModel):
+        raise ValueError(f"beside.{name}: a teacher scores token ids by prompt log-probs, which the run asks of "
+                         f"engines it serves: give beside.{name}.path=<the teacher model> instead of base_url")
+    if spec.max_model_len < max_model_len:
+        raise ValueError(f"beside.{name}.max_model_len={spec.max_model_len} is shorter than the policy's "
+                         f"engine.max_model_len={max_model_len}: the teacher scores whole trained sequences; set it "
+                         f">= {max_model_len}")
+    path = resolve_model(spec.path, setting=f"beside.{name}.path")
+    differs = tokenizer_difference(load_tokenizer(policy_path), load_tokenizer(path))
+    if differs:
+        raise ValueError(f"beside.{name}.path={spec.path!r}: its tokenizer is not the policy's ({differs}); "
+                         "distillation scores the policy's own token ids: the teacher needs the same tokenizer "
+                         "files and chat template")
+    return name
+
+
+def tokenizer_difference(policy: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase) -> str | None:
+    """What differs between two tokenizers (vocabulary, special tokens, chat template); None: nothing."""
+    ours, theirs = policy.get_vocab(), teacher.get_vocab()
+    if ours != theirs:
+        changed = sum(theirs.get(token) != index for token, index in ours.items())
+        return f"vocabularies of {len(ours)} and {len(theirs)} tokens, {changed} of the policy's differ"
+    if policy.all_special_tokens != teacher.all_special_tokens:
+        return f"special tokens {policy.all_special_tokens} and {teacher.all_special_tokens}"
+    if (policy.chat_template or "") != (teacher.chat_template or ""):
+        return "different chat templates"
+    return None
+
+
 class ServedModels:
     """The run's served models by name: `await ServedModels.start(specs, seed)`, `clients`, `shutdown()`."""
 
@@ -118,6 +165,10 @@ class ServedModels:
         self.clients[name] = BesideClient(name, spec, ServedBackend(name, service, sync))
         log.info("model %r beside the policy (%s) served from %s on %d engine(s)", name, spec.role, path,
                  len(engines))
+
+    def check(self, name: str) -> Callable[[], None]:
+        """What raises once the served model `name`'s engines cannot be restarted (its supervisor gave up)."""
+        return self._served[name].sync.check_engines
 
     def engines(self, name: str) -> list[RayEngine]:
         return self._served[name].engines

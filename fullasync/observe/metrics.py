@@ -107,6 +107,20 @@ def token_staleness(groups: Sequence[TrajectoryGroup], trainer_version: int) -> 
     return stats
 
 
+def teacher_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """On-policy distillation's gap over the step's sampled tokens a teacher scored: `teacher/kl`, the mean of
+    log p_behaviour − log p_teacher (the per-token reverse KL to the teacher, estimated on the policy's own samples);
+    nothing when no teacher scored them."""
+    gap, tokens = 0.0, 0
+    for group in groups:
+        for trajectory in group.trajectories:
+            for call in trajectory.calls:
+                if call.teacher_logprobs:
+                    gap += math.fsum(call.output_logprobs) - math.fsum(call.teacher_logprobs)
+                    tokens += len(call.output_ids)
+    return {"teacher/kl": gap / tokens, "teacher/scored_tokens": float(tokens)} if tokens else {}
+
+
 def generation_stats(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     calls = [c for g in groups for t in g.trajectories for c in t.calls]
     resumed = [c for c in calls if c.num_resumes]
@@ -130,7 +144,7 @@ def step_stats(groups: Sequence[TrajectoryGroup], trainer_version: int) -> dict[
     """What a train step reports of its groups: rewards, token staleness, generation and the harness's metrics
     (pure: the training loop computes it in a worker thread)."""
     return {**reward_stats(groups), **token_staleness(groups, trainer_version), **generation_stats(groups),
-            **harness_stats(groups)}
+            **harness_stats(groups), **teacher_stats(groups)}
 
 
 def format_line(step: int, metrics: Mapping[str, float]) -> str:

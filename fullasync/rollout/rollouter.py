@@ -39,6 +39,7 @@ from fullasync.rollout.group_rewards import group_scored
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
+from fullasync.rollout.teacher import TeacherScorer
 from fullasync.types import JsonValue, Trajectory, TrajectoryGroup, row_task
 
 # A push that frees a whole batch of admission (thousands of episodes at large scale) would start them all in one
@@ -120,15 +121,18 @@ class Rollouter:
     """Runs until the rows are exhausted or `stop()`; `wait_idle()` drains running rows."""
 
     def __init__(self, rollout_fn: RolloutFn, service: RolloutService, queue: GroupSink, staleness: StalenessManager,
-                 settings: RolloutSettings, episode_context: OpenEpisode | None = None) -> None:
+                 settings: RolloutSettings, episode_context: OpenEpisode | None = None,
+                 teacher: TeacherScorer | None = None) -> None:
         """`episode_context(client)`: what a `CustomGenerator` episode gets for its length (e.g. a base URL on
-        the run's gateway); by default its in-process client only."""
+        the run's gateway); by default its in-process client only. `teacher`: scores each group before it is
+        queued (on-policy distillation)."""
         self.generator = as_generator(rollout_fn)  # a plain function is wrapped here once (assemble did already)
         self.service = service
         self.queue = queue
         self.staleness = staleness
         self.settings = settings
         self.episode_context = episode_context
+        self.teacher = teacher
         self.ledger = RowLedger(settings.keep_tracebacks)
         self._wake = asyncio.Event()  # set when capacity may have changed
         self._held_slots = 0  # admission slots of rows stopped while a batch trains, released at the next version
@@ -399,6 +403,8 @@ class Rollouter:
         group = TrajectoryGroup(row_id=record.row_id, trajectories=tuple(trajectories),
                                 metadata={"failed_episodes": self.settings.n - len(trajectories),
                                           **({"task": task} if task else {})})
+        if self.teacher is not None:  # the row keeps its admission slot meanwhile: the teacher's lag holds rows back
+            group = await self.teacher.score_group(group)
         await self.queue.put(group)
         return RowOutcome.QUEUED
 

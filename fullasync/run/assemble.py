@@ -24,6 +24,7 @@ from fullasync.observe.metrics import MetricsSink
 from fullasync.rollout.generator import EpisodeContext, OpenEpisode, as_generator
 from fullasync.rollout.rollouter import Rollouter, RolloutFn
 from fullasync.rollout.staleness import StalenessManager
+from fullasync.rollout.teacher import TeacherScorer
 from fullasync.run.checkpoint import CheckpointPolicy
 from fullasync.run.queue import MessageQueue, RayGroupQueue
 from fullasync.run.runner import Run, RunParts, RunSettings
@@ -34,9 +35,10 @@ from fullasync.weights.sync import WeightSync
 async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: RolloutService, rollout_fn: RolloutFn,
                    settings: RunSettings, sink: MetricsSink, val_rows: Sequence[Any] | None = None,
                    checkpoints: CheckpointPolicy | None = None, transport: WeightTransport | None = None,
-                   evaluator: Evaluator | None = None) -> Run:
+                   evaluator: Evaluator | None = None, teacher: TeacherScorer | None = None) -> Run:
     """Wire one run on engines and a trainer that the caller started (and will stop); `transport`: how pushes
-    travel (default: the object store, `weights/transport.py`)."""
+    travel (default: the object store, `weights/transport.py`); `teacher`: scores every group before it is queued
+    (on-policy distillation, on engines the caller started)."""
     generator = as_generator(rollout_fn)
     weight_sync = WeightSync(engines, mode=settings.push_mode, version=await serving_version(engines),
                              restart_on_failure=settings.restart_engines, transport=transport,
@@ -50,7 +52,7 @@ async def assemble(*, engines: Sequence[Engine], trainer: Trainer, service: Roll
     gateway = (Gateway(service, host=settings.gateway_host, join_retries=settings.join_identical_requests)
                if generator.uses_gateway else None)
     rollouter = Rollouter(generator, service, queue, staleness, settings.rollout,
-                          episode_context=episodes_on(gateway) if gateway is not None else None)
+                          episode_context=episodes_on(gateway) if gateway is not None else None, teacher=teacher)
     return Run(RunParts(rollouter, queue, weight_sync, trainer, gateway), settings, sink, val_rows, checkpoints,
                evaluator)
 

@@ -152,10 +152,11 @@ class Run:
                                  hooks=hooks)
 
     async def component_stats(self) -> dict[str, float]:
-        """Counts of the router and the engines (KV), of the gateway and of the models beside the policy for each
-        step's metrics."""
+        """Counts of the router and the engines (KV), of the gateway, of the models beside the policy and of the
+        teacher's scoring for each step's metrics."""
         return {**await self.service.router.kv_metrics(), **(self.gateway.stats() if self.gateway is not None else {}),
-                **self.service.beside_metrics()}
+                **self.service.beside_metrics(),
+                **(self.rollouter.teacher.metrics() if self.rollouter.teacher is not None else {})}
 
     def request_stop(self, reason: str) -> None:
         """Stop soon (a signal): finish the step under way, checkpoint, return. A second request stops at once."""

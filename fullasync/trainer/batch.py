@@ -146,12 +146,14 @@ def build_batch(
     norm_adv_by_std_in_grpo: bool = True,
     gamma: float = 1.0,
     pad_token_id: int = 0,
+    distill: Distillation | None = None,
 ) -> TrainBatch:
     """Flatten `groups` into a `TrainBatch` with outcome advantages per group (verl estimator by name).
 
     Sequences without any sampled token are left out (they would train nothing); their
     trajectories still count in their group's statistics. A trajectory's k sequences left in weigh
     1/k each (`sequence_weights`, see the module doc). Raises ValueError when no sequence is left.
+    Sequences a teacher scored train on `distilled_advantages` (`distill`: its weights; default 1 and 1).
     """
     if not groups:
         raise ValueError("build_batch needs at least one TrajectoryGroup")
@@ -170,7 +172,7 @@ def build_batch(
     ]
     if not rows:
         raise ValueError("build_batch: no sampled tokens in these groups (every model call had an empty output)")
-    padded = [(s, a) for s, a, _ in rows]
+    padded = distilled_advantages([(s, a) for s, a, _ in rows], distill or Distillation())
     batch = _pad_rows(padded, pad_token_id)
     lineages = Counter(ti for _, _, ti in rows)
     batch = dataclasses.replace(
@@ -182,6 +184,36 @@ def build_batch(
     )
     drop_piecewise(padded, rows, advantages, per_trajectory)  # freed in this thread, without a long stall
     return batch
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """On-policy distillation's weights: a sampled token's advantage is `task_weight` · its task advantage +
+    `kl_weight` · (log p_teacher − log p_behaviour), the negated reverse KL to the teacher at that token."""
+
+    kl_weight: float = 1.0
+    task_weight: float = 1.0
+
+
+def distilled_advantages(rows: Sequence[tuple[TrainingSequence, np.ndarray]],
+                         distill: Distillation) -> list[tuple[TrainingSequence, np.ndarray]]:
+    """`rows` (a sequence and its task advantages, aligned to its response) with the teacher's term mixed in where a
+    teacher scored the sequences; as they are where none did. Sequences of both kinds in one batch raise ValueError:
+    a teacher's scoring is never skipped for some episodes (the rollouter scores every group before it is queued)."""
+    scored = sum(bool(sequence.teacher_logprobs) for sequence, _ in rows)
+    if scored == 0:
+        return list(rows)
+    if scored != len(rows):
+        raise ValueError(f"{scored} of {len(rows)} sequences of the batch carry a teacher's log-probs: the teacher "
+                         "scores every group or none")
+    mixed = []
+    for sequence, advantage in rows:
+        p = sequence.prompt_length
+        mask = np.array(sequence.loss_mask[p:], dtype=np.float32)
+        gap = (np.array(sequence.teacher_logprobs[p:], dtype=np.float32)
+               - np.array(sequence.logprobs[p:], dtype=np.float32))
+        mixed.append((sequence, (distill.task_weight * advantage + distill.kl_weight * gap * mask).astype(np.float32)))
+    return mixed
 
 
 def loss_normaliser(batch: TrainBatch, loss_agg_mode: str, *, by_episode: bool = True) -> float:

@@ -28,7 +28,14 @@ from fullasync.config.trainer import GROUP_LOCAL_ESTIMATORS, TrainerConfig
 from fullasync.contracts.weights import NamedTensors, StreamedWeights, WeightsMovedOn
 from fullasync.infra.offload import off_loop
 from fullasync.infra.platform import is_cpu_platform
-from fullasync.trainer.batch import ShardedBatch, TrainBatch, build_batch, loss_normaliser, shard_batch
+from fullasync.trainer.batch import (
+    Distillation,
+    ShardedBatch,
+    TrainBatch,
+    build_batch,
+    loss_normaliser,
+    shard_batch,
+)
 from fullasync.trainer.corrections import CorrectionStats
 from fullasync.trainer.worker import WHOLE_STEP, RankStepResult, StepPart, WorkerSpec
 from fullasync.trainer.worker_group import WorkerGroup, WorkerResources, default_threads, worker_env_vars
@@ -89,6 +96,7 @@ class VerlTrainer:
             norm_adv_by_std_in_grpo=self.config.norm_adv_by_std_in_grpo,
             gamma=self.config.gamma,
             pad_token_id=self._pad_token_id,
+            distill=Distillation(self.config.distill_kl_weight, self.config.distill_task_weight),
         )
 
     async def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:

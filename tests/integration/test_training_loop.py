@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import math
 import sys
 
 import pytest
@@ -364,3 +366,45 @@ async def test_a_judge_the_run_serves_is_restarted_when_killed_and_no_episode_is
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1]["beside/judge/restarts"] == 1
     assert steps[-1]["beside/judge/failures"] == 0 and steps[-1]["beside/judge/calls"] >= 12
+
+
+@pytest.mark.slow  # ~80 s: the teacher's engine started, killed and restarted beside a real run
+async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_scored_once(stack, tmp_path,
+                                                                                           warm_policy):
+    """On-policy distillation in a fully-async run with partial rollouts: a teacher served beside the policy scores
+    every group before it is queued; its engine killed while groups wait for it is restarted, the requests it held
+    sent again; each step trains exactly its tokens' scores (a group scored twice, or not at all, is refused)."""
+    from fullasync.client.beside import ServedModel
+
+    engines, trainer = stack
+    killed, episodes = asyncio.Event(), []
+
+    async def rollout(client, row):
+        reward = await arithmetic.rollout_fn(client, row)
+        episodes.append(row)
+        (teacher_engine,) = client.beside["teacher"].backend.sync.engines
+        if len(episodes) >= 12 and not killed.is_set():
+            killed.set()
+            for _ in range(3000):  # kill it while it scores another row's group
+                if await teacher_engine.num_in_flight():
+                    break
+                await asyncio.sleep(0.01)
+            ray.kill(teacher_engine.actor)
+        return reward
+
+    rows = arithmetic.ArithmeticTask().rows("train")[:24]
+    run = AsyncAgentTrainer(
+        config(tmp_path, mode="fully_async", total_steps=3, data=DataSection(task="", epochs=1),
+               engine=EngineSection(max_model_len=512),
+               trainer=dataclasses.replace(TRAINER, distill_kl_weight=1.0, distill_task_weight=1.0)),
+        rollout_fn=rollout, train_dataset=rows, val_dataset=None,
+        beside={"teacher": ServedModel(warm_policy, role="teacher", max_model_len=512, kv_cache_mb=32,
+                                       backoff_s=0.1)})
+    result = await run.train_async(engines=engines, trainer=trainer)
+    assert result.steps == 3 and killed.is_set() and result.episode_failures == 0
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for step in steps:  # every trained token scored by the teacher, each once
+        assert step["teacher/scored_tokens"] == step["rollout/output_tokens"] > 0
+        assert math.isfinite(step["teacher/kl"])
+    assert steps[-1]["beside/teacher/restarts"] == 1 and steps[-1]["teacher/retries"] >= 1
+    assert steps[-1]["teacher/sequences"] >= sum(step["rollout/samples"] for step in steps)

@@ -64,7 +64,12 @@ from fullasync.engines.vllm.config import (
     torch_dtype,
 )
 from fullasync.engines.vllm.install import InFlight, WeightInstall
-from fullasync.engines.vllm.sampling import oldest_versions, sampling_params, versions_from_spans
+from fullasync.engines.vllm.sampling import (
+    oldest_versions,
+    prompt_token_logprobs,
+    sampling_params,
+    versions_from_spans,
+)
 from fullasync.errors import InvalidRequestError
 from fullasync.infra.placement import where_am_i
 from fullasync.infra.platform import (
@@ -218,6 +223,7 @@ class VLLMEngineActor(WeightInstall):
         logprobs: list[float] = []
         top: list[dict[int, float]] = []
         finish_reason, stop_reason, spans = None, None, None
+        prompt_logprobs: tuple[float, ...] = ()
         want_top = request.sampling.num_top_logprobs > 0
         if not self._in_flight:
             self._progress_at = time.monotonic()
@@ -228,6 +234,8 @@ class VLLMEngineActor(WeightInstall):
             kv_version, outputs = await self._admitted(request, running)
             async with contextlib.aclosing(outputs):  # left early: the request is aborted in vLLM
                 async for out in outputs:
+                    if out.prompt_logprobs and not prompt_logprobs:  # with score_prompt: in the first output
+                        prompt_logprobs = prompt_token_logprobs(request.prompt_ids, out.prompt_logprobs)
                     completion = out.outputs[0]
                     new_ids = list(completion.token_ids)
                     before = len(output_ids)
@@ -256,6 +264,9 @@ class VLLMEngineActor(WeightInstall):
             self._advanced.set()
         if finish_reason is None:
             raise RuntimeError(f"engine {self.name}: request {request.request_id} ended without a finish reason")
+        if request.sampling.score_prompt and len(prompt_logprobs) != len(request.prompt_ids) - 1:
+            raise RuntimeError(f"engine {self.name}: request {request.request_id} asked for its prompt's log-probs "
+                               f"and got {len(prompt_logprobs)} of {len(request.prompt_ids) - 1}")
         weight_versions = versions_from_spans(spans, len(output_ids), self._version)
         versions = oldest_versions(weight_versions, kv_version, running.recomputed)
         return GenerateResult(
@@ -268,6 +279,7 @@ class VLLMEngineActor(WeightInstall):
             top_logprobs=tuple(top),
             engine=self.name,
             output_weight_versions=weight_versions if weight_versions != versions else (),
+            prompt_logprobs=prompt_logprobs,
         )
 
     async def _admitted(self, request: GenerateRequest,

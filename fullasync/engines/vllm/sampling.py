@@ -5,12 +5,14 @@ token and the KV it read; see `actor.py`)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fullasync.contracts.engine import GenerateRequest
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
+    from vllm.logprobs import Logprob
     from vllm.outputs import WeightVersionSpan
 
 
@@ -45,10 +47,21 @@ def sampling_params(request: GenerateRequest) -> SamplingParams:
         ignore_eos=opts.ignore_eos,
         seed=opts.seed,
         logprobs=opts.num_top_logprobs,
+        prompt_logprobs=0 if opts.score_prompt else None,  # 0: the prompt token's own log-prob, no alternatives
         output_kind=RequestOutputKind.DELTA,
         detokenize=bool(opts.stop),
         structured_outputs=structured,
     )
+
+
+def prompt_token_logprobs(prompt_ids: Sequence[int],
+                          entries: Sequence[Mapping[int, Logprob] | None]) -> tuple[float, ...]:
+    """vLLM's prompt log-probs (None for the first token, then each position's entries, the prompt token's among
+    them) as the log-prob of each prompt token after the first."""
+    if len(entries) != len(prompt_ids):
+        raise RuntimeError(f"vLLM returned prompt log-probs for {len(entries)} of {len(prompt_ids)} prompt tokens")
+    return tuple(float(entry[token].logprob) for token, entry in zip(prompt_ids[1:], entries[1:], strict=True)
+                 if entry is not None)
 
 
 def versions_from_spans(spans: list[WeightVersionSpan] | None, num_tokens: int, fallback: int) -> tuple[int, ...]:
