@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from fullasync.client import RolloutService
-from fullasync.client.beside import BesideClient, BesideModel, ServedModel, beside_models
+from fullasync.client.beside import BesideClient, BesideModel, RemoteModel, ServedModel, beside_models
 from fullasync.config import RunConfig, config_fields
 from fullasync.data import load_rows, resolve_dotted
 from fullasync.engines.vllm import RayEngine, launch_vllm_engines
@@ -52,7 +53,7 @@ from fullasync.presets import builtin_values_warning, weights_bytes
 from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
 from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
-from fullasync.rollout.teacher import TeacherScorer
+from fullasync.rollout.teacher import EndpointTeacher, TeacherScorer, check_endpoint_teacher
 from fullasync.run import checkpoint
 from fullasync.run.assemble import assemble
 from fullasync.run.checkpoint import Checkpoint, CheckpointPolicy
@@ -204,6 +205,8 @@ class AsyncAgentTrainer:
         began = time.perf_counter()
         model_path = self.model_path()
         teacher = run_teacher(self.beside, model_path, cfg.engine.max_model_len)  # before anything starts
+        endpoint = await checked_endpoint(self.beside[teacher], teacher, model_path, cfg.engine.max_model_len) \
+            if teacher else None
         log.info("model ready: %s%s (%.1f s)", cfg.model.path, "" if model_path == cfg.model.path
                  else f" → {model_path}", time.perf_counter() - began, extra=progress("model", 1, 1))
         toy_values = builtin_values_warning(cfg, weights_bytes(Path(model_path)))
@@ -239,10 +242,13 @@ class AsyncAgentTrainer:
                 if cfg.rollout.cpus:
                     log.info("this process (rollouter, client, rollout_fn, loop) on cores %s (rollout.cpus)",
                              cfg.rollout.cpus)
-                return await self._run(engines, trainer, model_path, resume, beside, teacher)
+                scorer = teacher_scorer(beside, teacher, self.beside[teacher], endpoint) if teacher else None
+                return await self._run(engines, trainer, model_path, resume, beside, scorer)
         finally:
             await self._shutdown([trainer] if own_trainer else [], engines if own_engines else [])
             await beside.shutdown()
+            if endpoint is not None:
+                await endpoint.close()
             if own_engines or own_trainer:
                 remove_orphaned_semaphores(since=started_at)
 
@@ -255,7 +261,7 @@ class AsyncAgentTrainer:
                 log.warning("shutdown: %r", outcome)
 
     async def _run(self, engines: Sequence[Engine], trainer: Any, model_path: str,
-                   resume: Checkpoint | None, served: ServedModels, teacher: str | None = None) -> LoopResult:
+                   resume: Checkpoint | None, served: ServedModels, teacher: TeacherScorer | None = None) -> LoopResult:
         # `trainer: Any`, not VerlTrainer: its export_weights may return StreamedWeights, which the Trainer
         # contract's WeightsPayload (fullasync/contracts/run.py) does not name yet, so `assemble` would refuse it
         cfg = self.config
@@ -275,7 +281,7 @@ class AsyncAgentTrainer:
                                  settings=RunSettings.from_config(cfg), sink=sink, val_rows=self.val_rows,
                                  checkpoints=policy, transport=weight_transport(cfg.trainer.weight_transport, trainer),
                                  evaluator=self.evaluate_fn,
-                                 teacher=teacher_scorer(served, teacher, self.beside[teacher]) if teacher else None)
+                                 teacher=teacher)
             log.info("mode=%s max_staleness=%d push=%s batch=%d×%d rows=%d×%d epochs", cfg.mode, cfg.staleness,
                      cfg.push_mode.value, cfg.rollout.batch_size, cfg.rollout.n, len(self.train_rows), cfg.data.epochs)
             log.info(cfg.correction_summary(trainer.config))
@@ -290,12 +296,28 @@ class AsyncAgentTrainer:
             sink.close()
 
 
-def teacher_scorer(served: ServedModels, name: str, spec: BesideModel) -> TeacherScorer:
-    """The scorer of the served teacher `name` on its engines, giving up when their supervisor does."""
-    assert isinstance(spec, ServedModel)  # `run_teacher` refused any other
+def teacher_scorer(served: ServedModels, name: str, spec: BesideModel,
+                   endpoint: EndpointTeacher | None) -> TeacherScorer:
+    """The scorer of the teacher `name`: on its engines (a served one, giving up when their supervisor does) or its
+    endpoint."""
+    if endpoint is not None:
+        return TeacherScorer(name, [endpoint], max_concurrency=spec.max_concurrency, retries=spec.retries,
+                             backoff_s=spec.backoff_s)
+    assert isinstance(spec, ServedModel)
     return TeacherScorer(name, served.engines(name), check=served.check(name), max_concurrency=spec.max_concurrency,
                          retries=spec.retries, backoff_s=spec.backoff_s,
                          restart_wait_s=spec.start_timeout_s + RESTART_GRACE_S)
+
+
+async def checked_endpoint(spec: BesideModel, name: str, model_path: str, max_model_len: int) -> EndpointTeacher | None:
+    """A teacher behind an endpoint, once it showed the policy's tokenizer and a long enough context; None for a
+    teacher the run serves (`run_teacher` checked it)."""
+    if not isinstance(spec, RemoteModel):
+        return None
+    api_key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+    endpoint = EndpointTeacher(name, spec.base_url, spec.model, api_key, spec.timeout_s)
+    await check_endpoint_teacher(endpoint, load_tokenizer(model_path), max_model_len, api_key)
+    return endpoint
 
 
 async def _ready(value: T) -> T:

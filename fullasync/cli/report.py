@@ -86,6 +86,9 @@ def _figures(steps: Sequence[Mapping[str, float]]) -> dict[str, list[tuple[str, 
         "queue": [("queue/size", "groups queued"), ("rollout/lead_batches", "ahead (batches)")],
         "weight_push": [("weight_sync/total_s", "total s"), ("weight_sync/pause_s", "pause s")],
         "harness": [(k, k[len("harness/"):-len("/mean")]) for k in harness],
+        "teacher_kl": [("teacher/kl", "log p_behaviour − log p_teacher (mean per trained token)")],
+        "teacher_scoring": [("teacher/tokens_per_s", "tokens/s while scoring")],
+        "teacher_lag": [("teacher/lag_s", "s per group (mean)"), ("teacher/groups_waiting", "groups being scored")],
     }
     return {name: [(k, label) for k, label in lines if k in present] for name, lines in wanted.items()
             if any(k in present for k, _ in lines)}

@@ -247,7 +247,8 @@ class RunConfig:
                                                 "engines of its own, frozen, restarted when one dies {path, role, "
                                                 "engines, max_model_len, kv_cache_mb, dtype, cpus, max_concurrency, "
                                                 "retries, backoff_s, timeout_s, start_timeout_s}: client.judge, "
-                                                "client.beside[name] (OpenAI-style, never recorded or trained)")
+                                                "client.beside[name] (OpenAI-style, never recorded or trained); "
+                                                "role teacher: on-policy distillation (trainer.distill_kl_weight)")
     eval_keep: list[str] = setting([], "fullasync eval: also write output_dir/kept_rows.jsonl, the rows whose episodes "
                                    "put them in these pools: learning (some passed), solved (all), unsolved (none); "
                                    "data.curriculum_pass_reward decides a pass", resume_may_change=True)

@@ -96,17 +96,17 @@ class _Served:
 
 def run_teacher(models: Mapping[str, BesideModel], policy_path: str, max_model_len: int) -> str | None:
     """The name of the run's teacher (the model beside the policy whose role is teacher; None: no distillation),
-    after checking it can score the policy's sequences: served by the run, one of it, a context as long as the
-    policy's, the policy's tokenizer and chat template. Each refusal in one line, saying what to change."""
+    after checking it can score the policy's sequences: one of it and, served by the run, a context as long as the
+    policy's, the policy's tokenizer and chat template (an endpoint's are asked of it, `check_endpoint_teacher`).
+    Each refusal in one line, saying what to change."""
     teachers = [name for name, spec in models.items() if spec.role == "teacher"]
     if not teachers:
         return None
     if len(teachers) > 1:
         raise ValueError(f"models beside the policy {teachers} all have role teacher: distillation takes one")
     name, spec = teachers[0], models[teachers[0]]
-    if not isinstance(spec, ServedModel):
-        raise ValueError(f"beside.{name}: a teacher scores token ids by prompt log-probs, which the run asks of "
-                         f"engines it serves: give beside.{name}.path=<the teacher model> instead of base_url")
+    if not isinstance(spec, ServedModel):  # an endpoint: checked once it is asked (`check_endpoint_teacher`)
+        return name
     if spec.max_model_len < max_model_len:
         raise ValueError(f"beside.{name}.max_model_len={spec.max_model_len} is shorter than the policy's "
                          f"engine.max_model_len={max_model_len}: the teacher scores whole trained sequences; set it "

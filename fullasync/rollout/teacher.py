@@ -10,6 +10,9 @@ waiting for a place keeps its row's admission slot, so the teacher's lag holds g
 bound, never past it. An engine of the teacher that dies is waited for (its supervisor restarts it) and the request
 sent again: a failure is the infrastructure's and is scored again, never a wrong signal; a teacher whose engines
 cannot be restarted raises `TeacherError`, which stops the run. Its counts for each step's metrics (`teacher/...`).
+A teacher behind an endpoint (`EndpointTeacher`: vLLM's OpenAI server, `/v1/completions` with `prompt_logprobs`)
+takes an engine's place; `check_endpoint_teacher` refuses one whose tokenizer or context cannot score the policy's
+sequences, before the run starts.
 Does not own: serving the teacher (`fullasync.launch.beside`), the loss (`fullasync.trainer.batch.Distillation`),
 the teacher KL of the trained tokens (`fullasync.observe.metrics`).
 """
@@ -23,16 +26,82 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
 
-from fullasync.contracts.engine import Engine, GenerateRequest, SamplingOptions
+import httpx
+import openai
+
+from fullasync.client.beside import TRANSIENT_STATUS
+from fullasync.contracts.engine import GenerateRequest, GenerateResult, SamplingOptions
 from fullasync.errors import EngineDiedError, EngineResumeTimeoutError, InfraError
-from fullasync.types import ModelCall, Trajectory, TrajectoryGroup
+from fullasync.types import FinishReason, ModelCall, Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SCORING = SamplingOptions(score_prompt=True, temperature=1.0)  # one token generated, thrown away
 
 
 class TeacherError(InfraError):
     """The teacher could not score a sequence after its engines were restarted and its retries spent."""
+
+
+class TeacherUnavailable(InfraError):
+    """A teacher's endpoint did not answer a scoring request (refused, timed out, 429, 5xx): it is sent again."""
+
+
+class ScoringEngine(Protocol):
+    """What the scorer needs of a teacher's engine: a policy-style `Engine` (`RayEngine`) or an `EndpointTeacher`."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def death(self) -> EngineDiedError | None: ...
+
+    async def wait_serving(self) -> None: ...
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+
+class EndpointTeacher:
+    """A teacher behind an OpenAI-compatible endpoint that returns prompt log-probs (vLLM's OpenAI server): each
+    scoring request is one `/completions` call of one token, the token ids as its prompt, `prompt_logprobs=0`."""
+
+    death: EngineDiedError | None = None  # an endpoint is never declared dead: its failures are retried
+
+    def __init__(self, name: str, base_url: str, model: str, api_key: str = "", timeout_s: float = 120.0) -> None:
+        self.name, self.base_url, self.model = name, base_url, model
+        self._sdk = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0, timeout=timeout_s)
+
+    async def wait_serving(self) -> None:
+        return None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        try:
+            answer = await self._sdk.completions.create(model=self.model, prompt=list(request.prompt_ids), max_tokens=1,
+                                                        temperature=1.0, extra_body={"prompt_logprobs": 0})
+        except (openai.APIConnectionError, openai.APITimeoutError) as error:
+            raise TeacherUnavailable(f"teacher {self.name!r} at {self.base_url}: {error!r}") from error
+        except openai.APIStatusError as error:
+            if error.status_code in TRANSIENT_STATUS:
+                raise TeacherUnavailable(f"teacher {self.name!r} at {self.base_url}: {error!r}") from error
+            raise TeacherError(f"teacher {self.name!r} at {self.base_url} refused a scoring request "
+                               f"({error.status_code}): {error.message}") from error
+        entries = getattr(answer.choices[0], "prompt_logprobs", None) if answer.choices else None
+        if not isinstance(entries, list) or len(entries) != len(request.prompt_ids):
+            raise TeacherError(f"teacher {self.name!r} at {self.base_url} answered without the prompt's log-probs: a "
+                               "teacher endpoint must return `prompt_logprobs` (vLLM's OpenAI server does)")
+        try:
+            scored = tuple(float(entry[str(token)]["logprob"])
+                           for token, entry in zip(request.prompt_ids[1:], entries[1:], strict=True))
+        except (KeyError, TypeError, ValueError) as error:
+            raise TeacherError(f"teacher {self.name!r} at {self.base_url}: its prompt log-probs do not hold the "
+                               f"prompt's tokens ({error!r})") from error
+        return GenerateResult(request.request_id, (), (), (), FinishReason.LENGTH, prompt_logprobs=scored)
+
+    async def close(self) -> None:
+        await self._sdk.close()
 
 
 @dataclass
@@ -49,7 +118,7 @@ class TeacherStats:
 class TeacherScorer:
     """`await scorer.score_group(group)`: the group with every trained call's teacher log-probs."""
 
-    def __init__(self, name: str, engines: Sequence[Engine], *, check: Callable[[], None] = lambda: None,
+    def __init__(self, name: str, engines: Sequence[ScoringEngine], *, check: Callable[[], None] = lambda: None,
                  max_concurrency: int = 8, retries: int = 3, backoff_s: float = 0.5,
                  restart_wait_s: float = 600.0) -> None:
         """`check()`: raises once the teacher's engines cannot be restarted (its supervisor gave up)."""
@@ -104,7 +173,7 @@ class TeacherScorer:
                 self._start(engine)
                 try:
                     result = await engine.generate(request)
-                except (EngineDiedError, EngineResumeTimeoutError, TimeoutError) as error:
+                except (EngineDiedError, EngineResumeTimeoutError, TimeoutError, TeacherUnavailable) as error:
                     if attempt == self.retries:
                         raise TeacherError(f"teacher {self.name!r} did not score a sequence of {len(token_ids)} "
                                            f"tokens after {attempt + 1} tries: {error!r}") from error
@@ -121,7 +190,7 @@ class TeacherScorer:
                 return scored
         raise AssertionError("unreachable: the last try returns or raises")
 
-    async def _serving_engine(self) -> Engine:
+    async def _serving_engine(self) -> ScoringEngine:
         """The teacher's engine with the fewest requests of ours that is not dead; while all are, the first to
         come back (within `restart_wait_s`)."""
         self._check()
@@ -143,13 +212,13 @@ class TeacherScorer:
         except Exception as failure:
             raise TeacherError(f"teacher {self.name!r}: its engines could not be restarted ({failure})") from failure
 
-    def _start(self, engine: Engine) -> None:
+    def _start(self, engine: ScoringEngine) -> None:
         self._load[id(engine)] += 1
         if not self._busy:
             self._busy_since = time.monotonic()
         self._busy += 1
 
-    def _end(self, engine: Engine) -> None:
+    def _end(self, engine: ScoringEngine) -> None:
         self._load[id(engine)] -= 1
         self._busy -= 1
         if not self._busy:
@@ -163,6 +232,45 @@ class TeacherScorer:
                 "teacher/tokens_per_s": stats.tokens / busy if busy > 0 else 0.0,
                 "teacher/lag_s": stats.lag_s / max(stats.groups, 1), "teacher/retries": float(stats.retries),
                 "teacher/groups_waiting": float(stats.waiting)}
+
+
+PROBE_MESSAGES = ({"role": "system", "content": "Answer with the number only."},
+                  {"role": "user", "content": "12 + 30 = ? Then: naïve café, 漢字 🙂 {\"a\": [1, 2]}"})
+PROBE_TEXT = "def f(x):\n\treturn x ** 2  # naïve café 漢字 🙂 {\"a\": [1, 2]}\n"
+
+
+async def check_endpoint_teacher(teacher: EndpointTeacher, policy: PreTrainedTokenizerBase, max_model_len: int,
+                                 api_key: str = "", timeout_s: float = 30.0) -> None:
+    """Refuse, in one line, a teacher endpoint that cannot score the policy's sequences: one that does not tokenize
+    (vLLM's `/tokenize`), tokenizes a probe text or a probe chat otherwise than the policy's tokenizer and chat
+    template, or has a shorter context than `max_model_len` + 1 (the one token a scoring request generates)."""
+    root = teacher.base_url.rstrip("/").removesuffix("/v1")
+    where = f"beside.{teacher.name} ({root})"
+    probes: list[tuple[str, dict[str, object], list[int]]] = [
+        ("its vocabulary", {"prompt": PROBE_TEXT, "add_special_tokens": False},
+         list(policy.encode(PROBE_TEXT, add_special_tokens=False)))]
+    if policy.chat_template:
+        chat = policy.apply_chat_template(list(PROBE_MESSAGES), add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+        probes.append(("its chat template", {"messages": list(PROBE_MESSAGES), "add_generation_prompt": True},
+                       list(cast("list[int]", chat))))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as http:
+        for what, body, ours in probes:
+            try:
+                answer = await http.post(f"{root}/tokenize", json={"model": teacher.model, **body})
+                answer.raise_for_status()
+                told = answer.json()
+            except (httpx.HTTPError, ValueError) as error:
+                raise ValueError(f"{where}: /tokenize did not answer ({error!r}); a teacher endpoint must be a vLLM "
+                                 "OpenAI server (it tokenizes, for the check that its tokenizer is the policy's)"
+                                 ) from None
+            if told.get("tokens") != ours:
+                raise ValueError(f"{where}: its tokenizer is not the policy's ({what} gives other token ids on a "
+                                 "probe); distillation scores the policy's own token ids")
+            if int(told.get("max_model_len", 0)) < max_model_len + 1:
+                raise ValueError(f"{where}: its context ({told.get('max_model_len')}) is shorter than "
+                                 f"engine.max_model_len + 1 = {max_model_len + 1}: serve it with a longer one")
 
 
 def _scored(call: ModelCall, aligned: Sequence[float]) -> ModelCall:

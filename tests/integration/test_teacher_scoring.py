@@ -51,7 +51,18 @@ def test_a_teacher_that_cannot_score_the_policys_tokens_is_refused_saying_what_t
         run_teacher(teacher(path=templated), tiny_model_path, 512)
     with pytest.raises(ValueError, match=r"beside.teacher.max_model_len=256 is shorter .* set it >= 512"):
         run_teacher(teacher(max_model_len=256), tiny_model_path, 512)
-    with pytest.raises(ValueError, match="give beside.remote.path=<the teacher model> instead of base_url"):
-        run_teacher({"remote": RemoteModel("http://127.0.0.1:9/v1", "t", role="teacher")}, tiny_model_path, 512)
+    remote = {"remote": RemoteModel("http://127.0.0.1:9/v1", "t", role="teacher")}
+    assert run_teacher(remote, tiny_model_path, 512) == "remote"  # an endpoint's tokenizer is asked of it, later
     with pytest.raises(ValueError, match="all have role teacher: distillation takes one"):
         run_teacher({**teacher(), "second": ServedModel(tiny_model_path, role="teacher")}, tiny_model_path, 512)
+
+
+async def test_a_run_whose_endpoint_teacher_does_not_answer_is_refused_before_starting(tmp_path, tiny_model_path):
+    from fullasync.api import AsyncAgentTrainer
+    from fullasync.config import ModelSection, RunConfig
+
+    run = AsyncAgentTrainer(RunConfig(output_dir=str(tmp_path), model=ModelSection(path=tiny_model_path)),
+                            beside={"teacher": RemoteModel("http://127.0.0.1:9/v1", "t", role="teacher")})
+    with pytest.raises(ValueError, match=r"beside.teacher \(http://127.0.0.1:9\): /tokenize did not answer"):
+        await run.train_async()
+    assert not (tmp_path / "metrics.jsonl").exists()  # nothing started

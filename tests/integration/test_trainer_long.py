@@ -25,10 +25,10 @@ LR = 1e-2
 pytestmark = pytest.mark.slow  # CI's slow tier: a trainer per setting on long sequences
 
 
-def long_groups(lengths: list[tuple[int, int]], seed: int = 0) -> list[TrajectoryGroup]:
+def long_groups(lengths: list[tuple[int, int]], seed: int = 0, teacher: bool = False) -> list[TrajectoryGroup]:
     """Groups of two single-call trajectories of a (prompt, response) length from `lengths` (the second response 3
     tokens shorter, so that sequences do not pair up into equal halves), stale behaviour log-probs and unequal
-    rewards."""
+    rewards; with `teacher`, a teacher's log-probs on every sampled token (distillation: advantages per token)."""
     rng = random.Random(seed)
     groups = []
     for g, (prompt_length, response_length) in enumerate(lengths):
@@ -36,8 +36,9 @@ def long_groups(lengths: list[tuple[int, int]], seed: int = 0) -> list[Trajector
         trajectories = []
         for index, reward in enumerate((1.0, 0.0)):
             output = tuple(rng.randrange(20, 1000) for _ in range(response_length - 3 * index))
-            call = ModelCall(prompt, output, tuple(-rng.uniform(3, 9) for _ in output), (0,) * len(output),
-                             FinishReason.STOP)
+            behaviour = tuple(-rng.uniform(3, 9) for _ in output)
+            call = ModelCall(prompt, output, behaviour, (0,) * len(output), FinishReason.STOP,
+                             teacher_logprobs=tuple(lp + rng.uniform(-0.5, 0.5) for lp in behaviour) if teacher else ())
             trajectories.append(Trajectory((call,), reward=reward))
         groups.append(TrajectoryGroup(f"row-{g}", tuple(trajectories)))
     return groups
@@ -71,10 +72,13 @@ def assert_same_update(a, b) -> None:
 
 
 async def test_micro_batches_by_tokens_make_the_update_of_micro_batches_by_count(ray_cluster, tiny_model_path):
-    # 6 sequences of 7 to 90 tokens (291): by count, 3 passes of 2; by tokens (budget 150), two passes
-    groups = long_groups([(4, 6), (30, 20), (50, 40)])
+    # 6 sequences of 7 to 90 tokens (291): by count, 3 passes of 2; by tokens (budget 150), two passes. Distilled:
+    # every sampled token has an advantage of its own (a teacher's gap), which the passes must keep in place
+    groups = long_groups([(4, 6), (30, 20), (50, 40)], teacher=True)
     by_count = await one_step(tiny_model_path, groups, micro_batch_size=2)
     by_tokens = await one_step(tiny_model_path, groups, micro_batch_size=2, max_tokens_per_micro_batch=150)
+    advantages, mask = by_count[3].advantages, by_count[3].response_mask.bool()
+    assert all(len(set(row[keep].tolist())) > 1 for row, keep in zip(advantages, mask, strict=True))
     assert by_count[0]["micro_batches"] == 3
     assert by_tokens[0]["micro_batches"] == 2  # the split differs, the update must not
     assert_same_update(by_count, by_tokens)

@@ -40,6 +40,17 @@ def test_the_report_draws_what_the_run_measured(tmp_path):
     assert "val_after" in text and "row-0" not in text  # the summary, not the per-row account
 
 
+def test_a_distilled_runs_teacher_is_drawn_its_kl_its_scoring_and_its_lag(tmp_path):
+    write_run(tmp_path, steps=3, finished=True)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for step, metrics in enumerate(lines):
+        metrics.update({"teacher/kl": 0.3 / (step + 1), "teacher/tokens_per_s": 1800.0, "teacher/lag_s": 1.1,
+                        "teacher/groups_waiting": 4.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    drawn = {p.name for p in write_report(tmp_path).parent.glob("*.png")}
+    assert {"teacher_kl.png", "teacher_scoring.png", "teacher_lag.png"} <= drawn
+
+
 def test_a_run_still_going_is_reported_and_an_empty_directory_is_refused(tmp_path):
     write_run(tmp_path / "run", steps=2, finished=False)
     assert "has not finished" in write_report(tmp_path / "run").read_text()
