@@ -60,15 +60,16 @@ class Task:
     serving: tuple[str, ...]
     samples_per_step: int  # rollout.batch_size × rollout.n of its defaults
     default_steps: int
+    val_every: int  # its held-out evaluation every this many steps (deepresearch's takes ~30 s)
 
 
 TASKS = {
     "builtin": Task(tuple(FULLASYNC), ("seed=0", "trainer.seed=0", "total_steps=400", "data.epochs=80",
                                        "checkpoint.every=0", "save_checkpoint=true"),
-                    ("beside.teacher.kv_cache_mb=64",), 64, 20),
+                    ("beside.teacher.kv_cache_mb=64",), 64, 20, 2),
     "deepresearch": Task((sys.executable, "-m", "examples.deepresearch.train"),
                          ("seed=1", "trainer.seed=1", "total_steps=60", "checkpoint.every=0", "save_checkpoint=true"),
-                         ("beside.teacher.max_model_len=2048", "beside.teacher.kv_cache_mb=128"), 64, 30),
+                         ("beside.teacher.max_model_len=2048", "beside.teacher.kv_cache_mb=128"), 64, 30, 10),
 }
 
 
@@ -113,7 +114,7 @@ def run_arm(name: str, arm: str, seed: int, args: argparse.Namespace, teacher: P
     out = ROOT / "outputs" / "opd_learning" / args.label / f"{arm}_seed{seed}"
     served = [f"beside.teacher.path={teacher}", *task.serving] if ARMS[arm] else []
     argv = [f"seed={seed}", f"trainer.seed={seed}", f"total_steps={args.steps or task.default_steps}",
-            f"val_every={args.val_every}", "checkpoint.every=0", *served, *ARMS[arm], *args.args]
+            f"val_every={args.val_every or task.val_every}", "checkpoint.every=0", *served, *ARMS[arm], *args.args]
     started = time.monotonic()
     train(task, argv, out)
     return read_record(out, name, arm, seed, argv, time.monotonic() - started)
@@ -170,7 +171,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--task", choices=list(TASKS), default="builtin")
     parser.add_argument("--steps", type=int, default=0, help="train steps per run (0: the task's default)")
-    parser.add_argument("--val-every", type=int, default=2)
+    parser.add_argument("--val-every", type=int, default=0, help="validate every this many steps (0: the task's)")
     parser.add_argument("--label", default="", help="the records' folder (default: the task, and the steps if given)")
     parser.add_argument("--args", nargs="*", default=[], help="more `fullasync train` overrides, for every arm")
     args = parser.parse_args()
