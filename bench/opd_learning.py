@@ -61,6 +61,8 @@ class Task:
     samples_per_step: int  # rollout.batch_size × rollout.n of its defaults
     default_steps: int
     val_every: int  # its held-out evaluation every this many steps (deepresearch's takes ~30 s)
+    common: tuple[str, ...] = ()  # every arm's (deepresearch: a context one token short of the model's positions, so
+    # that the teacher's scoring requests, one token longer than a sequence, fit them)
 
 
 TASKS = {
@@ -69,7 +71,8 @@ TASKS = {
                     ("beside.teacher.kv_cache_mb=64",), 64, 20, 2),
     "deepresearch": Task((sys.executable, "-m", "examples.deepresearch.train"),
                          ("seed=1", "trainer.seed=1", "total_steps=60", "checkpoint.every=0", "save_checkpoint=true"),
-                         ("beside.teacher.max_model_len=2048", "beside.teacher.kv_cache_mb=128"), 64, 30, 10),
+                         ("beside.teacher.max_model_len=2048", "beside.teacher.kv_cache_mb=128"), 64, 30, 10,
+                         ("engine.max_model_len=2047", "agent.max_context_tokens=2047")),
 }
 
 
@@ -114,7 +117,8 @@ def run_arm(name: str, arm: str, seed: int, args: argparse.Namespace, teacher: P
     out = ROOT / "outputs" / "opd_learning" / args.label / f"{arm}_seed{seed}"
     served = [f"beside.teacher.path={teacher}", *task.serving] if ARMS[arm] else []
     argv = [f"seed={seed}", f"trainer.seed={seed}", f"total_steps={args.steps or task.default_steps}",
-            f"val_every={args.val_every or task.val_every}", "checkpoint.every=0", *served, *ARMS[arm], *args.args]
+            f"val_every={args.val_every or task.val_every}", "checkpoint.every=0", *task.common, *served, *ARMS[arm],
+            *args.args]
     started = time.monotonic()
     train(task, argv, out)
     return read_record(out, name, arm, seed, argv, time.monotonic() - started)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from openai.types.chat import ChatCompletion
@@ -44,12 +46,24 @@ RESTART_RETRY_S = 5.0  # a served model's restart that failed is tried again aft
 
 def served_engine_config(name: str, spec: ServedModel, model_path: str, seed: int) -> VLLMEngineConfig:
     """The engines of the served model `name`: its directory, its name as the served one, its context, KV cache,
-    precision and cores; everything else as a policy engine's. A teacher's context is one token longer: a scoring
-    request generates one token after the sequence it scores."""
+    precision and cores; everything else as a policy engine's. A teacher's context is one token longer (a scoring
+    request generates one token after the sequence it scores) where the model has the positions."""
+    context = spec.max_model_len
+    if spec.role == "teacher":
+        context = min(context + 1, model_positions(model_path) or context + 1)
     return VLLMEngineConfig(model_path=model_path, served_model_name=name, dtype=spec.dtype,
-                            max_model_len=spec.max_model_len + (spec.role == "teacher"), seed=seed, cpus=spec.cpus,
+                            max_model_len=context, seed=seed, cpus=spec.cpus,
                             start_timeout_s=spec.start_timeout_s,
                             extra_engine_kwargs={"kv_cache_memory_bytes": spec.kv_cache_mb * 2**20})
+
+
+def model_positions(model_path: str | Path) -> int | None:
+    """The positions the model in `model_path` holds (config.json's max_position_embeddings); None: not said."""
+    try:
+        positions = json.loads((Path(model_path) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(positions) if isinstance(positions, (int, float)) else None
 
 
 def served_gpu_blocks(specs: Mapping[str, ServedModel]) -> list[tuple[str, int]]:
@@ -112,6 +126,11 @@ def run_teacher(models: Mapping[str, BesideModel], policy_path: str, max_model_l
                          f"engine.max_model_len={max_model_len}: the teacher scores whole trained sequences; set it "
                          f">= {max_model_len}")
     path = resolve_model(spec.path, setting=f"beside.{name}.path")
+    positions = model_positions(path)
+    if positions is not None and positions < max_model_len + 1:
+        raise ValueError(f"beside.{name}.path={spec.path!r}: its model holds {positions} positions and scoring a "
+                         f"sequence of engine.max_model_len={max_model_len} tokens takes {max_model_len + 1} (the one "
+                         f"token a scoring request generates): set engine.max_model_len <= {positions - 1}")
     differs = tokenizer_difference(load_tokenizer(policy_path), load_tokenizer(path))
     if differs:
         raise ValueError(f"beside.{name}.path={spec.path!r}: its tokenizer is not the policy's ({differs}); "

@@ -4,11 +4,14 @@ teacher that cannot score the policy's sequences is refused before anything star
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from fullasync.client.beside import RemoteModel, ServedModel
 from fullasync.contracts.engine import GenerateRequest, SamplingOptions
-from fullasync.launch.beside import run_teacher
+from fullasync.launch.beside import run_teacher, served_engine_config
 from fullasync.models import build_pretrained_model, with_chat_template
 from fullasync.rollout.teacher import TeacherScorer
 from fullasync.types import FinishReason, ModelCall, Trajectory
@@ -51,6 +54,12 @@ def test_a_teacher_that_cannot_score_the_policys_tokens_is_refused_saying_what_t
         run_teacher(teacher(path=templated), tiny_model_path, 512)
     with pytest.raises(ValueError, match=r"beside.teacher.max_model_len=256 is shorter .* set it >= 512"):
         run_teacher(teacher(max_model_len=256), tiny_model_path, 512)
+    positions = json.loads((Path(tiny_model_path) / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(ValueError, match=rf"holds {positions} positions .* engine.max_model_len <= {positions - 1}"):
+        run_teacher(teacher(max_model_len=positions), tiny_model_path, positions)
+    assert served_engine_config("teacher", teacher()["teacher"], tiny_model_path, 0).max_model_len == 513
+    capped = teacher(max_model_len=positions)["teacher"]  # one more than the model holds: the engine stops there
+    assert served_engine_config("teacher", capped, tiny_model_path, 0).max_model_len == positions
     remote = {"remote": RemoteModel("http://127.0.0.1:9/v1", "t", role="teacher")}
     assert run_teacher(remote, tiny_model_path, 512) == "remote"  # an endpoint's tokenizer is asked of it, later
     with pytest.raises(ValueError, match="all have role teacher: distillation takes one"):
