@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "opd_learning"
 FULLASYNC = [str(Path(sys.executable).parent / "fullasync"), "train"]
 TEACHER_FORMAT = 1  # bump when a teacher's procedure changes; part of its cache key
 ARMS = {
@@ -112,13 +111,30 @@ def teacher_path(name: str, task: Task) -> Path:
     return cached_build(default_cache_root() / "models" / f"{name}-teacher-{key}", build_into)
 
 
-def run_arm(name: str, arm: str, seed: int, args: argparse.Namespace, teacher: Path) -> dict[str, object]:
+@dataclass(frozen=True)
+class Study:
+    """Arms compared on a task over seeds: each arm's `fullasync train` overrides, the arm the others are measured
+    against (`baseline`), where its records go (bench/results/<name>/...)."""
+
+    name: str
+    arms: dict[str, tuple[str, ...]]
+    baseline: str
+
+    def uses_teacher(self, arm: str) -> bool:
+        return any(override.startswith("beside.teacher.") for override in self.arms[arm])
+
+
+OPD = Study("opd_learning", ARMS, "rl")
+
+
+def run_arm(study: Study, name: str, arm: str, seed: int, args: argparse.Namespace,
+            teacher: Path | None) -> dict[str, object]:
     task = TASKS[name]
-    out = ROOT / "outputs" / "opd_learning" / args.label / f"{arm}_seed{seed}"
-    served = [f"beside.teacher.path={teacher}", *task.serving] if ARMS[arm] else []
+    out = ROOT / "outputs" / study.name / args.label / f"{arm}_seed{seed}"
+    served = [f"beside.teacher.path={teacher}", *task.serving] if study.uses_teacher(arm) else []
     argv = [f"seed={seed}", f"trainer.seed={seed}", f"total_steps={args.steps or task.default_steps}",
-            f"val_every={args.val_every or task.val_every}", "checkpoint.every=0", *task.common, *served, *ARMS[arm],
-            *args.args]
+            f"val_every={args.val_every or task.val_every}", "checkpoint.every=0", *task.common, *served,
+            *study.arms[arm], *args.args]
     started = time.monotonic()
     train(task, argv, out)
     return read_record(out, name, arm, seed, argv, time.monotonic() - started)
@@ -145,7 +161,7 @@ def samples_to_reach(record: dict, target: float) -> int | None:
     return next((point["samples"] for point in record["curve"] if point["accuracy"] >= target), None)
 
 
-def report(records: dict[tuple[str, int], dict], arms: list[str], seeds: list[int]) -> None:
+def report(records: dict[tuple[str, int], dict], arms: list[str], seeds: list[int], baseline: str = "rl") -> None:
     for arm in arms:
         runs = [records[(arm, seed)] for seed in seeds if (arm, seed) in records]
         if not runs:
@@ -156,23 +172,23 @@ def report(records: dict[tuple[str, int], dict], arms: list[str], seeds: list[in
             se = statistics.stdev(accuracy) / math.sqrt(len(accuracy)) if len(accuracy) > 1 else float("nan")
             print(f"  {points[0]['samples']:>6}  {statistics.mean(accuracy):.3f} ± {se:.3f}  "
                   f"{statistics.mean(point['elapsed_s'] for point in points):>6.0f}")
-    print("\nper seed: samples to reach RL's final held-out accuracy, as a share of RL's samples")
+    print(f"\nper seed: samples to reach {baseline}'s final held-out accuracy, as a share of {baseline}'s samples")
     for seed in seeds:
-        rl = records.get(("rl", seed))
-        if rl is None:
+        base = records.get((baseline, seed))
+        if base is None:
             continue
-        target, total = rl["after"], rl["curve"][-1]["samples"]
+        target, total = base["after"], base["curve"][-1]["samples"]
         shares = []
-        for arm in (a for a in arms if a != "rl" and (a, seed) in records):
+        for arm in (a for a in arms if a != baseline and (a, seed) in records):
             reached = samples_to_reach(records[(arm, seed)], target)
             shares.append(f"{arm} {reached / total:.0%}" if reached is not None else f"{arm} never")
-        print(f"  seed {seed}: RL final {target:.3f} at {total} samples; {', '.join(shares)}")
+        print(f"  seed {seed}: {baseline} final {target:.3f} at {total} samples; {', '.join(shares)}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(study: Study = OPD, doc: str | None = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=list(study.arms), choices=list(study.arms))
     parser.add_argument("--task", choices=list(TASKS), default="builtin")
     parser.add_argument("--steps", type=int, default=0, help="train steps per run (0: the task's default)")
     parser.add_argument("--val-every", type=int, default=0, help="validate every this many steps (0: the task's)")
@@ -180,20 +196,22 @@ def main() -> None:
     parser.add_argument("--args", nargs="*", default=[], help="more `fullasync train` overrides, for every arm")
     args = parser.parse_args()
     args.label = args.label or (args.task if not args.steps else f"{args.task}-{args.steps}steps")
-    results = RESULTS / args.label
+    results = ROOT / "bench" / "results" / study.name / args.label
     results.mkdir(parents=True, exist_ok=True)
-    teacher = teacher_path(args.task, TASKS[args.task])
-    print(f"teacher: {teacher} ({json.loads((teacher / 'fullasync_build.json').read_text())})", flush=True)
+    teacher = None
+    if any(study.uses_teacher(arm) for arm in args.arms):
+        teacher = teacher_path(args.task, TASKS[args.task])
+        print(f"teacher: {teacher} ({json.loads((teacher / 'fullasync_build.json').read_text())})", flush=True)
     records = {}
     for seed in args.seeds:
         for arm in args.arms:
             path = results / f"{arm}_seed{seed}.json"
             if not path.exists():
-                path.write_text(json.dumps(run_arm(args.task, arm, seed, args, teacher), indent=1) + "\n")
+                path.write_text(json.dumps(run_arm(study, args.task, arm, seed, args, teacher), indent=1) + "\n")
             records[(arm, seed)] = json.loads(path.read_text())
             print(f"{arm} seed {seed}: {records[(arm, seed)]['before']:.3f} → {records[(arm, seed)]['after']:.3f} "
                   f"({records[(arm, seed)]['wall_s']:.0f} s)", flush=True)
-    report(records, args.arms, args.seeds)
+    report(records, args.arms, args.seeds, study.baseline)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from fullasync.observe.samples import RolloutSamples
 from fullasync.observe.tracking import TrackingSettings, check_loggers, open_loggers
 from fullasync.presets import builtin_values_warning, weights_bytes
 from fullasync.rollout.curriculum import Curriculum, CurriculumSettings
-from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, as_generator
+from fullasync.rollout.generator import CustomGenerator, GroupRewardFunction, RewardFunction, as_generator
 from fullasync.rollout.rollouter import RolloutFn
 from fullasync.rollout.teacher import EndpointTeacher, TeacherScorer, check_endpoint_teacher
 from fullasync.run import checkpoint
@@ -86,11 +86,13 @@ class AsyncAgentTrainer:
     def __init__(self, config: RunConfig, rollout_fn: RolloutFn | None = None,
                  train_dataset: Iterable[object] | None = None, val_dataset: Iterable[object] | None = None,
                  resume: str | None = None, evaluate_fn: Evaluator | None = None,
-                 group_reward_fn: GroupRewardFunction | None = None,
+                 group_reward_fn: GroupRewardFunction | None = None, reward_fn: RewardFunction | None = None,
                  beside: Mapping[str, BesideModel] | None = None) -> None:
         """`group_reward_fn(row, trajectories)`: the rewards of a row's episodes scored together, one per trajectory in
         episode order, in place of those `rollout_fn` returned (`CustomGenerator.group_rewards`; or set
-        `data.group_reward_fn`). `beside`: models the harness or a reward calls beside the policy, by name (a judge:
+        `data.group_reward_fn`). `reward_fn(judge, row, trajectory)`: each training episode's reward given after it
+        ended by the run's model of role judge (`CustomGenerator.reward`; or set `data.reward_fn`), held-out evaluation
+        keeping the episode's own. `beside`: models the harness or a reward calls beside the policy, by name (a judge:
         `client.judge`), never recorded or trained: an endpoint (`RemoteModel`) or one the run serves on engines of
         its own (`ServedModel`). `resume` overrides `config.resume`: "auto" (continue output_dir's
         newest checkpoint, if any), "never", or a checkpoint directory. `evaluate_fn(service)`: a held-out evaluation of
@@ -113,8 +115,10 @@ class AsyncAgentTrainer:
         self.rollout_fn = rollout_fn or task_rollout or resolve_dotted(config.data.rollout_fn, "data.rollout_fn")
         group_reward_fn = group_reward_fn or (resolve_dotted(config.data.group_reward_fn, "data.group_reward_fn")
                                               if config.data.group_reward_fn else None)
+        reward_fn = reward_fn or (resolve_dotted(config.data.reward_fn, "data.reward_fn")
+                                  if config.data.reward_fn else None)
         # refuses a non-async function here, before anything starts
-        self.generator = as_generator(self.rollout_fn, group_reward_fn)
+        self.generator = as_generator(self.rollout_fn, group_reward_fn, reward_fn)
         train = train_dataset if train_dataset is not None else task_train
         val = val_dataset if val_dataset is not None else task_val
         if train is None:
@@ -127,6 +131,11 @@ class AsyncAgentTrainer:
         self.val_rows = list(val) if val is not None else None
         self.evaluate_fn = evaluate_fn
         self.beside = {**beside_models(config.beside), **(beside or {})}  # checked here, before anything starts
+        judges = [name for name, model in self.beside.items() if model.role == "judge"]
+        if reward_fn is not None and len(judges) != 1:
+            raise ValueError(f"reward_fn(judge, row, trajectory) needs exactly one model of role judge beside the "
+                             f"policy, the run has {len(judges)} ({judges}): add beside.judge.path=<model> (served by "
+                             "the run) or beside.judge.base_url=... beside.judge.model=... (an endpoint)")
         if not self.train_rows:
             raise ValueError("the training dataset is empty")
         data = config.data

@@ -6,8 +6,9 @@ Owns: `RemoteModel` (an OpenAI-compatible endpoint, its name and role, its concu
 setting read as either), `BesideClient` (its `chat.completions.create`, through the openai SDK for an endpoint or
 the run's own engines for a served model: at most `max_concurrency` calls at once, a 429, a 5xx, a timeout, a refused
 connection or a dead engine tried again with exponential backoff, then `BesideModelError`, an `InfraError`: the
-episode runs again, it is never scored 0), and its counts for each step's metrics (`beside/<name>/calls`,
-`failures`, `retries`, `latency_s`). A call waits only on its own model's limit: the policy's engines and the
+episode runs again, it is never scored 0), its `score` (a judge's answer read as a number, asked again when it
+holds none, then `JudgeScoreError`), and its counts for each step's metrics (`beside/<name>/calls`, `failures`,
+`retries`, `unscored`, `latency_s`). A call waits only on its own model's limit: the policy's engines and the
 rollouter's admission never wait on it. Does not own: starting and supervising a served model's engines
 (`fullasync.launch.beside`), or recording (a call here is no part of any trajectory).
 """
@@ -17,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,6 +42,19 @@ class BesideModelError(InfraError):
     """A model beside the policy did not answer after its retries: the infrastructure's failure of the episode."""
 
 
+class JudgeScoreError(BesideModelError):
+    """A judge answered, but with no score that could be read, each of its `score_retries` + 1 times."""
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` ("score: 7", "... so 0.8"), or None: `BesideClient.score`'s default."""
+    found = NUMBER.findall(text)
+    return float(found[-1]) if found else None
+
+
 @dataclass(frozen=True)
 class RemoteModel:
     """An OpenAI-compatible endpoint the run's harnesses and rewards may call (never recorded or trained)."""
@@ -51,15 +67,18 @@ class RemoteModel:
     retries: int = 3  # calls again after a 429, a 5xx, a timeout or a refused connection
     backoff_s: float = 0.5  # the first wait before calling again; doubled each time
     timeout_s: float = 120.0  # one attempt at most
+    score_retries: int = 2  # `score`: asks again after an answer with no readable score
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"a model beside the policy has a role of {list(ROLES)}, got {self.role!r}")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL (e.g. http://127.0.0.1:8001/v1), got {self.base_url!r}")
-        if self.max_concurrency < 1 or self.retries < 0 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError("max_concurrency must be >= 1, retries and backoff_s >= 0, timeout_s > 0; got "
-                             f"{self.max_concurrency}, {self.retries}, {self.backoff_s}, {self.timeout_s}")
+        if self.max_concurrency < 1 or min(self.retries, self.score_retries) < 0 or self.backoff_s < 0 \
+                or self.timeout_s <= 0:
+            raise ValueError("max_concurrency must be >= 1, retries, score_retries and backoff_s >= 0, timeout_s > 0; "
+                             f"got {self.max_concurrency}, {self.retries}, {self.score_retries}, {self.backoff_s}, "
+                             f"{self.timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -79,18 +98,21 @@ class ServedModel:
     backoff_s: float = 0.5
     timeout_s: float = 600.0  # one attempt at most, a wait for a restarting engine included
     start_timeout_s: float = 600.0  # an engine's start (and each restart) at most
+    score_retries: int = 2  # `score`: asks again after an answer with no readable score
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"a model beside the policy has a role of {list(ROLES)}, got {self.role!r}")
         if not self.path:
             raise ValueError("a served model beside the policy needs a path (a model directory or a named model)")
-        if min(self.engines, self.max_model_len, self.kv_cache_mb, self.max_concurrency) < 1 or self.retries < 0 \
-                or self.backoff_s < 0 or min(self.timeout_s, self.start_timeout_s) <= 0:
-            raise ValueError("engines, max_model_len, kv_cache_mb and max_concurrency must be >= 1, retries and "
-                             "backoff_s >= 0, timeout_s and start_timeout_s > 0; got "
+        if min(self.engines, self.max_model_len, self.kv_cache_mb, self.max_concurrency) < 1 \
+                or min(self.retries, self.score_retries) < 0 or self.backoff_s < 0 \
+                or min(self.timeout_s, self.start_timeout_s) <= 0:
+            raise ValueError("engines, max_model_len, kv_cache_mb and max_concurrency must be >= 1, retries, "
+                             "score_retries and backoff_s >= 0, timeout_s and start_timeout_s > 0; got "
                              f"{self.engines}, {self.max_model_len}, {self.kv_cache_mb}, {self.max_concurrency}, "
-                             f"{self.retries}, {self.backoff_s}, {self.timeout_s}, {self.start_timeout_s}")
+                             f"{self.retries}, {self.score_retries}, {self.backoff_s}, {self.timeout_s}, "
+                             f"{self.start_timeout_s}")
 
 
 BesideModel = RemoteModel | ServedModel
@@ -165,6 +187,7 @@ class BesideStats:
     failures: int = 0  # given up on (BesideModelError)
     retries: int = 0
     latency_s: float = 0.0  # summed over answered calls, waits for a free place and retries included
+    unscored: int = 0  # `score`'s answers with no readable score (asked again, or JudgeScoreError)
 
 
 class BesideClient:
@@ -223,10 +246,30 @@ class BesideClient:
                 return answer
         raise AssertionError("unreachable: the last try returns or raises")
 
+    async def score(self, messages: list[dict[str, str]], parse: Callable[[str], float | None] = last_number,
+                    **request: object) -> float:
+        """The score the model's answer to `messages` gives, read by `parse` (default: its last number); an answer
+        with none (`parse` returned None or no finite number) is asked again up to the model's `score_retries`
+        times (helps when it samples: temperature > 0), then JudgeScoreError, the infrastructure's failure of the
+        episode (it runs again), never a reward."""
+        text = ""
+        for _ in range(self.spec.score_retries + 1):
+            answer = await self.create(messages=messages, **request)
+            text = answer.choices[0].message.content or ""
+            score = parse(text)
+            if isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score):
+                return float(score)
+            self.stats.unscored += 1
+        self.stats.failures += 1
+        raise JudgeScoreError(f"model {self.name!r} beside the policy gave no readable score in "
+                              f"{self.spec.score_retries + 1} answers (score_retries={self.spec.score_retries}); the "
+                              f"last: {text[:200]!r}")
+
     def metrics(self) -> dict[str, float]:
         stats = self.stats
         return {f"beside/{self.name}/calls": float(stats.calls), f"beside/{self.name}/failures": float(stats.failures),
                 f"beside/{self.name}/retries": float(stats.retries),
+                f"beside/{self.name}/unscored": float(stats.unscored),
                 f"beside/{self.name}/latency_s": stats.latency_s / max(stats.calls, 1), **self.backend.metrics()}
 
     async def close(self) -> None:

@@ -120,7 +120,12 @@ class RolloutSection:
     failure_reward: float = setting(0.0, "the reward of an episode the policy's own output broke (kind model: a "
                                     "malformed turn echoed back; kind length: past the context): it is trained "
                                     "with the calls it made")
-    filter_zero_variance: bool = setting(False, "drop groups whose rewards are all equal (counted as filtered)")
+    filter_zero_variance: bool = setting(False, "turn back groups whose rewards are all equal before they are "
+                                         "trained (counted as filtered; the next row takes the slot)")
+    filter_reward_range: list[float] = setting([], "[low, high]: turn back groups whose mean reward is outside it "
+                                               "before they are trained (counted as filtered; the next row takes the "
+                                               "slot), e.g. [0.05, 0.95] for rows nearly always or never solved; [] = "
+                                               "none")
     resume_timeout_s: float = setting(300.0, "how long an interrupted generation waits for the engines to resume",
                                       resume_may_change=True)
     max_answer_tokens: int = setting(0, "every model call's answer ends after at most this many tokens (finish "
@@ -171,6 +176,10 @@ class DataSection:
     group_reward_fn: str = setting("", "dotted path of `async def group_reward_fn(row, trajectories)`: the rewards "
                                    "of a row's episodes scored together, one per trajectory in order, in place of "
                                    "those its episodes returned (\"\" = each keeps its own)")
+    reward_fn: str = setting("", "dotted path of `async def reward_fn(judge, row, trajectory)`: each training "
+                             "episode's reward given after it ended, by the run's model of role judge (beside.judge), "
+                             "in place of the one it returned; held-out evaluation keeps the episode's own (\"\" = "
+                             "its own)")
     train_dataset: str = setting("", "rows: .jsonl/.json/.parquet/.csv files or globs (comma-separated), a "
                                  "save_to_disk folder[@split], a folder of harbor tasks[@split], a hub dataset "
                                  "org/name[:config][@split], or package.module:function (fullasync.data)")
@@ -348,6 +357,10 @@ class RunConfig:
         for name in ("episode_timeout_s", "resume_timeout_s"):
             if getattr(self.rollout, name) <= 0:
                 raise ValueError(f"rollout.{name}={getattr(self.rollout, name)} must be > 0")
+        reward_range = list(self.rollout.filter_reward_range)
+        if reward_range and not (len(reward_range) == 2 and reward_range[0] <= reward_range[1]):
+            raise ValueError(f"rollout.filter_reward_range={reward_range} must be [low, high] with low <= high "
+                             "(e.g. [0.05, 0.95]), or [] for none")
         if self.rollout.n < 2 and self.trainer.advantage_estimator in ("grpo", "rloo"):
             raise ValueError(f"rollout.n=1 gives {self.trainer.advantage_estimator} no group to compare; "
                              "set rollout.n >= 2 or trainer.advantage_estimator=reinforce_plus_plus")

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fullasync.client import RolloutClient
+from fullasync.client.beside import BesideClient
 from fullasync.rollout.processes import kill_tree
 from fullasync.types import Trajectory
 
@@ -91,6 +92,14 @@ class CustomGenerator:
         """True when a subclass scores whole groups (overrides `group_rewards`)."""
         return type(self).group_rewards is not CustomGenerator.group_rewards
 
+    async def reward(self, client: RolloutClient, row: object, trajectory: Trajectory) -> float | None:
+        """A training episode's reward given after it ended, in place of the one it returned (a judge scoring the
+        answer: `client.judge`); within the episode's time. None (this default): the episode's own. A raise is the
+        episode's failure as any other: a judge that did not answer (`BesideModelError`, `JudgeScoreError`) is the
+        infrastructure's, the episode runs again, never scored 0. Held-out evaluation keeps the episode's own reward
+        (or the run's `evaluate_fn`)."""
+        return None
+
 
 @dataclass(frozen=True)
 class ProcessResult:
@@ -140,15 +149,19 @@ RolloutFunction = Callable[[RolloutClient, Any], Awaitable["float | Trajectory"]
 RolloutFn = RolloutFunction | CustomGenerator
 # async def group_reward_fn(row, trajectories) -> one reward per trajectory, in order
 GroupRewardFunction = Callable[[object, Sequence[Trajectory]], Awaitable[Sequence[float]]]
+# async def reward_fn(judge, row, trajectory) -> the episode's reward (judge: the run's model of role judge)
+RewardFunction = Callable[[BesideClient, object, Trajectory], Awaitable[float]]
 
 
 class FunctionGenerator(CustomGenerator):
     """A plain `async def rollout_fn(client, row)` as a generator (`as_generator`): no set-up, no gateway; with
     `group_reward_fn`, its rows' groups are scored by it (`CustomGenerator.group_rewards`)."""
 
-    def __init__(self, rollout_fn: RolloutFunction, group_reward_fn: GroupRewardFunction | None = None) -> None:
+    def __init__(self, rollout_fn: RolloutFunction, group_reward_fn: GroupRewardFunction | None = None,
+                 reward_fn: RewardFunction | None = None) -> None:
         self.rollout_fn = rollout_fn
         self.group_reward_fn = group_reward_fn
+        self.reward_fn = reward_fn
 
     async def generate(self, episode: EpisodeContext, row: object) -> float | Trajectory:
         return await self.rollout_fn(episode.client, row)
@@ -160,30 +173,46 @@ class FunctionGenerator(CustomGenerator):
     def scores_groups(self) -> bool:
         return self.group_reward_fn is not None
 
+    async def reward(self, client: RolloutClient, row: object, trajectory: Trajectory) -> float | None:
+        return None if self.reward_fn is None else await self.reward_fn(client.judge, row, trajectory)
+
 
 def _is_async(function: object) -> bool:
     return inspect.iscoroutinefunction(function) or callable(function) and inspect.iscoroutinefunction(
         type(function).__call__)
 
 
-def as_generator(rollout_fn: RolloutFn, group_reward_fn: GroupRewardFunction | None = None) -> CustomGenerator:
+HOOKS = {  # a reward function's argument: its signature, and the CustomGenerator method that takes its place
+    "group_reward_fn": ("async def group_reward_fn(row, trajectories)",
+                        "group_rewards", "async def group_rewards(self, row, trajectories)"),
+    "reward_fn": ("async def reward_fn(judge, row, trajectory)",
+                  "reward", "async def reward(self, client, row, trajectory)"),
+}
+
+
+def as_generator(rollout_fn: RolloutFn, group_reward_fn: GroupRewardFunction | None = None,
+                 reward_fn: RewardFunction | None = None) -> CustomGenerator:
     """The user's harness as a `CustomGenerator` (a plain function wrapped once, where a run or an evaluation is
-    assembled, with `group_reward_fn` if given); refuses at once what would fail every episode later."""
-    if group_reward_fn is not None and not _is_async(group_reward_fn):
-        raise TypeError(f"group_reward_fn {group_reward_fn!r} is not an async function: define it as "
-                        "`async def group_reward_fn(row, trajectories)` returning one reward per trajectory")
+    assembled, with `group_reward_fn` and `reward_fn` if given); refuses at once what would fail every episode
+    later."""
+    given = {"group_reward_fn": group_reward_fn, "reward_fn": reward_fn}
+    for name, function in given.items():
+        if function is not None and not _is_async(function):
+            raise TypeError(f"{name} {function!r} is not an async function: define it as `{HOOKS[name][0]}`")
     if isinstance(rollout_fn, CustomGenerator):
         if not inspect.iscoroutinefunction(rollout_fn.generate):
             raise TypeError(f"{type(rollout_fn).__name__}.generate must be `async def generate(self, episode, row)`")
-        if group_reward_fn is not None:
-            raise TypeError(f"group_reward_fn with a CustomGenerator ({type(rollout_fn).__name__}): override its "
-                            "`async def group_rewards(self, row, trajectories)` instead")
-        if rollout_fn.scores_groups and not inspect.iscoroutinefunction(rollout_fn.group_rewards):
-            raise TypeError(f"{type(rollout_fn).__name__}.group_rewards must be "
-                            "`async def group_rewards(self, row, trajectories)`")
+        for name, function in given.items():
+            _, method, signature = HOOKS[name]
+            if function is not None:
+                raise TypeError(f"{name} with a CustomGenerator ({type(rollout_fn).__name__}): override its "
+                                f"`{signature}` instead")
+            overridden = getattr(type(rollout_fn), method) is not getattr(CustomGenerator, method)
+            if overridden and not inspect.iscoroutinefunction(getattr(rollout_fn, method)):
+                raise TypeError(f"{type(rollout_fn).__name__}.{method} must be `{signature}`")
         return rollout_fn
     if _is_async(rollout_fn):
-        return FunctionGenerator(rollout_fn, group_reward_fn)
+        return FunctionGenerator(rollout_fn, group_reward_fn, reward_fn)
     raise TypeError(
         f"rollout_fn {rollout_fn!r} is not an async function: define it as `async def rollout_fn(client, row)` "
         "and `await` the client's calls (or pass a fullasync.CustomGenerator)"

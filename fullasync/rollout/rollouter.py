@@ -1,7 +1,8 @@
 """Rollouter: streams dataset rows through `rollout_fn` n times each and queues the groups.
 
 Owns: admission (through `StalenessManager`), running the episodes of a row concurrently with a
-timeout, turning their results into a `TrajectoryGroup`, the zero-variance filter, stopping rows that
+timeout, turning their results into a `TrajectoryGroup`, the gates a group passes before it is queued (zero
+variance, a reward range), stopping rows that
 became too stale, and the tasks that do all this. What it knows of rows lives in one `RowLedger`
 (`fullasync.rollout.ledger`): a record per running row and the outcome of every row; the rollouter is
 its only writer (the loop reports trained and dropped rows through `on_trained` / `on_handed_over`).
@@ -35,7 +36,7 @@ from fullasync.observe.metrics import HARNESS_METRICS_KEY
 from fullasync.rollout.curriculum import Curriculum
 from fullasync.rollout.deadline import EpisodeDeadline
 from fullasync.rollout.generator import OpenEpisode, RolloutFn, as_generator, run_harness
-from fullasync.rollout.group_rewards import group_scored
+from fullasync.rollout.group_rewards import group_scored, rewarded
 from fullasync.rollout.ledger import EpisodeFailure, RowLedger, RowOutcome, RunningRow, failure_kind, failure_reason
 from fullasync.rollout.staleness import StalenessManager
 from fullasync.rollout.state import RolloutState
@@ -72,10 +73,14 @@ class RolloutSettings:
     max_running_rows: int = RolloutSection.max_running_rows  # each row counted by its share of unfinished episodes
     episode_timeout_s: float = RolloutSection.episode_timeout_s
     filter_zero_variance: bool = RolloutSection.filter_zero_variance
+    filter_reward_range: Sequence[float] = ()  # [low, high] of a group's mean reward, else turned back; () = none
     infra_retries: int = RolloutSection.infra_retries
     failure_reward: float = RolloutSection.failure_reward
     keep_tracebacks: int = 20  # most recent failure tracebacks kept for the report
     stop_stale_rows: bool = True  # stop a running row as soon as a token of it is too old for any later step
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "filter_reward_range", tuple(self.filter_reward_range))  # the config's list
 
 
 @dataclass(frozen=True)
@@ -397,7 +402,7 @@ class Rollouter:
             return RowOutcome.FAILED
         trajectories = list(scored)
         record.rewards = tuple(t.reward for t in trajectories)
-        if self.settings.filter_zero_variance and len({t.reward for t in trajectories}) == 1:
+        if self._turned_back(record.rewards):
             return RowOutcome.FILTERED
         task = row_task(record.row)
         group = TrajectoryGroup(row_id=record.row_id, trajectories=tuple(trajectories),
@@ -407,6 +412,16 @@ class Rollouter:
             group = await self.teacher.score_group(group)
         await self.queue.put(group)
         return RowOutcome.QUEUED
+
+    def _turned_back(self, rewards: Sequence[float]) -> bool:
+        """The gates a group passes before it is queued: its rewards not all equal (`filter_zero_variance`), its mean
+        within `filter_reward_range`. A group turned back frees its row's admission slot: the next row replaces it."""
+        if self.settings.filter_zero_variance and len(set(rewards)) == 1:
+            return True
+        if self.settings.filter_reward_range:
+            low, high = self.settings.filter_reward_range
+            return not low <= sum(rewards) / len(rewards) <= high
+        return False
 
     async def _episode(self, record: RunningRow, index: int, share: Fraction) -> None:
         """One episode of the row, recorded on the row's record (its trajectory, or None if it failed). An episode
@@ -447,11 +462,13 @@ class Rollouter:
                 client.episode.deadline_paused = deadline.suspended  # engine restarts do not count
                 with deadline.scope():
                     result: object = await self.run_harness(client, row)  # the user's code: checked here
-            if isinstance(result, (int, float)) and not isinstance(result, bool):
-                result = client.trajectory(float(result))
-            if isinstance(result, Trajectory):
-                return with_logged(result, client.episode.logged), None
-            raise TypeError(f"rollout_fn must return a float reward or a Trajectory, got {type(result).__name__}")
+                    if isinstance(result, (int, float)) and not isinstance(result, bool):
+                        result = client.trajectory(float(result))
+                    if not isinstance(result, Trajectory):
+                        raise TypeError(f"rollout_fn must return a float reward or a Trajectory, got "
+                                        f"{type(result).__name__}")
+                    trajectory = await rewarded(self.generator, client, row, result)
+            return with_logged(trajectory, client.episode.logged), None
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a harness failure is data, not a crash: record and go on

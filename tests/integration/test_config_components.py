@@ -138,3 +138,19 @@ def test_the_trainer_builds_the_model_the_engines_serve_with_their_overrides():
     config.trainer.hf_overrides = {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}
     with pytest.raises(ValueError, match="differ: the engines would sample from another model than the one trained"):
         config.validate()
+
+
+def test_a_reward_fn_needs_the_runs_one_judge_before_anything_starts():
+    async def rollout(client, row):
+        return 0.0
+
+    async def judged(judge, row, trajectory):
+        return await judge.score([{"role": "user", "content": "score it"}])
+
+    with pytest.raises(ValueError, match=r"reward_fn\(judge, row, trajectory\) needs exactly one model of role judge"
+                                         r".* the run has 0 .*beside.judge.path=<model>"):
+        AsyncAgentTrainer(RunConfig(), rollout_fn=rollout, train_dataset=[{"q": 1}], reward_fn=judged)
+    config = RunConfig()
+    config.beside = {"judge": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"}}
+    trainer = AsyncAgentTrainer(config, rollout_fn=rollout, train_dataset=[{"q": 1}], reward_fn=judged)
+    assert trainer.generator.reward_fn is judged

@@ -379,17 +379,28 @@ async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_
     engines, trainer = stack
     killed, episodes = asyncio.Event(), []
 
+    def kill_at_next_request(engine):
+        """The teacher's next scoring request finds its engine dead (killed and seen dead first, so the request
+        cannot slip through before the kill lands): that try fails and is sent again after the restart."""
+        send = engine.generate
+
+        async def generate(request):
+            del engine.generate  # once
+            killed.set()
+            ray.kill(engine.actor)
+            for _ in range(6000):
+                if engine.death is not None:
+                    break
+                await asyncio.sleep(0.01)
+            return await send(request)
+
+        engine.generate = generate
+
     async def rollout(client, row):
         reward = await arithmetic.rollout_fn(client, row)
         episodes.append(row)
-        (teacher_engine,) = client.beside["teacher"].backend.sync.engines
-        if len(episodes) >= 12 and not killed.is_set():
-            killed.set()
-            for _ in range(3000):  # kill it while it scores another row's group
-                if await teacher_engine.num_in_flight():
-                    break
-                await asyncio.sleep(0.01)
-            ray.kill(teacher_engine.actor)
+        if len(episodes) == 12:
+            kill_at_next_request(*client.beside["teacher"].backend.sync.engines)
         return reward
 
     rows = arithmetic.ArithmeticTask().rows("train")[:24]

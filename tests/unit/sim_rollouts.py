@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from fullasync.client import ClientConfig, RolloutService
+from fullasync.client.beside import BesideClient
 from fullasync.rollout.generator import RolloutFn
 from fullasync.rollout.rollouter import Rollouter, RolloutSettings
 from fullasync.rollout.staleness import StalenessManager
@@ -19,19 +20,21 @@ from fullasync.types import TrajectoryGroup
 COST = DecodeCost(step_base_s=1e-4, step_per_seq_s=0.0, max_num_seqs=16, push_s=1e-3)
 
 
-def _rollouter(rollout_fn: RolloutFn, settings: RolloutSettings) -> tuple[Rollouter, MessageQueue]:
+def _rollouter(rollout_fn: RolloutFn, settings: RolloutSettings,
+               beside: Mapping[str, BesideClient] | None = None) -> tuple[Rollouter, MessageQueue]:
     service = RolloutService([SimulatedEngine("sim-0", COST)], SimTokenizer(),
-                             ClientConfig(model_name="policy", max_model_len=4096))
+                             ClientConfig(model_name="policy", max_model_len=4096), beside=beside)
     queue = MessageQueue(1000)
     return Rollouter(rollout_fn, service, queue, StalenessManager(100, 2, 8, version=lambda: 0), settings), queue
 
 
 def rows_through_a_rollouter(rollout_fn: RolloutFn, settings: RolloutSettings, rows: Iterable[tuple[str, object]],
-                             restore: RolloutState | None = None) -> tuple[Rollouter, list[TrajectoryGroup]]:
-    """The rollouter (continuing `restore`, if given) once every row has ended (checked for a crash), and the
-    groups it queued."""
+                             restore: RolloutState | None = None, beside: Mapping[str, BesideClient] | None = None,
+                             ) -> tuple[Rollouter, list[TrajectoryGroup]]:
+    """The rollouter (continuing `restore`, if given; its episodes' clients with the models `beside`) once every row
+    has ended (checked for a crash), and the groups it queued."""
     async def main() -> tuple[Rollouter, list[TrajectoryGroup]]:
-        rollouter, queue = _rollouter(rollout_fn, settings)
+        rollouter, queue = _rollouter(rollout_fn, settings, beside)
         if restore is not None:
             rollouter.restore(restore)
         rollouter.start(rows)

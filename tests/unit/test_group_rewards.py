@@ -159,3 +159,36 @@ def test_what_cannot_score_groups_is_refused_before_anything_starts():
         as_generator(Judged(), ranked)
     with pytest.raises(TypeError, match="Judged.group_rewards must be `async def"):
         as_generator(Judged())
+
+
+async def solved_by_the_first(client, row) -> float:
+    """Episode i of a row passes when i < row["solved"]: the row's mean reward is solved / N."""
+    await client.completions.create(model="policy", prompt=[1, 2, 3], max_tokens=4)
+    return float(int(client.episode.id.split("/")[1].split("#")[0]) < row["solved"])
+
+
+def test_the_reward_range_gate_turns_back_rows_solved_by_nearly_all_or_none_and_frees_their_slots():
+    settings = RolloutSettings(n=N, max_running_rows=2, episode_timeout_s=1e6, filter_reward_range=(0.2, 0.8))
+    rows = [(f"row-{solved}", {"solved": solved}) for solved in range(N + 1)]  # mean rewards 0, 0.25, ..., 1
+    rollouter, groups = rows_through_a_rollouter(as_generator(solved_by_the_first), settings, rows)
+    assert dict(rollouter.outcomes) == {"row-0": RowOutcome.FILTERED, "row-1": RowOutcome.QUEUED,
+                                        "row-2": RowOutcome.QUEUED, "row-3": RowOutcome.QUEUED,
+                                        "row-4": RowOutcome.FILTERED}
+    assert sorted(group.row_id for group in groups) == ["row-1", "row-2", "row-3"]
+    # a row turned back gave its admission slot to the next row: only the queued groups hold slots
+    assert rollouter.staleness.counts.started == 3 and rollouter.staleness.counts.running == 0
+    both = RolloutSettings(n=N, max_running_rows=2, episode_timeout_s=1e6, filter_reward_range=(0.0, 0.8),
+                           filter_zero_variance=True)
+    rollouter, _ = rows_through_a_rollouter(as_generator(solved_by_the_first), both, rows)
+    assert [outcome for _, outcome in sorted(rollouter.outcomes.items())] == [RowOutcome.FILTERED] + [
+        RowOutcome.QUEUED] * 3 + [RowOutcome.FILTERED]  # row-0: all equal; row-4: mean 1.0 > 0.8
+
+
+@pytest.mark.parametrize("reward_range", [[0.5], [0.9, 0.1], [0.1, 0.5, 0.9]])
+def test_a_reward_range_that_is_not_low_high_is_refused_saying_how(reward_range):
+    from fullasync.config import RunConfig
+
+    config = RunConfig()
+    config.rollout.filter_reward_range = reward_range
+    with pytest.raises(ValueError, match=r"must be \[low, high\] with low <= high"):
+        config.validate()
