@@ -119,6 +119,7 @@ class Study:
     name: str
     arms: dict[str, tuple[str, ...]]
     baseline: str
+    tasks: tuple[str, ...] = tuple(TASKS)  # those it can run on, the first by default
 
     def uses_teacher(self, arm: str) -> bool:
         return any(override.startswith("beside.teacher.") for override in self.arms[arm])
@@ -189,7 +190,7 @@ def main(study: Study = OPD, doc: str | None = __doc__) -> None:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(study.arms), choices=list(study.arms))
-    parser.add_argument("--task", choices=list(TASKS), default="builtin")
+    parser.add_argument("--task", choices=list(study.tasks), default=study.tasks[0])
     parser.add_argument("--steps", type=int, default=0, help="train steps per run (0: the task's default)")
     parser.add_argument("--val-every", type=int, default=0, help="validate every this many steps (0: the task's)")
     parser.add_argument("--label", default="", help="the records' folder (default: the task, and the steps if given)")
