@@ -27,8 +27,11 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     from examples.deepresearch.judge import build_judge
 
-    judge = build_judge()
-    print(f"judge: {judge} ({json.loads((Path(judge) / 'judge.json').read_text())})", flush=True)
+    if {"-h", "--help"} & set(sys.argv[1:]):  # usage only: the judge (minutes to build on an empty cache) waits
+        judge = "<the judge>"
+    else:
+        judge = str(build_judge())
+        print(f"judge: {judge} ({json.loads((Path(judge) / 'judge.json').read_text())})", flush=True)
     main(Study("judge_learning", {"f1": (), "judged": (f"beside.judge.path={judge}", "beside.judge.max_model_len=256",
                                                        "beside.judge.kv_cache_mb=32",
                                                        "data.reward_fn=examples.deepresearch.judge:judged")}, "f1",

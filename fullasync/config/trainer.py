@@ -127,6 +127,12 @@ class TrainerConfig:
     chunked_logprobs: bool = setting(False, "log-probs and entropy from the last hidden states 512 positions at a "
                                      "time, in the forward and the backward pass (verl's fused torch kernel): the "
                                      "[tokens, vocab] logits of a whole sequence are never held")
+    share_prefixes: bool = setting(False, "compute each prefix that several sequences of a micro-batch start with "
+                                   "(a group's prompt, an agent's system prompt and tools, a lineage's early "
+                                   "turns; 32 tokens at least) once, forward and backward, every continuation "
+                                   "attending to it: the same log-probs, loss and gradients, less work; packs "
+                                   "micro-batches (needs padding_free on or auto) and attends with fullasync's "
+                                   "packed SDPA, not flash-attention")
     sequence_parallel_size: int = setting(1, "ranks that share each sequence (Ulysses: the attention heads split "
                                           "across them, every other layer on a slice of the tokens); must divide "
                                           "num_workers")
@@ -224,6 +230,9 @@ class TrainerConfig:
             raise ValueError(f"TrainerConfig.push_dtype={self.push_dtype!r}: choose one of {PUSH_DTYPES}")
         if self.padding_free not in PADDING_FREE:
             raise ValueError(f"TrainerConfig.padding_free={self.padding_free!r}: choose one of {PADDING_FREE}")
+        if self.share_prefixes and self.padding_free == "off":
+            raise ValueError("TrainerConfig.share_prefixes=true shares prefixes within packed micro-batches: it needs "
+                             "padding_free=on or auto, not off")
         if self.weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(f"TrainerConfig.weight_transport={self.weight_transport!r}: choose one of "
                              f"{WEIGHT_TRANSPORTS}")

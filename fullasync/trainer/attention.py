@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from fullasync.trainer.prefix_sharing import PrefixTree, sequence_parallel, tree_attention
+
 PACKED_SDPA = "fullasync_packed_sdpa"  # the name models are built with (transformers' AttentionInterface)
 
 
@@ -31,23 +33,20 @@ def register() -> None:
 
 def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                          position_ids: torch.Tensor | None = None, **_: object) -> tuple[torch.Tensor, None]:
+                          position_ids: torch.Tensor | None = None, prefix_tree: PrefixTree | None = None,
+                          **_: object) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query (1, heads, T, dim), key and value (1, kv_heads, T, dim) of
     one packed row (this rank's slice of it under sequence parallelism), `position_ids` (1, T) restarting at 0 where
-    each sequence starts; returns (1, T, heads, dim). `attention_mask` is ignored: the positions say everything."""
-    from verl.utils.ulysses import (
-        gather_heads_scatter_seq,
-        gather_seq_scatter_heads,
-        get_ulysses_sequence_parallel_group,
-        get_ulysses_sequence_parallel_world_size,
-    )
-
+    each sequence starts; returns (1, T, heads, dim). `attention_mask` is ignored: the positions say everything.
+    With `prefix_tree` (`prefix_sharing.SharedPrefixDecoder` passes it) the row is that tree's: each segment attends
+    to its ancestors and causally to itself."""
     if query.shape[0] != 1:
         raise ValueError(f"{PACKED_SDPA} attends over one packed row, got a batch of {query.shape[0]} rows: build "
                          "the model with it only for padding-free micro-batches")
-    group = get_ulysses_sequence_parallel_group()
-    parallel = get_ulysses_sequence_parallel_world_size(group) if group is not None else 1
+    group, parallel, _rank = sequence_parallel()
     if group is not None and parallel > 1:
+        from verl.utils.ulysses import gather_heads_scatter_seq, gather_seq_scatter_heads
+
         # every rank needs whole kv heads: repeat them until the group can split them (e.g. 1 kv head over 2 ranks)
         repeats = max(parallel // key.shape[1], 1)
         key, value = (t.repeat_interleave(repeats, dim=1) for t in (key, value))
@@ -57,12 +56,16 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
             slices = [torch.empty_like(position_ids) for _ in range(parallel)]
             torch.distributed.all_gather(slices, position_ids.contiguous(), group=group)
             position_ids = torch.cat(slices, dim=-1)
-    output = torch.cat([
-        scaled_dot_product_attention(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                     dropout_p=dropout if module.training else 0.0, is_causal=True, scale=scaling,
-                                     enable_gqa=query.shape[1] != key.shape[1])
-        for start, end in sequence_bounds(position_ids, query.shape[2])
-    ], dim=2)
+    if prefix_tree is not None:
+        output = tree_attention(query, key, value, prefix_tree, dropout=dropout if module.training else 0.0,
+                                scale=scaling)
+    else:
+        output = torch.cat([
+            scaled_dot_product_attention(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+                                         dropout_p=dropout if module.training else 0.0, is_causal=True,
+                                         scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+            for start, end in sequence_bounds(position_ids, query.shape[2])
+        ], dim=2)
     if group is not None and parallel > 1:
         output = gather_heads_scatter_seq(output, seq_dim=2, head_dim=1, group=group)
     return output.transpose(1, 2).contiguous(), None

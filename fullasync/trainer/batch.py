@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from fullasync.infra.offload import drop_piecewise
+from fullasync.trainer.prefix_sharing import MIN_SHARED_TOKENS, plan_micro_batches
 from fullasync.types import PROMPT_VERSION, TrainingSequence, TrajectoryGroup
 
 PADDING_ROW = -1  # row_index / group_index / trajectory_index of rows added only to fill shapes
@@ -351,22 +352,28 @@ class ShardedBatch:
     `shards[w]` is worker w's rows: `mini_batches` consecutive blocks of `rows_per_block` rows,
     block j holding worker w's part of mini-batch j (fill rows complete the block).
     `sequences_per_mini_batch[j]` counts mini-batch j's real rows over all workers,
-    `episodes_per_mini_batch[j]` their episodes (Σ sequence_weights).
+    `episodes_per_mini_batch[j]` their episodes (Σ sequence_weights). `micro_batch_rows` > 0: the blocks were planned
+    into micro-batches of that many rows each (`plan_micro_batches`), which the workers pass in that order.
     """
 
     shards: list[TrainBatch]
     rows_per_block: int
     sequences_per_mini_batch: list[int]
     episodes_per_mini_batch: list[float]
+    micro_batch_rows: int = 0
 
 
 def shard_batch(
-    batch: TrainBatch, num_workers: int, mini_batches: int, micro_batch_size: int, pad_token_id: int = 0
+    batch: TrainBatch, num_workers: int, mini_batches: int, micro_batch_size: int, pad_token_id: int = 0,
+    shared_budget: int = 0, counted_once: bool = True,
 ) -> ShardedBatch:
     """Split `batch` into mini-batches (consecutive rows) and each mini-batch over the workers.
 
     Every block is padded to the same multiple of `micro_batch_size` (verl's fixed micro-batches
     must divide it), so every worker runs the same number of micro-batches: collectives line up.
+    With `shared_budget` (tokens; shared prefixes counted once) each block is planned into micro-batches that keep
+    common prefixes together (`prefix_sharing.plan_micro_batches`), each filled to the largest plan's rows; with
+    `counted_once` false a shared prefix counts against the budget in each sequence (what holds the whole logits).
     """
     if batch.num_sequences < mini_batches:
         raise ValueError(
@@ -375,14 +382,41 @@ def shard_batch(
         )
     mini = np.array_split(np.arange(batch.num_sequences), mini_batches)
     parts = [[np.array_split(rows, num_workers)[w] for rows in mini] for w in range(num_workers)]
+    episodes = [float(batch.sequence_weights[torch.from_numpy(rows)].double().sum()) for rows in mini]
+    if shared_budget:
+        return _planned_shards(batch, parts, (shared_budget, counted_once), pad_token_id,
+                               ([len(rows) for rows in mini], episodes))
     largest = max(len(part) for blocks in parts for part in blocks)
     rows_per_block = math.ceil(largest / micro_batch_size) * micro_batch_size
     shards = []
     for blocks in parts:
         pieces = [batch.select(part).with_fill_rows(rows_per_block - len(part), pad_token_id) for part in blocks]
         shards.append(_concat(pieces))
-    episodes = [float(batch.sequence_weights[torch.from_numpy(rows)].double().sum()) for rows in mini]
     return ShardedBatch(shards, rows_per_block, [len(rows) for rows in mini], episodes)
+
+
+def _planned_shards(batch: TrainBatch, parts: list[list[np.ndarray]], budget: tuple[int, bool], pad_token_id: int,
+                    sizes: tuple[list[int], list[float]]) -> ShardedBatch:
+    """`shard_batch` with each block planned into micro-batches of shared prefixes: every micro-batch filled to the
+    largest plan's rows and every block to the most micro-batches any block has (collectives line up)."""
+    real = batch.attention_mask.bool()
+    tokens = [batch.input_ids[i][real[i]].numpy() for i in range(batch.num_sequences)]
+    tokens_per_pass, counted_once = budget
+    min_shared = MIN_SHARED_TOKENS if counted_once else max(len(t) for t in tokens) + 1
+    plans = [[[part[i] for i in micro]
+              for micro in plan_micro_batches([tokens[r] for r in part], tokens_per_pass, min_shared)]
+             for blocks in parts for part in blocks]
+    rows = max(len(micro) for plan in plans for micro in plan)
+    count = max(len(plan) for plan in plans)
+    empty = batch.select([])
+    shards = []
+    for w, blocks in enumerate(parts):
+        pieces = []
+        for plan in plans[w * len(blocks):(w + 1) * len(blocks)]:
+            pieces += [batch.select(micro).with_fill_rows(rows - len(micro), pad_token_id) for micro in plan]
+            pieces += [empty.with_fill_rows(rows, pad_token_id)] * (count - len(plan))
+        shards.append(_concat(pieces))
+    return ShardedBatch(shards, rows * count, *sizes, micro_batch_rows=rows)
 
 
 def _concat(batches: Sequence[TrainBatch]) -> TrainBatch:

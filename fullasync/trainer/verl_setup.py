@@ -52,7 +52,7 @@ def training_worker_config(
     packed = padding_free(config, on_cpu)
     model = HFModelConfig(
         path=model_path,
-        override_config={"attn_implementation": attention_implementation(packed, on_cpu)},
+        override_config={"attn_implementation": attention_implementation(packed, on_cpu, config.share_prefixes)},
         use_remove_padding=packed,
         use_fused_kernels=config.chunked_logprobs,
         fused_kernel_options={"impl_backend": "torch"} if config.chunked_logprobs else {},
@@ -102,15 +102,16 @@ def padding_free(config: TrainerConfig, on_cpu: bool) -> bool:
     (tests/integration/test_trainer_precision.py checks it against a plain forward on CPU)."""
     if config.padding_free != "auto":
         return config.padding_free == "on"
-    return _has_flash_attention(on_cpu) or config.sequence_parallel_size > 1
+    return _has_flash_attention(on_cpu) or config.sequence_parallel_size > 1 or config.share_prefixes
 
 
-def attention_implementation(packed: bool, on_cpu: bool) -> str:
+def attention_implementation(packed: bool, on_cpu: bool, share_prefixes: bool = False) -> str:
     """The attention the model is built with: flash-attention for packed rows where installed, else our causal
-    SDPA per packed sequence (with Ulysses when sequence parallel), and transformers' SDPA for padded rows."""
+    SDPA per packed sequence (with Ulysses when sequence parallel), which also attends over shared prefixes' trees
+    (`prefix_sharing`), and transformers' SDPA for padded rows."""
     if not packed:
         return "sdpa"
-    return "flash_attention_2" if _has_flash_attention(on_cpu) else PACKED_SDPA
+    return "flash_attention_2" if _has_flash_attention(on_cpu) and not share_prefixes else PACKED_SDPA
 
 
 def _has_flash_attention(on_cpu: bool) -> bool:
@@ -140,10 +141,13 @@ def policy_loss_fn(config: TrainerConfig) -> CorrectedPolicyLoss:
     return CorrectedPolicyLoss(config, actor)
 
 
-def micro_batch_keys(config: TrainerConfig, batch: TrainBatch) -> dict[str, bool | int]:
+def micro_batch_keys(config: TrainerConfig, batch: TrainBatch, planned_rows: int = 0) -> dict[str, bool | int]:
     """How verl splits `batch` into micro-batches on a worker: by count, or by tokens with the budget raised to the
     batch's longest sequence (over the sequence-parallel group), which verl would refuse otherwise: a longer
-    sequence gets a micro-batch alone."""
+    sequence gets a micro-batch alone; `planned_rows` > 0: the batch was planned into micro-batches of that many rows
+    (prefix sharing), passed by count in its order."""
+    if planned_rows:
+        return {"use_dynamic_bsz": False, "micro_batch_size_per_gpu": planned_rows}
     if not config.max_tokens_per_micro_batch:
         return {"use_dynamic_bsz": False, "micro_batch_size_per_gpu": config.micro_batch_size}
     longest = int(batch.attention_mask.sum(dim=1).max()) if batch.num_sequences else 0

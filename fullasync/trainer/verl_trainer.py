@@ -107,7 +107,8 @@ class VerlTrainer:
         """
         workers = self._require_started()
         sharded = await self._shard(batch, 1)
-        results = await workers.wait(workers.submit_each("log_probs", [(s,) for s in self._per_rank(sharded)]),
+        results = await workers.wait(workers.submit_each("log_probs", [(s, sharded.micro_batch_rows)
+                                                                        for s in self._per_rank(sharded)]),
                                      "log_probs")
         logprobs = torch.zeros(batch.responses.shape, dtype=torch.float32)
         for shard, shard_logprobs in zip(sharded.shards, self._sources(results), strict=True):
@@ -179,7 +180,7 @@ class VerlTrainer:
         workers = self._require_started()
         sharded = await self._shard(batch, self.config.mini_batches)
         per_rank = [(s, sharded.rows_per_block, sharded.sequences_per_mini_batch, sharded.episodes_per_mini_batch,
-                     version, part) for s in self._per_rank(sharded)]
+                     version, part, sharded.micro_batch_rows) for s in self._per_rank(sharded)]
         return self._sources(await workers.wait(workers.submit_each("train", per_rank), "train"))
 
     async def _shard(self, batch: TrainBatch, mini_batches: int) -> ShardedBatch:
@@ -187,7 +188,11 @@ class VerlTrainer:
         by tokens, blocks need no rounding to micro-batches."""
         config = self.config
         unit = 1 if config.max_tokens_per_micro_batch else config.micro_batch_size
-        return await off_loop(shard_batch, batch, config.data_parallel_size, mini_batches, unit, self._pad_token_id)
+        # sharing prefixes by tokens: micro-batches planned here (verl's own would scatter a group), prefixes counted
+        # once where the logits are chunked; verl's by-token budget is per rank of a sequence-parallel group
+        planned = config.max_tokens_per_micro_batch * config.sequence_parallel_size if config.share_prefixes else 0
+        return await off_loop(shard_batch, batch, config.data_parallel_size, mini_batches, unit, self._pad_token_id,
+                              planned, config.chunked_logprobs)
 
     def _per_rank(self, sharded: ShardedBatch) -> list[TrainBatch]:
         """Each rank's shard: the ranks of one sequence-parallel group (consecutive ranks, as verl's device mesh
@@ -312,6 +317,7 @@ def _trainer_version(batch: TrainBatch, trainer_version: int | None) -> int:
 
 LAST_PART_METRICS = ("grad_norm", "grad_norm_max", "lr", "num_updates")  # of the update, made by the last part
 SUMMED_METRICS = ("logprob_time_s", "update_time_s")
+RANK_SUMMED_METRICS = ("prefix_tokens", "prefix_distinct")  # counted on each data-parallel group's first rank
 MAX_METRICS = ("peak_memory_gb",)  # the highest of any rank (a group's first, under sequence parallelism) and part
 
 
@@ -330,6 +336,8 @@ def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> d
             metrics[name] = values[-1][0]
         elif name in MAX_METRICS:
             metrics[name] = max(r.metrics[name] for results in parts for r in results)
+        elif name in RANK_SUMMED_METRICS:
+            metrics[name] = sum(r.metrics.get(name, 0.0) for results in parts for r in results)
         elif name in SUMMED_METRICS:
             metrics[name] = sum(max(r.metrics[name] for r in results) for results in parts)
         else:
@@ -339,6 +347,8 @@ def _combine_parts(parts: list[list[RankStepResult]], weights: list[float]) -> d
     for result in results:
         stats.merge(result.correction_stats)
     metrics.update(stats.metrics())
+    if metrics.get("prefix_tokens"):
+        metrics["prefix_saved"] = 1.0 - metrics["prefix_distinct"] / metrics["prefix_tokens"]
     ranks = [r.metrics for r in results]
     tokens = sum(r.get("logprob_gap_tokens", 0.0) for r in ranks)
     if tokens:

@@ -34,6 +34,7 @@ from fullasync.infra.platform import bind_to_cpus
 from fullasync.trainer.batch import TrainBatch, sequence_gradient_scales
 from fullasync.trainer.corrections import GRADIENT_SCALES, CorrectionStats
 from fullasync.trainer.lora import merged_lora_weights
+from fullasync.trainer.prefix_sharing import SharedPrefixDecoder, install
 
 if TYPE_CHECKING:  # verl.workers loads after the CPU platform patch (see `setup`)
     from verl.workers.engine_workers import TrainingWorker
@@ -108,6 +109,7 @@ class TrainerWorker:
         self._policy: TrainingWorker | None = None
         self._reference: TrainingWorker | None = None  # with kl_coef > 0: the frozen starting policy
         self._loss: CorrectedPolicyLoss | None = None
+        self._shared_prefixes: SharedPrefixDecoder | None = None  # the policy's decoder, with share_prefixes
 
     def free_port(self) -> int:
         """A port free on this node's loopback now (rank 0 hosts the rendezvous there)."""
@@ -177,6 +179,10 @@ class TrainerWorker:
             reference = training_worker_config(self.spec.model_path, config, on_cpu=self.spec.on_cpu, reference=True)
             self._reference = TrainingWorker(reference)
             self._reference.reset()
+        if config.share_prefixes:
+            self._shared_prefixes = install(_fsdp_module(policy))
+            if self._reference is not None:
+                install(_fsdp_module(self._reference))
         return time.perf_counter() - start
 
     def _set_up(self) -> tuple[TrainingWorker, CorrectedPolicyLoss]:
@@ -185,13 +191,14 @@ class TrainerWorker:
             raise RuntimeError(f"trainer rank {self.rank}: setup() has not run")
         return self._policy, self._loss
 
-    def log_probs(self, shard: TrainBatch) -> torch.Tensor:
-        """(rows, R) log-probs of this rank's response tokens under the current policy."""
-        return self._infer(self._set_up()[0], shard)
+    def log_probs(self, shard: TrainBatch, micro_batch_rows: int = 0) -> torch.Tensor:
+        """(rows, R) log-probs of this rank's response tokens under the current policy (`micro_batch_rows` > 0: the
+        shard is planned into micro-batches of that many rows, `ShardedBatch.micro_batch_rows`)."""
+        return self._infer(self._set_up()[0], shard, micro_batch_rows)
 
     def train(self, shard: TrainBatch, rows_per_block: int, sequences_per_mini_batch: list[int],
               episodes_per_mini_batch: list[float], trainer_version: int,
-              part: StepPart = WHOLE_STEP) -> RankStepResult:
+              part: StepPart = WHOLE_STEP, micro_batch_rows: int = 0) -> RankStepResult:
         """Proximal (and reference) log-probs, then `ppo_epochs` × `mini_batches` optimizer updates (with
         `part` not whole: its share of one update, which needs one epoch of one mini-batch).
 
@@ -201,7 +208,7 @@ class TrainerWorker:
         (what the gradient of those modes is a mean over, `batch.sequence_gradient_scales`).
         `trainer_version` is the weight version the trainer holds (the version gaps of the
         correction count from it). The result holds verl's metrics averaged over updates and the
-        correction's statistics.
+        correction's statistics. `micro_batch_rows` > 0: the blocks are planned into micro-batches of that many rows.
         """
         config = self.spec.config
         policy, loss = self._set_up()
@@ -209,9 +216,10 @@ class TrainerWorker:
         peak.reset()
         start = time.perf_counter()
         recompute = config.recomputes_proximal
-        extra = {"old_log_probs": self._infer(policy, shard) if recompute else shard.behaviour_logprobs}
+        extra = {"old_log_probs": self._infer(policy, shard, micro_batch_rows) if recompute
+                 else shard.behaviour_logprobs}
         if self._reference is not None:
-            extra["ref_log_prob"] = self._infer(self._reference, shard)
+            extra["ref_log_prob"] = self._infer(self._reference, shard, micro_batch_rows)
         prepared = time.perf_counter()
         updates = []
         num_updates = config.ppo_epochs * config.mini_batches
@@ -219,18 +227,24 @@ class TrainerWorker:
             raise ValueError(f"a step in parts makes one update; this trainer makes {num_updates} per step "
                              "(ppo_epochs × mini_batches)")
         loss.drain()
+        if self._shared_prefixes is not None:
+            self._shared_prefixes.take_counts()  # the log-prob passes' (the update's are reported)
         for update in range(num_updates):
             block = update % config.mini_batches
             rows = torch.arange(block * rows_per_block, (block + 1) * rows_per_block)
             loss.recording = update < config.mini_batches  # each sampled token counted once
             updates.append(self._update(policy, shard.select(rows), {k: v[rows] for k, v in extra.items()},
                                         (sequences_per_mini_batch[block], episodes_per_mini_batch[block]),
-                                        trainer_version, last=update == num_updates - 1, part=part))
+                                        trainer_version, last=update == num_updates - 1, part=part,
+                                        micro_batch_rows=micro_batch_rows))
         loss.recording = False
         metrics = _mean_over_updates(updates)
         metrics.update(_logprob_gap(extra["old_log_probs"], shard) if recompute else {})
         metrics.update(logprob_time_s=prepared - start, update_time_s=time.perf_counter() - prepared,
                        peak_memory_gb=peak.read() / 2**30)
+        if self._shared_prefixes is not None:
+            tokens, distinct = self._shared_prefixes.take_counts()
+            metrics.update(prefix_tokens=float(tokens), prefix_distinct=float(distinct))
         return RankStepResult(metrics, loss.drain())
 
     def export_weights(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, int]]:
@@ -342,12 +356,12 @@ class TrainerWorker:
             if tied and name == INPUT_EMBEDDING_WEIGHT:
                 yield TIED_OUTPUT_WEIGHT, tensor
 
-    def _infer(self, worker: TrainingWorker, shard: TrainBatch) -> torch.Tensor:
+    def _infer(self, worker: TrainingWorker, shard: TrainBatch, micro_batch_rows: int = 0) -> torch.Tensor:
         from fullasync.trainer.verl_setup import micro_batch_keys, response_logprobs, to_tensordict
 
         config = self.spec.config
         data = to_tensordict(shard, config.temperature, {}, compute_loss=False, calculate_entropy=False,
-                             **micro_batch_keys(config, shard))
+                             **micro_batch_keys(config, shard, micro_batch_rows))
         output = worker.infer_batch(data)
         group = getattr(worker.engine, "ulysses_parallel_group", None)
         if group is None:
@@ -359,7 +373,8 @@ class TrainerWorker:
         return values
 
     def _update(self, policy: TrainingWorker, block: TrainBatch, extra: dict[str, torch.Tensor],
-                size: tuple[int, float], trainer_version: int, last: bool, part: StepPart) -> dict[str, float]:
+                size: tuple[int, float], trainer_version: int, last: bool, part: StepPart,
+                micro_batch_rows: int = 0) -> dict[str, float]:
         """verl's `TrainingWorker.train_batch` for one update (or its `part`) of a mini-batch of `size` (sequences,
         episodes over all ranks): zero the gradients, forward and backward over the micro-batches, clip and
         step, the LR scheduler after the step's last update."""
@@ -374,7 +389,7 @@ class TrainerWorker:
             extra = {**extra, GRADIENT_SCALES: scales}
         data = to_tensordict(block, config.temperature, extra, calculate_entropy=True,
                              global_batch_size=sequences, trainer_version=trainer_version,
-                             **{**_engine_keys(policy), **micro_batch_keys(config, block)})
+                             **{**_engine_keys(policy), **micro_batch_keys(config, block, micro_batch_rows)})
         engine = policy.engine
         tu.maybe_fix_3d_position_ids(data)
         started = time.perf_counter()
