@@ -18,7 +18,8 @@ Cases:
   most 4,096 tokens), the same settings;
 - built-in: the tiny model — the built-in task's batch shape (8 rows × 8 episodes; the rows' real prompts through
   the chat template, 25 tokens, below the 32 a shared prefix needs; answers of 8–24 tokens), the default
-  micro-batches (4 sequences by count): what sharing costs where there is nothing to share;
+  micro-batches (4 sequences by count): what sharing costs where there is nothing to share (at least 10 repeats:
+  its steps last ~1 s);
 - lineages: the tiny model — 2 rows × 4 episodes on a 1,024-token prompt, each episode a first call of 256 tokens
   and two forks from it (128 inserted tokens then 256 sampled each: three lineages sharing their first 1,280
   tokens), micro-batches by tokens (4,096), log-probs in chunks.
@@ -55,6 +56,7 @@ class Case:
     model: str  # tiny, or a named pretrained model
     groups: Callable[[random.Random], list[TrajectoryGroup]]
     settings: dict[str, object]
+    min_repeats: int = 0  # steps of ~1 s need more repeats than the run's to read a ratio through the noise
 
 
 def sampled(rng: random.Random, prompt: tuple[int, ...], length: int) -> ModelCall:
@@ -111,7 +113,7 @@ CASES = {
                        "hf_overrides": {"max_position_embeddings": 20480}}),
     "group-4k": Case("group-4k", "smollm2-135m-instruct", one_group(2048, 2048),
                      {**LONG, "max_tokens_per_micro_batch": 2 * 4096}),
-    "built-in": Case("built-in", "tiny", built_in, {}),
+    "built-in": Case("built-in", "tiny", built_in, {}, min_repeats=10),
     "lineages": Case("lineages", "tiny", lineages, {"chunked_logprobs": True, "max_tokens_per_micro_batch": 4096}),
 }
 
@@ -146,7 +148,8 @@ async def measure(case: Case, repeats: int) -> dict[str, object]:
                 await trainer.shutdown()
     times = {shared: [m["step_time_s"] for m in runs] for shared, runs in steps.items()}
     return {
-        "full": full, "distinct": int(steps[True][0]["prefix_distinct"]), "sequences": batch.num_sequences,
+        "repeats": repeats, "full": full, "distinct": int(steps[True][0]["prefix_distinct"]),
+        "sequences": batch.num_sequences,
         "seconds": {shared: statistics.mean(t) for shared, t in times.items()},
         "ratios": [p / s for p, s in zip(times[False], times[True], strict=True)],
         "peak": {shared: max(m["peak_memory_gb"] for m in runs) for shared, runs in steps.items()},
@@ -158,19 +161,21 @@ async def measure(case: Case, repeats: int) -> dict[str, object]:
 def render(results: dict[str, dict[str, object]], repeats: int, note: str) -> str:
     lines = ["## Shared prefixes in the trainer", "",
              f"Two trainers per case (one rank, fp32, the same settings but `trainer.share_prefixes`), a warm-up step "
-             f"each, then {repeats} steps each alternating on the same batch (`bench/prefix_sharing.py`). Tokens/s "
+             f"each, then {repeats} steps each (more where a case asks: its repeats column) alternating on the same "
+             "batch (`bench/prefix_sharing.py`). Tokens/s "
              "counts every sequence in full (the unshared count); computed = what the shared path's decoder ran. "
              "Peak: the highest resident memory of the rank over its steps. Loss gap: the largest relative "
              "difference of the two paths' losses over the repeats.", "", note, "",
-             "| case | sequences | tokens (full) | computed | plain tokens/s | shared tokens/s | speed-up (per "
-             "repeat) | peak plain / shared | loss gap |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| case | repeats | sequences | tokens (full) | computed | plain tokens/s | shared tokens/s | "
+             "speed-up (per repeat) | peak plain / shared | loss gap |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         seconds, peak, full = r["seconds"], r["peak"], r["full"]
         assert isinstance(seconds, dict) and isinstance(peak, dict) and isinstance(full, int)
         ratios = r["ratios"]
         assert isinstance(ratios, list)
-        lines.append(f"| {name} | {r['sequences']} | {full:,} | {r['distinct']:,} | {full / seconds[False]:,.0f} | "
+        lines.append(f"| {name} | {r['repeats']} | {r['sequences']} | {full:,} | {r['distinct']:,} | "
+                     f"{full / seconds[False]:,.0f} | "
                      f"{full / seconds[True]:,.0f} | {seconds[False] / seconds[True]:.2f}× "
                      f"({', '.join(f'{x:.2f}' for x in ratios)}) | {peak[False]:.2f} / {peak[True]:.2f} GB | "
                      f"{r['loss_gap']:.1e} |")
@@ -184,7 +189,8 @@ async def main(args: argparse.Namespace) -> None:
     init_ray(num_cpus=2, log_to_driver=False)
     results = {}
     for name in args.cases:
-        results[name] = await measure(CASES[name], args.repeats)
+        case = CASES[name]
+        results[name] = await measure(case, max(args.repeats, case.min_repeats))
         print(f"{name}: {results[name]}", flush=True)
     report(render(results, args.repeats, run_note(started)), BEGIN, END, write=not args.no_write)
 

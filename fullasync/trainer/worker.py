@@ -140,6 +140,7 @@ class TrainerWorker:
             "threads": str(torch.get_num_threads()),
             "gradient_checkpointing": str(bool(getattr(model, "is_gradient_checkpointing", False))).lower(),
             "trained_parameters": f"{trained}/{total}",
+            "shared_prefixes": self._shared_prefixes.head if self._shared_prefixes is not None else "off",
         }
 
     def placement(self) -> tuple[str, list[str]]:

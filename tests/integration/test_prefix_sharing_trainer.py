@@ -61,6 +61,7 @@ async def test_a_step_sharing_prefixes_makes_the_update_of_a_step_without(ray_cl
     shared = await one_step(tiny_model_path, groups, micro_batch_size=4, share_prefixes=True, **SETTINGS)
     assert_same_update(plain, shared)
     metrics = shared[0]
+    assert metrics["shared_prefixes"] == "logits" and plain[0]["shared_prefixes"] == "off"
     assert metrics["prefix_tokens"] == plain[3].attention_mask.sum()  # every token of the update's passes
     assert metrics["prefix_saved"] > 0.3 and "prefix_saved" not in plain[0]
 
@@ -73,6 +74,7 @@ async def test_by_tokens_with_chunked_logprobs_the_update_is_the_same(ray_cluste
     assert plain[0]["micro_batches"] >= 3
     assert_same_update(plain, shared)
     assert shared[0]["prefix_distinct"] < shared[0]["prefix_tokens"]
+    assert shared[0]["shared_prefixes"] == "fused"  # log-probs and entropy once per (tree state, next token)
 
 
 @pytest.mark.slow  # CI's slow tier: two trainers of two ranks

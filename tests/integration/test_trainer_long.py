@@ -67,8 +67,12 @@ def assert_same_update(a, b) -> None:
     assert metrics_a["loss"] == pytest.approx(metrics_b["loss"], rel=1e-5)
     assert metrics_a["grad_norm"] == pytest.approx(metrics_b["grad_norm"], rel=1e-4)
     assert metrics_a["entropy"] == pytest.approx(metrics_b["entropy"], rel=1e-5)
-    for name in weights_a:  # Adam's first step moves a weight by ~lr·sign(g); a wrong gradient moves one by 2·lr
-        torch.testing.assert_close(weights_a[name], weights_b[name], rtol=0, atol=LR / 100)
+    # Adam's first step moves a weight by ~lr·g/(|g| + eps), ~lr·sign(g): a gradient of the wrong sign moves one by
+    # 2·lr. A gradient within rounding of zero (|g| ~ eps) moves by a fraction of lr that rounding changes: a few.
+    for name in weights_a:
+        moved_apart = (weights_a[name] - weights_b[name]).abs()
+        assert moved_apart.max() < LR / 2, name
+        assert (moved_apart > LR / 100).sum() <= max(moved_apart.numel() // 1000, 1), name
 
 
 async def test_micro_batches_by_tokens_make_the_update_of_micro_batches_by_count(ray_cluster, tiny_model_path):

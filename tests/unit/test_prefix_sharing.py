@@ -107,8 +107,13 @@ def assert_same(plain, shared, tolerance: float = 1e-5) -> None:
         assert (grad - grads_b[name]).abs().max() <= tolerance * max(grad.abs().max(), 1e-3), name
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_decoder_on_the_tree_gives_the_logits_and_gradients_of_the_plain_row(tiny_model_factory, checkpointing):
+@pytest.mark.parametrize(("checkpointing", "kernel"), [(False, "merged"), (True, "merged"), (False, "masked")])
+def test_the_decoder_on_the_tree_gives_the_logits_and_gradients_of_the_plain_row(tiny_model_factory, monkeypatch,
+                                                                                checkpointing, kernel):
+    # merged: CPU flash passes over context and own keys merged by log-sum-exp; masked: SDPA with the segment's mask
+    # (where that kernel is missing, or off CPU)
+    if kernel == "masked":
+        monkeypatch.setattr(prefix_sharing, "_FLASH_CPU", None)
     ids, positions = packed(agent_row())
     plain = forward_backward(tiny_model_factory(checkpointing), ids, positions)
     model = tiny_model_factory(checkpointing)
@@ -116,6 +121,7 @@ def test_the_decoder_on_the_tree_gives_the_logits_and_gradients_of_the_plain_row
     result = forward_backward(model, ids, positions)
     tokens_seen, distinct = shared.take_counts()
     assert tokens_seen == ids.shape[1] and distinct < tokens_seen / 2  # computed once: less than half the row
+    assert shared.head_positions == distinct  # the output layer too: once per tree state
     assert_same(plain, result)
 
 
@@ -140,6 +146,22 @@ def test_the_comparison_fails_when_the_sharing_is_broken(tiny_model_factory, mon
     prefix_sharing.install(model)
     with pytest.raises(AssertionError):
         assert_same(plain, forward_backward(model, ids, positions))
+
+
+def test_the_comparison_fails_when_the_merged_backward_reads_the_wrong_softmax(tiny_model_factory, monkeypatch):
+    # the forward stays right; each part's backward recomputes its probabilities from a shifted log-sum-exp
+    ids, positions = packed(agent_row())
+    plain = forward_backward(tiny_model_factory(), ids, positions)
+    honest = prefix_sharing._FLASH_CPU_BACKWARD
+    monkeypatch.setattr(prefix_sharing, "_FLASH_CPU_BACKWARD",
+                        lambda grad, q, k, v, out, lse, *args, **kwargs: honest(grad, q, k, v, out, lse + 0.5, *args,
+                                                                                **kwargs))
+    model = tiny_model_factory()
+    prefix_sharing.install(model)
+    logits, grads = forward_backward(model, ids, positions)
+    assert (logits - plain[0]).abs().max() < 1e-5
+    with pytest.raises(AssertionError):
+        assert_same(plain, (logits, grads))
 
 
 def test_sharing_is_exact_on_long_prefixes(tiny_model_factory):
