@@ -56,9 +56,6 @@ def test_the_groups_and_lineages_hold_shared_prefixes():
 
 
 async def test_a_step_sharing_prefixes_makes_the_update_of_a_step_without(ray_cluster, tiny_model_path):
-    """By count (the logits shared), then by tokens with chunked log-probs (log-probs and entropy once per (tree
-    state, next token)): each the unshared step's update. Micro-batches by tokens make the update of micro-batches
-    by count (test_trainer_long), so one unshared step is the reference of both."""
     groups = agent_groups()
     plain = await one_step(tiny_model_path, groups, micro_batch_size=4, **SETTINGS)
     shared = await one_step(tiny_model_path, groups, micro_batch_size=4, share_prefixes=True, **SETTINGS)
@@ -68,12 +65,16 @@ async def test_a_step_sharing_prefixes_makes_the_update_of_a_step_without(ray_cl
     assert metrics["prefix_tokens"] == plain[3].attention_mask.sum()  # every token of the update's passes
     assert metrics["prefix_saved"] > 0.3 and "prefix_saved" not in plain[0]
 
-    by_tokens = await one_step(tiny_model_path, groups, share_prefixes=True, max_tokens_per_micro_batch=250,
-                               chunked_logprobs=True, **SETTINGS)
-    assert by_tokens[0]["micro_batches"] >= 3
-    assert_same_update(plain, by_tokens)
-    assert by_tokens[0]["prefix_distinct"] < by_tokens[0]["prefix_tokens"]
-    assert by_tokens[0]["shared_prefixes"] == "fused"
+
+async def test_by_tokens_with_chunked_logprobs_the_update_is_the_same(ray_cluster, tiny_model_path):
+    groups = agent_groups(seed=1)
+    settings = {**SETTINGS, "max_tokens_per_micro_batch": 400, "chunked_logprobs": True}
+    plain = await one_step(tiny_model_path, groups, **settings)
+    shared = await one_step(tiny_model_path, groups, share_prefixes=True, **settings)
+    assert plain[0]["micro_batches"] >= 3
+    assert_same_update(plain, shared)
+    assert shared[0]["prefix_distinct"] < shared[0]["prefix_tokens"]
+    assert shared[0]["shared_prefixes"] == "fused"  # log-probs and entropy once per (tree state, next token)
 
 
 @pytest.mark.slow  # CI's slow tier: two trainers of two ranks

@@ -326,7 +326,7 @@ async def test_a_hanging_harness_is_cancelled_at_the_timeout_and_leaves_no_proce
     assert await gone(pids, deadline_s=30)  # ... and none is left (SIGKILL takes effect asynchronously)
 
 
-@pytest.mark.slow  # ~130 s: a judge's and a teacher's engines started, killed and restarted beside a real run
+@pytest.mark.slow  # ~170 s: a judge's and a teacher's engines started, killed and restarted beside a real run
 async def test_a_judge_and_a_teacher_the_run_serves_are_restarted_when_killed_and_nothing_is_scored_for_it(
         stack, tmp_path, tiny_model_path, warm_policy):
     """Two `ServedModel`s beside the policy in one fully-async run with partial rollouts, each with its own engine,
