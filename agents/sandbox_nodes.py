@@ -36,6 +36,9 @@ from fullasync_agents.swe_tasks.swebench import SweScore
 log = logging.getLogger(__name__)
 NODE = 12  # characters of a node's id in names and paths
 RESTARTS = 3  # a killed service comes back on its node this often
+# A call sent before Ray has seen the service die fails though Ray starts it again (on a loaded machine the first
+# probe often is): the probe asks again this often, a second apart, before it counts the service gone
+PROBE_TRIES, PROBE_BACKOFF_S = 10, 1.0
 EXEC_LIMIT_S = 6 * 3600.0  # a relayed command's bound on the node: the harness's own timeout ends it sooner
 
 
@@ -201,14 +204,21 @@ class ClusterSandboxes:
         return dict(zip(nodes, answers, strict=True))
 
     async def _probe(self, node: str) -> None:
-        """Wait for the node's service to answer again (its first call removes what the dead one left)."""
-        try:
-            await self.services[node].info.remote()
-        except ray.exceptions.RayActorError as error:
-            log.warning("the sandbox service of node %s is gone (%s): no more containers there", node[:NODE], error)
+        """Wait for the node's service to answer again (its first call removes what the dead one left); a service
+        that fails `PROBE_TRIES` probes is gone (Ray's restarts spent, or its node)."""
+        for tried in range(1, PROBE_TRIES + 1):
+            try:
+                await self.services[node].info.remote()
+            except ray.exceptions.RayActorError as error:
+                if tried == PROBE_TRIES:
+                    log.warning("the sandbox service of node %s is gone (%s): no more containers there", node[:NODE],
+                                error)
+                    return
+                await asyncio.sleep(PROBE_BACKOFF_S)
+                continue
+            log.info("the sandbox service of node %s is back", node[:NODE])
+            del self._down[node]
             return
-        log.info("the sandbox service of node %s is back", node[:NODE])
-        del self._down[node]
 
     async def preflight(self) -> str:
         await self._ready()

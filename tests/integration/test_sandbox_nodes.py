@@ -19,9 +19,11 @@ import tempfile
 import time
 
 import pytest
+import ray
 from agents_common import cluster_container_settings, our_containers, podman_required  # noqa: F401
 
 from fullasync.errors import InfraError
+from fullasync_agents import sandbox_nodes
 from fullasync_agents.mini_swe.generator import MiniSweAgentGenerator
 from fullasync_agents.swe_tasks import setting_rows
 from fullasync_agents.swe_tasks.records import swe_record
@@ -98,6 +100,40 @@ async def test_a_node_service_runs_the_episode_on_its_own_store_and_the_relay_re
 def _podman_execs(needle: str) -> list[str]:
     listed = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
     return [line for line in listed if " exec " in line and needle in line and "podman" in line]
+
+
+class ProbedService:
+    """A node's service as the driver's probe meets it: `info` fails as a call to a dead actor does for each of
+    `failures`, then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+        self.info = self
+
+    def remote(self):
+        self.calls += 1
+        calls = self.calls
+
+        async def answer():
+            if calls <= self.failures:
+                raise ray.exceptions.ActorDiedError()
+            return {"pid": 1}
+        return answer()
+
+
+@pytest.mark.parametrize("failures", [1, sandbox_nodes.PROBE_TRIES])
+async def test_a_probe_sent_as_the_service_died_asks_again_and_gives_up_only_after_its_tries(node_settings, failures,
+                                                                                           monkeypatch):
+    """A probe sent before Ray saw the service die fails though Ray starts the service again (what a loaded machine
+    made of the test below): the node comes back at the next answer; a service failing every try is gone."""
+    monkeypatch.setattr(sandbox_nodes, "PROBE_BACKOFF_S", 0.0)
+    cluster = sandbox_nodes.ClusterSandboxes(node_settings)
+    cluster.services["node"] = service = ProbedService(failures)
+    cluster._down["node"] = probe = asyncio.ensure_future(cluster._probe("node"))
+    await probe
+    back = failures < sandbox_nodes.PROBE_TRIES
+    assert ("node" not in cluster._down) is back
+    assert service.calls == (failures + 1 if back else sandbox_nodes.PROBE_TRIES)
 
 
 async def test_a_killed_service_fails_its_calls_as_infrastructure_and_leaves_no_container(cluster):
