@@ -52,3 +52,43 @@ def report(section: str, begin: str, end: str, write: bool, page: Path | None = 
     print(section)
     if write:
         write_section(page or study_page(begin), section, begin, end)
+
+
+def print_seed_gains(records: list[dict]) -> None:
+    """A learning sweep's table: each seed's held-out score before and after (records with `seed`, `before`,
+    `before_se`, `after`, `after_se`, `wall_s`), its gain ± SE (sqrt(SE_before² + SE_after²)), then how many gains
+    are ≥ 3 SE, the mean gain ± its SE over seeds and the worst."""
+    import math
+    import statistics
+
+    gains = []
+    print("seed  before          after           gain ± SE         wall s")
+    for r in records:
+        gain, se = r["after"] - r["before"], math.hypot(r["before_se"], r["after_se"])
+        gains.append((gain, se))
+        print(f"{r['seed']:>4}  {r['before']:.3f} ± {r['before_se']:.3f}  {r['after']:.3f} ± {r['after_se']:.3f}  "
+              f"{gain:+.3f} ± {se:.3f} ({gain / se if se else math.inf:.1f} SE)  {r['wall_s']:.0f}")
+    means = [g for g, _ in gains]
+    spread = statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
+    print(f"mean gain {statistics.mean(means):+.3f} ± {spread:.3f} over {len(means)} seeds; "
+          f"{sum(g >= 3 * se for g, se in gains)} of {len(gains)} ≥ 3 SE; worst {min(means):+.3f}")
+
+
+def train_seed(seed: int, argv: list[str], out: Path) -> dict:
+    """One seed of a learning sweep: `fullasync train` with `argv` (its settings, writing to `out`), run from the
+    repository, and its held-out scores from `out/result.json` (before, after, their SEs over the episodes), the
+    episode failures and the wall time."""
+    import json
+    import subprocess
+
+    root = DOCS.parent
+    started = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).parent / "fullasync"), "train", *argv], cwd=root,
+                          env={**os.environ, "FULLASYNC_PLAIN": "1"}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"seed {seed}: fullasync train failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads((out / "result.json").read_text())
+    return {"seed": seed, "steps": result["steps"], "before": result["val_before"],
+            "before_se": result["val_before_stderr"], "after": result["val_after"],
+            "after_se": result["val_after_stderr"], "episode_failures": result.get("episode_failures"),
+            "wall_s": round(time.monotonic() - started, 1)}

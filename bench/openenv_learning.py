@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from _report import print_seed_gains, train_seed  # bench/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "openenv_learning"
@@ -34,18 +30,9 @@ RESULTS = ROOT / "bench" / "results" / "openenv_learning"
 
 def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
     out = ROOT / "outputs" / "openenv_learning" / f"seed{seed}"
-    argv = [str(Path(sys.executable).parent / "fullasync"), "train", f"data.task={args.task}", f"seed={seed}",
-            f"trainer.seed={seed}", f"total_steps={args.steps}", f"output_dir={out}", "checkpoint.every=0",
-            "+data.task_args={max_turns: 1}", *args.args]
-    started = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "FULLASYNC_PLAIN": "1"}, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"seed {seed}: fullasync train failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    result = json.loads((out / "result.json").read_text())
-    return {"seed": seed, "task": args.task, "steps": result["steps"], "args": args.args,
-            "before": result["val_before"], "before_se": result["val_before_stderr"],
-            "after": result["val_after"], "after_se": result["val_after_stderr"],
-            "episode_failures": result.get("episode_failures"), "wall_s": round(time.monotonic() - started, 1)}
+    argv = [f"data.task={args.task}", f"seed={seed}", f"trainer.seed={seed}", f"total_steps={args.steps}",
+            f"output_dir={out}", "checkpoint.every=0", "+data.task_args={max_turns: 1}", *args.args]
+    return {"task": args.task, "args": args.args, **train_seed(seed, argv, out)}
 
 
 def main() -> None:
@@ -62,18 +49,7 @@ def main() -> None:
         if not path.exists():
             path.write_text(json.dumps(run_seed(seed, args), indent=1) + "\n")
         records.append(json.loads(path.read_text()))
-    gains = []
-    print("seed  before          after           gain ± SE         wall s")
-    for r in records:
-        gain, se = r["after"] - r["before"], math.hypot(r["before_se"], r["after_se"])
-        gains.append((gain, se))
-        print(f"{r['seed']:>4}  {r['before']:.3f} ± {r['before_se']:.3f}  {r['after']:.3f} ± {r['after_se']:.3f}  "
-              f"{gain:+.3f} ± {se:.3f} ({gain / se if se else math.inf:.1f} SE)  {r['wall_s']:.0f}")
-    means = [g for g, _ in gains]
-    spread = statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
-    print(f"mean gain {statistics.mean(means):+.3f} ± {spread:.3f} over {len(means)} seeds; "
-          f"{sum(g >= 3 * se for g, se in gains)} of {len(gains)} ≥ 3 SE; worst {min(means):+.3f}")
-
+    print_seed_gains(records)
 
 if __name__ == "__main__":
     main()

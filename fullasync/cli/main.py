@@ -53,13 +53,14 @@ def _run_config(cfg: DictConfig) -> RunConfig:
 
 
 def _train(cfg: DictConfig) -> None:
+    config = _run_config(cfg)  # before the imports below (~12 s): a mistyped setting is refused at once
+
     from fullasync.api import AsyncAgentTrainer
     from fullasync.infra.placement import LayoutError
     from fullasync.models.hub import InvalidModelError
     from fullasync.observe.tracking import LoggerUnavailableError
     from fullasync.run.checkpoint import IncompatibleCheckpointError
 
-    config = _run_config(cfg)
     try:
         trainer = AsyncAgentTrainer(config)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -91,12 +92,13 @@ def _train(cfg: DictConfig) -> None:
 def _eval(cfg: DictConfig) -> None:
     """`fullasync eval`: the config's model on its held-out rows (data.val_dataset or the task's) through its
     harness, `val_samples_per_row` episodes per row; the report goes to output_dir/eval.json."""
+    config = _run_config(cfg)  # before the imports below: a mistyped setting is refused at once
+
     import asyncio
 
     from fullasync.cli.evaluate import evaluate_model
     from fullasync.observe.logs import configure_logging
 
-    config = _run_config(cfg)
     configure_logging()
     try:
         report = asyncio.run(evaluate_model(config))

@@ -20,19 +20,19 @@ import dataclasses
 import hashlib
 import importlib.resources
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fullasync.infra.cache_root import CACHE_DIR_ENV as CACHE_DIR_ENV
+from fullasync.infra.cache_root import default_cache_root
 from fullasync.models.cache import cached_build
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 BUILD_FORMAT = 1  # bump whenever the build procedure changes its output; part of every cache key
-CACHE_DIR_ENV = "FULLASYNC_CACHE_DIR"  # environment variable overriding the default cache root
 
 ENDOFTEXT_TOKEN = "<|endoftext|>"  # pad token (and bos id in the model config, as in Qwen2.5)
 IM_START_TOKEN = "<|im_start|>"  # opens a chat turn
@@ -111,14 +111,6 @@ def read_chat_template() -> str:
     """The Qwen2.5-style Jinja chat template shipped as package data next to this module."""
     resource = importlib.resources.files(__package__).joinpath("chat_template.jinja")
     return resource.read_text(encoding="utf-8")
-
-
-def default_cache_root() -> Path:
-    """`$FULLASYNC_CACHE_DIR` if set and non-empty, else `~/.cache/fullasync`."""
-    configured = os.environ.get(CACHE_DIR_ENV)
-    if configured:
-        return Path(configured)
-    return Path.home() / ".cache" / "fullasync"
 
 
 def build_tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: Path | None = None) -> Path:

@@ -119,7 +119,8 @@ def parse_spec(text: str) -> Spec:
 
 class ReasoningGymTask:
     """A spec's rows and its rollout function. Rows: `{"id", "task", "question", "answer"}`; the generator's entry
-    behind each (what its scorer reads) stays here, so rows are plain JSON."""
+    behind each (what its scorer reads) stays here, so rows are plain JSON. Training rows are the generator's draws
+    (a question may come twice); each held-out question comes once and is no training question."""
 
     def __init__(self, spec: Spec, train_rows: int, val_rows: int, model: str = "policy",
                  prompt: str = "default") -> None:
@@ -156,6 +157,8 @@ class ReasoningGymTask:
             entry = dataset[index]
             if entry["question"] in excluded:
                 continue
+            if split == "val":  # each held-out question once: its standard error counts each row as one
+                excluded.add(str(entry["question"]))
             metadata = entry["metadata"]
             source = metadata.get("source_dataset") if isinstance(metadata, dict) else None
             row = {"id": f"{split}-{index}", "task": str(source), "question": str(entry["question"]),
@@ -163,8 +166,8 @@ class ReasoningGymTask:
             self.entries[row["id"]] = entry
             rows.append(row)
         if len(rows) < wanted:
-            raise ValueError(f"data.task: the generators made only {len(rows)} held-out questions that are not "
-                             f"training questions, of {wanted} asked; lower data.task_val_rows or data.task_rows")
+            raise ValueError(f"data.task: the generators made only {len(rows)} distinct held-out questions that are "
+                             f"not training questions, of {wanted} asked; lower data.task_val_rows or data.task_rows")
         return rows
 
     def rows(self, split: str) -> list[dict[str, str]]:

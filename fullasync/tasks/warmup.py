@@ -9,8 +9,8 @@ carries over. Plain PyTorch on CPU, deterministic for a given spec; about half a
 The long-tail variant's starting policy (`LongTailWarmupSpec`) is the same warm-up with each answer followed by
 filler tokens instead of the end token. Also owns what every warm-up shares: the supervised loop (`fine_tune`), the
 cache (`cached_warm_policy`, `spec_key`), single-token names for copying (`extend_vocabulary`, `share_updates`),
-and batches whose shared prompt prefix runs once (`shared_prefix_batch`, `prefix_logits`), used by the examples'
-warm-ups.
+padded (prompt, answer) batches (`pad_examples`), and batches whose shared prompt prefix runs once
+(`shared_prefix_batch`, `prefix_logits`), used by the examples' warm-ups.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def _train(spec: WarmupSpec, base: Path, out_dir: Path) -> None:
     def loss_of(phase: str) -> torch.Tensor:
         picks = [rng.randrange(len(rows)) for _ in range(spec.batch_size)]
         examples = [(list(prompts[i]), _sloppy_label(tokenizer, rows[i]["answer"], spec, rng)) for i in picks]
-        input_ids, attention, labels = _pad(examples)
+        input_ids, attention, labels = pad_examples(examples)
         return model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
 
     fine_tune(model, ["sums"] * spec.steps, loss_of, lr=spec.lr,
@@ -245,7 +245,8 @@ def _sloppy_label(tokenizer, answer: int, spec: WarmupSpec, rng: random.Random) 
     return tokenizer.encode(text, add_special_tokens=False) + end
 
 
-def _pad(examples):
+def pad_examples(examples: Sequence[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prompt ids, answer ids) examples as right-padded (input_ids, attention, labels), the loss on the answers."""
     import torch
 
     length = max(len(p) + len(a) for p, a in examples)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -246,18 +247,58 @@ def test_a_refused_name_comes_with_the_nearest_declared_one(name, more, nearest)
     assert str(refused.value) == f"{name} is not a setting{guess}; --help lists every setting"
 
 
-def test_the_command_line_refuses_an_undeclared_name_in_one_line_and_passes_vllm_arguments_without_plus():
+# `fullasync train` with a mistyped setting, then which of the heavy modules the refusal had imported
+REFUSE_AND_LIST_IMPORTS = """
+import sys
+from fullasync.cli.main import main
+sys.argv = ["fullasync", "train", "+engine.gpu_memory_utilization=0.5"]
+try:
+    main()
+finally:
+    print(" ".join(name for name in ("vllm", "torch", "ray", "fullasync.api") if name in sys.modules))
+"""
+
+
+def test_the_command_line_refuses_an_undeclared_name_in_one_line_and_passes_vllm_arguments_without_plus(tmp_path):
+    """The first refusal reads vLLM's argument names (importing vLLM) and keeps them in the cache; the next one
+    says the same without importing vLLM, torch, Ray or the run."""
+    environment = {**os.environ, "FULLASYNC_CACHE_DIR": str(tmp_path)}
+    for imported in ("vllm", ""):
+        refused = subprocess.run([sys.executable, "-c", REFUSE_AND_LIST_IMPORTS], capture_output=True, text=True,
+                                 timeout=300, cwd=ROOT, env=environment)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "fullasync: invalid configuration: engine.gpu_memory_utilization is not a setting (did you mean "
+            "engine.vllm.gpu_memory_utilization?); --help lists every setting")
+        assert imported in refused.stdout.split() if imported else refused.stdout.split() == [], refused.stdout
+        assert len(list((tmp_path / "vllm").glob("engine-args-*.json"))) == 1
     command = [sys.executable, "-m", "fullasync.cli.main", "train"]
-    refused = subprocess.run([*command, "+engine.gpu_memory_utilization=0.5"], capture_output=True, text=True,
-                             timeout=300, cwd=ROOT)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert refused.stderr.strip().splitlines() == [
-        "fullasync: invalid configuration: engine.gpu_memory_utilization is not a setting (did you mean "
-        "engine.vllm.gpu_memory_utilization?); --help lists every setting"]
     shown = subprocess.run([*command, "engine.vllm.enforce_eager=true", "engine.vllm.max_num_seqs=7", "--cfg", "job"],
                            capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "  vllm:\n    enforce_eager: true\n    max_num_seqs: 7\n" in shown.stdout
+
+
+def test_vllms_argument_names_are_read_again_for_another_copy_of_vllm_or_an_unreadable_kept_list(tmp_path, monkeypatch):
+    from fullasync.engines.vllm import args
+
+    source, cache, reads = tmp_path / "arg_utils.py", tmp_path / "cache", []
+    source.write_text("one copy")
+    monkeypatch.setattr(args, "_arg_utils_file", lambda: source)
+    monkeypatch.setattr(args, "_engine_arg_types", lambda: reads.append(source.read_text()) or {"max_num_seqs": int})
+    for _ in range(2):
+        assert args.engine_arg_names(cache) == ["engine.vllm.max_num_seqs"]
+    assert reads == ["one copy"]
+    [kept] = cache.glob("engine-args-*.json")
+    kept.write_text("{cut sh")
+    assert args.engine_arg_names(cache) == ["engine.vllm.max_num_seqs"]
+    assert reads == ["one copy"] * 2
+    source.write_text("another copy")
+    assert args.engine_arg_names(cache) == ["engine.vllm.max_num_seqs"]
+    assert reads == ["one copy"] * 2 + ["another copy"]
+    assert len(list(cache.glob("engine-args-*.json"))) == 2
+    monkeypatch.setattr(args, "_arg_utils_file", lambda: None)  # no vLLM installed
+    assert args.engine_arg_names(cache) == []
 
 
 @pytest.mark.parametrize("model_dtype, engine_dtype, pushed", [

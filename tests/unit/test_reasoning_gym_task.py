@@ -69,6 +69,22 @@ def test_reasoning_gyms_composite_yaml_gives_the_generators_their_settings_size_
         reasoning_gym.parse_spec(str(tmp_path / "bad.yaml"))
 
 
+def test_each_held_out_question_comes_once_and_a_generator_too_small_for_the_rows_asked_is_refused(tmp_path):
+    """Two one-digit terms make 200 questions: 150 training draws hold ~107 of them, and the held-out rows are
+    drawn from the rest, each once (a question twice would count as two rows in the held-out standard error)."""
+    path = tmp_path / "sums.yaml"
+    path.write_text("datasets:\n  - {name: chain_sum, config: {min_terms: 2, max_terms: 2, min_digits: 1, "
+                    "max_digits: 1}}\n")
+    spec = reasoning_gym.parse_spec(str(path))
+    made = reasoning_gym.ReasoningGymTask(spec, 150, 60)
+    train = {row["question"] for row in made.rows("train")}
+    held_out = [row["question"] for row in made.rows("val")]
+    assert len(held_out) == len(set(held_out)) == 60 and not train & set(held_out)
+    with pytest.raises(ValueError, match=r"made only \d+ distinct held-out questions that are not training "
+                                         r"questions, of 90 asked; lower data.task_val_rows or data.task_rows"):
+        reasoning_gym.ReasoningGymTask(spec, 150, 90)
+
+
 def test_the_rows_are_fixed_plain_and_the_held_out_questions_are_never_training_ones(task):
     train, val = task.rows("train"), task.rows("val")
     assert len(train) == 400 and len(val) == 60
@@ -77,6 +93,7 @@ def test_the_rows_are_fixed_plain_and_the_held_out_questions_are_never_training_
     assert json.loads(json.dumps(train)) == train and set(train[0]) == {"id", "task", "question", "answer"}
     assert len({row["id"] for row in train + val}) == 460
     assert not {row["question"] for row in train} & {row["question"] for row in val}
+    assert len({row["question"] for row in val}) == len(val)  # each held-out question once
     shares = Counter(row["task"] for row in train)
     assert set(shares) == {"chain_sum", "leg_counting"} and 0.65 < shares["chain_sum"] / 400 < 0.85  # 3:1
     with pytest.raises(ValueError, match="split must be"):

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import importlib.util
+import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fullasync.config.fields import nearest_name
+from fullasync.infra.cache_root import default_cache_root
 
 SECTION = "engine.vllm"
 
@@ -46,12 +52,53 @@ def _engine_arg_types() -> dict[str, object]:
     return types
 
 
-def engine_arg_names() -> list[str]:
-    """`engine.vllm.<name>` for every argument the installed vLLM's EngineArgs declares (none without vLLM)."""
-    try:
-        return [f"{SECTION}.{name}" for name in _engine_arg_types()]
-    except ImportError:
+def engine_arg_names(cache: Path | None = None) -> list[str]:
+    """`engine.vllm.<name>` for every argument the installed vLLM's EngineArgs declares (none without vLLM),
+    read from vLLM once per installed copy of its `arg_utils.py` and kept in `cache` (default `<cache root>/vllm`):
+    importing vLLM's arguments takes ~16 s here, and a mistyped setting's "did you mean" should not wait for it."""
+    source = _arg_utils_file()
+    if source is None:
         return []
+    stat = source.stat()
+    copy = hashlib.sha256(f"{source}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    kept = (cache if cache is not None else default_cache_root() / "vllm") / f"engine-args-{copy}.json"
+    names = _kept_names(kept)
+    if names is None:
+        try:
+            names = list(_engine_arg_types())
+        except ImportError:
+            return []
+        _keep_names(kept, names)
+    return [f"{SECTION}.{name}" for name in names]
+
+
+def _arg_utils_file() -> Path | None:
+    """vLLM's `engine/arg_utils.py`, found without importing vLLM (None when vLLM is not installed)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(next(iter(spec.submodule_search_locations))) / "engine" / "arg_utils.py"
+    return source if source.is_file() else None
+
+
+def _kept_names(path: Path) -> list[str] | None:
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return names if isinstance(names, list) and all(isinstance(name, str) for name in names) else None
+
+
+def _keep_names(path: Path, names: list[str]) -> None:
+    """Written whole or not at all (another process may read it meanwhile); a cache that cannot be written is
+    skipped: the names are read from vLLM again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(names))
+        partial.replace(path)
+    except OSError:
+        pass
 
 
 def check_engine_args(args: Mapping[str, object]) -> None:
