@@ -1,5 +1,6 @@
 """What every benchmark does at its end: say how it was run, print its section and write it into its study's page
-under docs/benchmarks/ between its markers (unless `--no-write`)."""
+under docs/benchmarks/ between its markers (unless `--no-write`). And the learning sweeps' shared parts: one seed's
+`fullasync train` and its held-out scores (`train_seed`), the sweep's table (`print_seed_gains`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 STUDIES = DOCS / "benchmarks"  # one page per study, listed by the index docs/benchmarks.md and by mkdocs.yml
 
 
@@ -81,9 +83,8 @@ def train_seed(seed: int, argv: list[str], out: Path) -> dict:
     import json
     import subprocess
 
-    root = DOCS.parent
     started = time.monotonic()
-    done = subprocess.run([str(Path(sys.executable).parent / "fullasync"), "train", *argv], cwd=root,
+    done = subprocess.run([str(Path(sys.executable).parent / "fullasync"), "train", *argv], cwd=ROOT,
                           env={**os.environ, "FULLASYNC_PLAIN": "1"}, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"seed {seed}: fullasync train failed ({done.returncode}):\n{done.stderr[-3000:]}")
